@@ -1,0 +1,5 @@
+import sys
+
+from systems.bench.cli import main
+
+sys.exit(main())

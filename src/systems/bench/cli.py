@@ -1,0 +1,127 @@
+"""`python -m systems.bench`: time forward / forward+backward / train step of a model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from systems.attention import ATTENTION_BACKENDS
+from systems.bench.hardware import machine_description
+from systems.bench.metrics import (
+    is_out_of_memory,
+    peak_memory_bytes,
+    reset_peak_memory,
+    throughput_metrics,
+)
+from systems.bench.timing import time_steps
+from systems.bench.workloads import MODES, PRECISIONS, build_model_workload
+from systems.model import MODEL_CONFIGS, get_config
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m systems.bench",
+        description="Time a Transformer LM step with explicit warm-up and device sync.",
+    )
+    parser.add_argument("--size", default="small",
+                        help=f"preset ({', '.join(MODEL_CONFIGS)}); hyperparameter flags override")
+    for name in ("d-model", "d-ff", "num-layers", "num-heads", "vocab-size"):
+        parser.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
+    parser.add_argument("--context-length", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--mode", action="append", choices=MODES,
+                        help="repeatable; default: all three")
+    parser.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS))
+    parser.add_argument("--attention", default="reference", choices=sorted(ATTENTION_BACKENDS))
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", type=Path, help="write results to this file")
+    return parser.parse_args(argv)
+
+
+def _config_from_args(args: argparse.Namespace):
+    overrides = {
+        field: getattr(args, field)
+        for field in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
+        if getattr(args, field) is not None
+    }
+    config = get_config(args.size)
+    context = max(config.context_length, args.context_length) if overrides else None
+    if context is not None:
+        overrides["context_length"] = context
+    return config.with_overrides(**overrides) if overrides else config
+
+
+def run_benchmark(args: argparse.Namespace) -> list[dict[str, object]]:
+    config = _config_from_args(args)
+    return [_run_mode(config, args, mode) for mode in args.mode or MODES]
+
+
+def _run_mode(config, args: argparse.Namespace, mode: str) -> dict[str, object]:
+    workload = build_model_workload(
+        config, batch_size=args.batch_size, context_length=args.context_length, mode=mode,
+        precision=args.precision, compiled=args.compile, attention=args.attention,
+        device=args.device,
+    )
+    record: dict[str, object] = {"size": args.size, **workload.describe()}
+    print(f"[{mode}] warm-up {args.warmup}, timing {args.steps} steps ...", file=sys.stderr)
+    reset_peak_memory(workload.device)
+    try:
+        stats = time_steps(workload.step, warmup=args.warmup, steps=args.steps,
+                           device=workload.device)
+    except Exception as error:  # an OOM is a result for this workload, not a crash
+        if not is_out_of_memory(error):
+            raise
+        return {**record, "outcome": f"out of memory: {str(error).splitlines()[0]}"}
+    return {
+        **record, "outcome": "ok", "timing": stats.to_dict(),
+        "peak_memory_bytes": peak_memory_bytes(workload.device),
+        **throughput_metrics(seconds=stats.mean, flops=workload.flops, tokens=workload.tokens,
+                             precision=args.precision, device=workload.device),
+    }
+
+
+def format_table(results: list[dict[str, object]]) -> str:
+    header = f"{'mode':<18}{'mean ms':>10}{'std ms':>9}{'median ms':>11}{'min ms':>9}" \
+             f"{'TFLOP/s':>9}{'MFU':>7}{'tok/s':>10}{'peak GiB':>10}  outcome"
+    lines = [header, "-" * len(header)]
+    for r in results:
+        if r["outcome"] != "ok":
+            lines.append(f"{r['mode']:<18}{'-':>10}{'':>9}{'':>11}{'':>9}{'':>9}{'':>7}"
+                         f"{'':>10}{'':>10}  {r['outcome']}")
+            continue
+        t = r["timing"]
+        mem = r["peak_memory_bytes"]
+        lines.append(
+            f"{r['mode']:<18}{t['mean'] * 1e3:>10.2f}{t['std'] * 1e3:>9.2f}"
+            f"{t['median'] * 1e3:>11.2f}{t['min'] * 1e3:>9.2f}{_fmt(r['tflops'], '.1f'):>9}"
+            f"{_fmt(r['mfu'], '.1%'):>7}{_fmt(r['tokens_per_s'], ',.0f'):>10}"
+            f"{_fmt(mem / 2**30 if mem else None, '.2f'):>10}  ok"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    try:
+        results = run_benchmark(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(format_table(results))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"machine": machine_description(args.device), "results": results}
+        args.json.write_text(json.dumps(payload, indent=2))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0

@@ -1,0 +1,65 @@
+"""What machine we run on: device names, library versions, nominal peak throughput."""
+
+from __future__ import annotations
+
+import platform
+import re
+
+import torch
+
+# Dense (no sparsity) datasheet peaks in TFLOP/s, SXM parts. "fp32" is the non-tensor-core
+# rate, which is what fp32 matmuls get unless TF32 is enabled.
+_PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H100": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    "H200": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+}
+
+
+def device_name(device: torch.device | str | None = None) -> str:
+    """'NVIDIA H100 80GB HBM3', or the CPU's architecture when there is no GPU."""
+    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
+        return torch.cuda.get_device_name(device)
+    return f"cpu-{platform.machine()}"
+
+
+def device_slug(device: torch.device | str | None = None) -> str:
+    """A file-system-safe form of `device_name`, used to keep histories per GPU model."""
+    return re.sub(r"[^A-Za-z0-9.]+", "_", device_name(device)).strip("_")
+
+
+def peak_tflops(precision: str, device: torch.device | str | None = None) -> float | None:
+    """Nominal peak TFLOP/s of the device for `precision`, or None if unknown (e.g. CPU)."""
+    name = device_name(device)
+    for key, peaks in _PEAK_TFLOPS.items():
+        if key in name:
+            return peaks.get(precision)
+    return None
+
+
+def software_versions() -> dict[str, str | None]:
+    try:
+        import triton
+
+        triton_version: str | None = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton_version,
+    }
+
+
+def machine_description(device: torch.device | str | None = None) -> dict[str, object]:
+    """Device and versions, as stored with every benchmark result."""
+    info: dict[str, object] = {"device_name": device_name(device), **software_versions()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(device)
+        info.update(
+            gpu_count=torch.cuda.device_count(),
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            gpu_multiprocessors=props.multi_processor_count,
+        )
+    return info

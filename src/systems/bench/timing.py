@@ -1,0 +1,94 @@
+"""Timing GPU (or CPU) work correctly: explicit warm-up, synchronised measurement."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for all queued work on `device` (no-op on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class TimingStats:
+    """Per-step wall times in seconds."""
+
+    times: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.times:
+            raise ValueError("TimingStats needs at least one measured step")
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.times)
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.times) if len(self.times) > 1 else 0.0
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def min(self) -> float:
+        return min(self.times)
+
+    @property
+    def max(self) -> float:
+        return max(self.times)
+
+    def summary(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in ("mean", "std", "median", "min", "max")}
+
+    def to_dict(self) -> dict[str, object]:
+        return {**self.summary(), **asdict(self)}
+
+
+def time_steps(
+    step: Callable[[], object],
+    *,
+    warmup: int,
+    steps: int,
+    device: torch.device | str = "cpu",
+) -> TimingStats:
+    """Run `step` `warmup` times untimed, then time `steps` calls one by one.
+
+    On CUDA each step is bracketed by CUDA events (so host-side launch jitter between steps
+    does not count); elsewhere by `time.perf_counter` after a synchronize.
+    """
+    if warmup < 0 or steps < 1:
+        raise ValueError(f"need warmup >= 0 and steps >= 1, got {warmup=} {steps=}")
+    for _ in range(warmup):
+        step()
+    synchronize(device)
+    if torch.device(device).type == "cuda":
+        return TimingStats(tuple(_time_with_events(step, steps)))
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return TimingStats(tuple(times))
+
+
+def _time_with_events(step: Callable[[], object], steps: int) -> list[float]:
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(steps)
+    ]
+    for start, end in events:
+        start.record()
+        step()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) / 1e3 for start, end in events]

@@ -1,0 +1,144 @@
+"""End-to-end model workloads (forward, forward+backward, train step) and their FLOPs."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from systems.model import ModelConfig, TransformerLM, cross_entropy
+from systems.optim import AdamW
+from systems.profiling.nvtx import nvtx_range
+
+MODES = ("forward", "forward_backward", "train_step")
+PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
+# Backward costs two forwards (grads w.r.t. activations and weights); AdamW is negligible.
+_FLOP_MULTIPLIER = {"forward": 1, "forward_backward": 3, "train_step": 3}
+
+
+def check_choice(kind: str, value: str, choices) -> str:
+    if value not in choices:
+        raise ValueError(f"unknown {kind} {value!r}; choose one of {sorted(choices)}")
+    return value
+
+
+def forward_flops(config: ModelConfig, batch_size: int, seq_len: int) -> float:
+    """Matmul FLOPs of one forward pass (2 per multiply-add; full, unmasked attention).
+
+    Counts the projections, SwiGLU, both attention matmuls and the LM head; ignores norms,
+    softmax and elementwise work. This is the usual 'model FLOPs' convention.
+    """
+    d, f, n = config.d_model, config.d_ff, config.num_layers
+    per_token = 2 * (n * (4 * d * d + 3 * d * f) + d * config.vocab_size)
+    attention_per_token = n * 2 * 2 * seq_len * d
+    return float(batch_size * seq_len * (per_token + attention_per_token))
+
+
+def workload_flops(config: ModelConfig, batch_size: int, seq_len: int, mode: str) -> float:
+    check_choice("mode", mode, MODES)
+    return _FLOP_MULTIPLIER[mode] * forward_flops(config, batch_size, seq_len)
+
+
+def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    dtype = PRECISIONS[check_choice("precision", precision, PRECISIONS)]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@dataclass
+class ModelWorkload:
+    """A model, a random batch and one step of the chosen mode, ready to be timed.
+
+    `step()` queues the work and returns without synchronising; timers synchronise.
+    """
+
+    config: ModelConfig
+    batch_size: int
+    context_length: int
+    mode: str
+    precision: str
+    compiled: bool
+    attention: str
+    device: torch.device
+    model: torch.nn.Module = field(repr=False)
+    step: Callable[[], None] = field(repr=False)
+
+    @property
+    def flops(self) -> float:
+        return workload_flops(self.config, self.batch_size, self.context_length, self.mode)
+
+    @property
+    def tokens(self) -> int:
+        return self.batch_size * self.context_length
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "d_model": self.config.d_model, "d_ff": self.config.d_ff,
+            "num_layers": self.config.num_layers, "num_heads": self.config.num_heads,
+            "vocab_size": self.config.vocab_size, "batch_size": self.batch_size,
+            "context_length": self.context_length, "mode": self.mode,
+            "precision": self.precision, "compiled": self.compiled,
+            "attention": self.attention, "parameters": self.config.num_parameters(),
+        }
+
+
+def build_model_workload(
+    config: ModelConfig,
+    *,
+    batch_size: int = 4,
+    context_length: int = 512,
+    mode: str = "train_step",
+    precision: str = "fp32",
+    compiled: bool = False,
+    attention: str = "reference",
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> ModelWorkload:
+    """Initialise a model with random weights and a random batch for one kind of step."""
+    check_choice("mode", mode, MODES)
+    check_choice("precision", precision, PRECISIONS)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 1 <= context_length <= config.context_length:
+        raise ValueError(
+            f"context_length {context_length} must lie in [1, {config.context_length}] "
+            "(the model's context_length)"
+        )
+    device = torch.device(device)
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    with device:  # initialise on the device: a CPU init of 2.7B parameters takes minutes
+        model = TransformerLM(config, attention=attention)
+    inputs, targets = torch.randint(
+        config.vocab_size, (2, batch_size, context_length), generator=generator
+    ).to(device)
+    run_model = torch.compile(model) if compiled else model
+    autocast = autocast_context(device, precision)
+
+    def forward() -> None:
+        with torch.no_grad(), autocast, nvtx_range("forward"):
+            run_model(inputs)
+
+    def forward_backward() -> None:
+        model.zero_grad(set_to_none=True)
+        with nvtx_range("forward"), autocast:
+            loss = cross_entropy(run_model(inputs), targets)
+        with nvtx_range("backward"):
+            loss.backward()
+
+    optimizer = AdamW(model.parameters(), lr=1e-4) if mode == "train_step" else None
+
+    def train_step() -> None:
+        forward_backward()
+        with nvtx_range("optimizer_step"):
+            optimizer.step()
+
+    step = {"forward": forward, "forward_backward": forward_backward, "train_step": train_step}
+    return ModelWorkload(
+        config=config, batch_size=batch_size, context_length=context_length, mode=mode,
+        precision=precision, compiled=compiled, attention=attention, device=device,
+        model=model, step=step[mode],
+    )

@@ -1,0 +1,5 @@
+"""Optimizers."""
+
+from systems.optim.adamw import AdamW
+
+__all__ = ["AdamW"]
