@@ -32,7 +32,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         in_dtype = x.dtype
-        x32 = x.float()
+        x32 = x.to(torch.promote_types(in_dtype, torch.float32))
         inv_rms = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
         return (x32 * inv_rms * self.weight).to(in_dtype)
 

@@ -14,6 +14,6 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"logits {tuple(logits.shape)} and targets {tuple(targets.shape)} do not match"
         )
-    logits = logits.float()
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # never below fp32
     target_logits = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return (torch.logsumexp(logits, dim=-1) - target_logits).mean()

@@ -1,0 +1,64 @@
+"""`python -m systems.bench` end to end on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import systems
+from systems.bench.cli import main
+
+
+def test_cli_prints_a_table_and_writes_json(tmp_path, capsys) -> None:
+    out = tmp_path / "result.json"
+    code = main(["--size", "tiny", "--context-length", "32", "--batch-size", "2",
+                 "--warmup", "1", "--steps", "2", "--precision", "bf16", "--json", str(out)])
+    assert code == 0
+    table = capsys.readouterr().out
+    for mode in ("forward", "forward_backward", "train_step"):
+        assert mode in table
+    payload = json.loads(out.read_text())
+    assert payload["machine"]["torch"]
+    results = payload["results"]
+    assert [r["mode"] for r in results] == ["forward", "forward_backward", "train_step"]
+    for r in results:
+        assert r["outcome"] == "ok" and r["precision"] == "bf16"
+        assert len(r["timing"]["times"]) == 2 and r["timing"]["mean"] > 0
+        assert r["tflops"] > 0 and r["tokens_per_s"] > 0
+
+
+def test_cli_hyperparameter_overrides(tmp_path) -> None:
+    out = tmp_path / "r.json"
+    assert main(["--size", "tiny", "--d-model", "32", "--num-heads", "2", "--num-layers", "1",
+                 "--context-length", "16", "--mode", "forward", "--warmup", "0", "--steps", "1",
+                 "--json", str(out)]) == 0
+    (result,) = json.loads(out.read_text())["results"]
+    assert (result["d_model"], result["num_heads"], result["num_layers"]) == (32, 2, 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--size", "gigantic"], "unknown model size"),
+        (["--size", "tiny", "--context-length", "100000"], "context_length"),
+        (["--size", "tiny", "--d-model", "65"], "not divisible"),
+    ],
+)
+def test_cli_bad_input_exits_with_a_message(args, message: str, capsys) -> None:
+    assert main([*args, "--steps", "1", "--warmup", "0"]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["--precision", "fp64"], ["--attention", "magic"]])
+def test_cli_rejects_unknown_choices(args) -> None:
+    src = str(Path(systems.__file__).parents[1])
+    path = os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    proc = subprocess.run([sys.executable, "-m", "systems.bench", *args],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
