@@ -142,3 +142,21 @@ def release_device_memory() -> None:
 def synced_benchmark(benchmark, device: torch.device):
     yield SynchronizedBenchmark(benchmark, device)
     release_device_memory()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    session = getattr(config, "_benchmarksession", None)
+    finished = [b for b in getattr(session, "benchmarks", []) if b]
+    if not finished:
+        return
+    from systems.bench.summary import throughput_table
+
+    terminalreporter.write_sep("-", f"throughput ({device_slug()})")
+    terminalreporter.write_line(
+        throughput_table((b.name, b.stats.mean, b.extra_info) for b in finished)
+    )
+    skipped = terminalreporter.stats.get("skipped", [])
+    oom = [r for r in skipped if "out of memory" in str(r.longrepr)]
+    for report in oom:
+        terminalreporter.write_line(f"{report.nodeid}: out of memory (recorded as skip)")

@@ -1,0 +1,39 @@
+# Two commands do everything on a fresh Linux machine with Python 3.11+:
+#   make bench   the perf suite on the local GPU (CPU smoke profile without one)
+#   make test    correctness and distributed tests
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROFILE ?=
+PERF_ARGS ?=
+PROFILE_FLAG := $(if $(PROFILE),--perf-profile=$(PROFILE),)
+
+.PHONY: bench test smoke lint report clean
+
+# A Python that already has a CUDA torch (e.g. a GPU image) is reused through
+# --system-site-packages; otherwise torch 2.13.0 is installed first (pinned, because a bare
+# `torch` requirement would pull whatever is newest).
+$(STAMP): pyproject.toml
+	@if $(PYTHON) -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; \
+	then $(PYTHON) -m venv --system-site-packages $(VENV); \
+	else $(PYTHON) -m venv $(VENV) && $(BIN)/pip install -q torch==2.13.0; fi
+	$(BIN)/pip install -q -e ".[test,dev]"
+	@touch $(STAMP)
+
+bench: $(STAMP)
+	$(BIN)/pytest tests/perf $(PROFILE_FLAG) --benchmark-autosave --benchmark-compare \
+		--benchmark-columns=mean,stddev,median,min,rounds $(PERF_ARGS)
+
+test: $(STAMP)
+	$(BIN)/pytest tests/correctness tests/distributed -n auto --timeout=900
+
+# Every perf case once, untimed: proves the perf suite runs (used by CI).
+smoke: $(STAMP)
+	$(BIN)/pytest tests/perf --perf-profile=smoke --benchmark-disable --timeout=900
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,61 @@
+"""Combine saved pytest-benchmark runs of one GPU into one history file.
+
+Each perf suite is saved by its own run (a GPU call cannot always fit them all), while
+`pytest --benchmark-compare` compares against the newest file only. Combining the newest
+runs of every suite into one file lets a single `pytest tests/perf --benchmark-compare`
+compare every case. Each benchmark keeps its own stats and says which run it came from.
+
+    python -m systems.bench.history .benchmarks/<GPU>/<machine-id>/0001_a.json 0002_b.json ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+
+def combine_runs(paths: list[Path]) -> dict:
+    """Union of the runs' benchmarks by full name; later runs win. Runs must share a GPU."""
+    if not paths:
+        raise ValueError("need at least one run to combine")
+    runs = [(path, json.loads(path.read_text())) for path in paths]
+    devices = {run["machine_info"].get("device_name") for _, run in runs}
+    if len(devices) != 1:
+        raise ValueError(f"runs come from different devices: {sorted(map(str, devices))}")
+    benchmarks: dict[str, dict] = {}
+    for path, run in runs:
+        for bench in run["benchmarks"]:
+            bench.setdefault("extra_info", {})["source_run"] = path.name
+            benchmarks[bench["fullname"]] = bench
+    newest = max(runs, key=lambda item: item[1]["datetime"])[1]
+    return {
+        **newest,
+        "benchmarks": list(benchmarks.values()),
+        "combined_from": [path.name for path, _ in runs],
+    }
+
+
+def next_run_path(folder: Path, name: str) -> Path:
+    """The path pytest-benchmark would give the next saved run called `name`."""
+    numbers = [int(m.group(1)) for p in folder.glob("*.json")
+               if (m := re.match(r"(\d{4})_", p.name))]
+    return folder / f"{max(numbers, default=0) + 1:04d}_{name}.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m systems.bench.history",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="saved run JSON files, oldest first")
+    parser.add_argument("--name", default="combined", help="suffix of the new file's name")
+    args = parser.parse_args(argv)
+    combined = combine_runs(args.runs)
+    target = next_run_path(args.runs[-1].parent, args.name)
+    target.write_text(json.dumps(combined, indent=4))
+    print(f"wrote {target} ({len(combined['benchmarks'])} benchmarks)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

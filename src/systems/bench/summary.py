@@ -1,0 +1,27 @@
+"""A compact throughput table (time, TFLOP/s, MFU, tokens/s, memory) for finished benchmarks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+
+def _fmt(value: object, spec: str, scale: float = 1.0) -> str:
+    return "-" if value is None else format(float(value) * scale, spec)
+
+
+def throughput_table(rows: Iterable[tuple[str, float, Mapping[str, object]]]) -> str:
+    """rows: (benchmark name, mean seconds, extra_info) -> aligned text table."""
+    rows = sorted(rows, key=lambda r: r[0])
+    if not rows:
+        return ""
+    width = max(len(name) for name, _, _ in rows)
+    header = (f"{'benchmark':<{width}}  {'mean ms':>10}  {'TFLOP/s':>8}  {'MFU':>6}  "
+              f"{'tokens/s':>10}  {'peak GiB':>8}")
+    lines = [header, "-" * len(header)]
+    for name, mean, info in rows:
+        lines.append(
+            f"{name:<{width}}  {mean * 1e3:>10.2f}  {_fmt(info.get('tflops'), '.3g'):>8}  "
+            f"{_fmt(info.get('mfu'), '.1%'):>6}  {_fmt(info.get('tokens_per_s'), ',.0f'):>10}  "
+            f"{_fmt(info.get('peak_memory_gib'), '.2f'):>8}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,54 @@
+"""Combining saved benchmark runs into one history file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from systems.bench.history import combine_runs, main, next_run_path
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def two_real_runs(tmp_path_factory):
+    """Two real smoke runs of different perf cases, saved by pytest-benchmark itself."""
+    storage = tmp_path_factory.mktemp("bench")
+    for name, selection in (("fwd", "forward-fp32"), ("train", "train_step-fp32-eager")):
+        subprocess.run(
+            [sys.executable, "-m", "pytest", str(ROOT / "tests/perf/test_end_to_end.py"), "-q",
+             "-p", "no:cacheprovider", "-k", selection, "--perf-profile=smoke",
+             f"--benchmark-storage=file://{storage}", f"--benchmark-save={name}"],
+            check=True, capture_output=True, cwd=ROOT,
+        )
+    (machine_dir,) = storage.iterdir()
+    return sorted(machine_dir.glob("*.json"))
+
+
+def test_combined_run_holds_every_benchmark_with_its_source(two_real_runs) -> None:
+    first, second = two_real_runs
+    combined = combine_runs([first, second])
+    names = {b["fullname"]: b["extra_info"]["source_run"] for b in combined["benchmarks"]}
+    assert len(names) == 2
+    assert sorted(names.values()) == sorted([first.name, second.name])
+    assert combined["combined_from"] == [first.name, second.name]
+
+
+def test_cli_writes_the_next_numbered_file(two_real_runs, capsys) -> None:
+    assert main([str(p) for p in two_real_runs] + ["--name", "all"]) == 0
+    target = two_real_runs[0].parent / "0003_all.json"
+    assert target.exists() and "0003_all.json" in capsys.readouterr().out
+    assert len(json.loads(target.read_text())["benchmarks"]) == 2
+    assert next_run_path(target.parent, "x").name == "0004_x.json"
+
+
+def test_runs_of_different_devices_are_refused(two_real_runs, tmp_path) -> None:
+    other = json.loads(two_real_runs[0].read_text())
+    other["machine_info"]["device_name"] = "NVIDIA H200"
+    path = tmp_path / "0001_other.json"
+    path.write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="different devices"):
+        combine_runs([two_real_runs[1], path])
