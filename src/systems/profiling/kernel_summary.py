@@ -1,0 +1,156 @@
+"""Where the time goes: kernels (or CPU ops) from a torch.profiler run, by phase and kind.
+
+Each GPU kernel is attributed to the phase whose range (forward / backward / optimizer_step,
+see `systems.profiling.nvtx`) was open on the CPU when its op launched it, and to the
+attention sub-range (scores / softmax / final matmul) likewise. Without a GPU the same
+tables are built from CPU ops' self time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from systems.report.markdown import fmt, markdown_table
+
+PHASES = ("forward", "backward", "optimizer_step")
+ATTENTION_REGIONS = ("attention_scores", "attention_softmax", "attention_final_matmul")
+CATEGORIES = ("matmul", "elementwise", "other")
+_ANNOTATIONS = {*PHASES, *ATTENTION_REGIONS, "attention"}
+
+_MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "_scaled_mm", "matmul", "linear",
+               "dot", "mv"}
+_MATMUL_KERNEL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|_mm_", re.IGNORECASE)
+_POINTWISE_OPS = {"add", "sub", "mul", "div", "neg", "exp", "pow", "rsqrt", "sqrt", "silu",
+                  "sigmoid", "masked_fill", "where", "copy", "to", "_to_copy", "clone", "fill",
+                  "zero", "lerp", "addcmul", "addcdiv", "tril", "ones_like", "zeros_like"}
+_ELEMENTWISE_KERNEL = re.compile(r"elementwise|multi_tensor_apply|triton_poi", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class TimedOp:
+    """One kernel execution (or CPU op's self time), attributed to a phase and region."""
+
+    name: str
+    op: str
+    seconds: float
+    phase: str
+    region: str | None
+
+    @property
+    def category(self) -> str:
+        return categorize(self.op, self.name)
+
+
+def categorize(op: str, kernel: str) -> str:
+    """'matmul', 'elementwise' or 'other', from the launching op and the kernel's name."""
+    base = op.removeprefix("aten::").rstrip("_")
+    if base in _MATMUL_OPS or _MATMUL_KERNEL.search(kernel):
+        return "matmul"
+    if base.startswith("_foreach_") or base in _POINTWISE_OPS or _ELEMENTWISE_KERNEL.search(
+            kernel):
+        return "elementwise"
+    return "other"
+
+
+class _Ranges:
+    """Sorted, non-overlapping (start, end, name) ranges; which one holds a time point."""
+
+    def __init__(self, ranges: Iterable[tuple[float, float, str]]) -> None:
+        self._ranges = sorted(ranges)
+        self._starts = [r[0] for r in self._ranges]
+
+    def at(self, t: float) -> str | None:
+        i = bisect.bisect_right(self._starts, t) - 1
+        if i >= 0 and t <= self._ranges[i][1]:
+            return self._ranges[i][2]
+        return None
+
+
+def collect_timed_ops(events: Sequence, on_gpu: bool) -> list[TimedOp]:
+    """TimedOps from `profiler.events()`: GPU kernels via their launching op, or CPU self time."""
+    cpu_events = [e for e in events if _is_cpu(e)]
+    phases = _ranges(cpu_events, PHASES)
+    regions = _ranges(cpu_events, ATTENTION_REGIONS)
+    ops = []
+    for event in cpu_events:
+        if event.name in _ANNOTATIONS:
+            continue
+        start = event.time_range.start
+        phase, region = phases.at(start) or "other", regions.at(start)
+        if on_gpu:
+            ops += [TimedOp(k.name, event.name, k.duration / 1e6, phase, region)
+                    for k in event.kernels]
+        elif event.self_cpu_time_total > 0:
+            ops.append(TimedOp(event.name, event.name, event.self_cpu_time_total / 1e6, phase,
+                               region))
+    return ops
+
+
+def _is_cpu(event) -> bool:
+    return str(event.device_type).rsplit(".", 1)[-1] == "CPU"
+
+
+def _ranges(events: Sequence, names: Sequence[str]) -> _Ranges:
+    return _Ranges((e.time_range.start, e.time_range.end, e.name)
+                   for e in events if e.name in names)
+
+
+# ------------------------------------------------------------------------------------ tables
+def top_kernels_table(ops: Sequence[TimedOp], steps: int, top: int = 15) -> str:
+    """The `top` kernels by total time: ms per step, calls per step, share, kind."""
+    total = sum(op.seconds for op in ops)
+    by_name: dict[str, list[TimedOp]] = defaultdict(list)
+    for op in ops:
+        by_name[op.name].append(op)
+    ranked = sorted(by_name.values(), key=lambda group: -sum(o.seconds for o in group))
+    rows = []
+    for group in ranked[:top]:
+        seconds = sum(o.seconds for o in group)
+        rows.append([_short(group[0].name), group[0].category, fmt(seconds / steps, ".3f", 1e3),
+                     f"{len(group) / steps:g}", fmt(seconds / len(group), ".1f", 1e6),
+                     fmt(seconds / total, ".1%")])
+    return markdown_table(["kernel", "kind", "ms / step", "calls / step", "mean us", "share"],
+                          rows)
+
+
+def phase_table(ops: Sequence[TimedOp], steps: int) -> str:
+    """Per phase: time per step and the share of it in matmuls, elementwise, other."""
+    rows = []
+    for phase in (*PHASES, "other"):
+        in_phase = [op for op in ops if op.phase == phase]
+        seconds = sum(op.seconds for op in in_phase)
+        if not in_phase:
+            continue
+        shares = category_seconds(in_phase)
+        rows.append([phase, fmt(seconds / steps, ".2f", 1e3), len(in_phase) // steps,
+                     *(fmt(shares[c] / seconds, ".1%") for c in CATEGORIES)])
+    return markdown_table(["phase", "ms / step", "calls / step",
+                           *(f"{c} share" for c in CATEGORIES)], rows)
+
+
+def category_seconds(ops: Iterable[TimedOp]) -> dict[str, float]:
+    totals = dict.fromkeys(CATEGORIES, 0.0)
+    for op in ops:
+        totals[op.category] += op.seconds
+    return totals
+
+
+def attention_table(ops: Sequence[TimedOp], steps: int, flops: Mapping[str, float]) -> str:
+    """Forward attention: scores matmul vs softmax vs final matmul, time against FLOPs."""
+    rows = []
+    for region in ATTENTION_REGIONS:
+        seconds = sum(op.seconds for op in ops if op.region == region) / steps
+        if seconds == 0:
+            continue
+        work = flops.get(region)
+        rows.append([region.removeprefix("attention_"), fmt(seconds, ".3f", 1e3),
+                     fmt(work, ".3g", 1e-9), fmt(work / seconds if work else None, ".3g", 1e-12)])
+    return markdown_table(["part", "ms / step", "GFLOP / step", "TFLOP/s"], rows)
+
+
+def _short(name: str, width: int = 90) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
