@@ -9,6 +9,7 @@ whole matrix. A perf test module opts in by taking a `perf_case` argument and de
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,6 +47,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
     machine_info.update(machine_description())
+
+
+def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json: dict) -> None:
+    # A checkout copied without its .git (e.g. to a GPU box) can still name its commit.
+    commit = os.environ.get("SYSTEMS_COMMIT")
+    if commit:
+        output_json["commit_info"] = {**output_json.get("commit_info", {}), "id": commit,
+                                      "error": None}
 
 
 def perf_profile(config: pytest.Config) -> str:
