@@ -1,0 +1,5 @@
+import sys
+
+from systems.report.cli import main
+
+sys.exit(main())

@@ -1,0 +1,75 @@
+"""`python -m systems.report {results,latest,compare}`: pages and views of saved runs.
+
+results: regenerate docs/RESULTS.md and docs/img/*.png from every run under .benchmarks/
+latest:  the newest result of each benchmark over one GPU's runs, with its run file
+compare: two run files side by side, changes beyond the noise highlighted
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from systems.report.compare import compare_runs
+from systems.report.history import latest_results, load_run, load_runs, runs_by_device
+from systems.report.markdown import markdown_table
+from systems.report.page import results_page
+from systems.report.tables import mean_std_ms
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m systems.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    results = commands.add_parser("results", help="write the results page and its plots")
+    results.add_argument("--root", type=Path, default=Path(".benchmarks"))
+    results.add_argument("--out", type=Path, default=Path("docs/RESULTS.md"))
+    results.add_argument("--img", type=Path, default=None, help="default: <out's folder>/img")
+    results.add_argument("--include-cpu", action="store_true",
+                         help="also report CPU runs (smoke numbers, skipped by default)")
+    latest = commands.add_parser("latest", help="newest result per benchmark for one GPU")
+    latest.add_argument("--root", type=Path, default=Path(".benchmarks"))
+    latest.add_argument("--device", default="", help="substring of the device name")
+    compare = commands.add_parser("compare", help="compare two saved run files")
+    compare.add_argument("old", type=Path)
+    compare.add_argument("new", type=Path)
+    return parser.parse_args(argv)
+
+
+def _run_results(args: argparse.Namespace) -> str:
+    runs = [r for r in load_runs(args.root)
+            if args.include_cpu or not r.device.lower().startswith("cpu")]
+    page = results_page(runs, args.out.parent, args.img or args.out.parent / "img")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(page)
+    return f"wrote {args.out} ({len(runs)} runs)"
+
+
+def _run_latest(args: argparse.Namespace) -> str:
+    groups = {d: runs for d, runs in runs_by_device(load_runs(args.root)).items()
+              if args.device.lower() in d.lower()}
+    if not groups:
+        raise ValueError(f"no saved runs under {args.root} for device matching {args.device!r}")
+    sections = []
+    for device, runs in sorted(groups.items()):
+        rows = [[r.name, mean_std_ms(r, 3), r.run]
+                for r in sorted(latest_results(runs), key=lambda r: r.fullname)]
+        sections += [f"## {device}\n", markdown_table(["benchmark", "mean ± std ms", "run"], rows),
+                     ""]
+    return "\n".join(sections)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    try:
+        if args.command == "results":
+            print(_run_results(args), file=sys.stderr)
+        elif args.command == "latest":
+            print(_run_latest(args))
+        else:
+            print(compare_runs(load_run(args.old), load_run(args.new)))
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0

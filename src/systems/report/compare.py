@@ -1,0 +1,42 @@
+"""Compare two saved runs benchmark by benchmark, highlighting changes beyond the noise."""
+
+from __future__ import annotations
+
+from systems.report.history import Run
+from systems.report.markdown import markdown_table
+from systems.report.tables import mean_std_ms
+
+# A change counts when it exceeds both this fraction and the two runs' combined std.
+MIN_RELATIVE_CHANGE = 0.05
+
+
+def change_label(old_mean: float, old_std: float, new_mean: float, new_std: float) -> str:
+    """'**slower**', '**faster**' or 'same' (within noise)."""
+    delta = new_mean - old_mean
+    if abs(delta) <= max(MIN_RELATIVE_CHANGE * old_mean, old_std + new_std):
+        return "same"
+    return "**slower**" if delta > 0 else "**faster**"
+
+
+def compare_runs(old: Run, new: Run) -> str:
+    """Markdown: one row per benchmark in both runs, then those found in only one."""
+    before = {r.fullname: r for r in old.results}
+    after = {r.fullname: r for r in new.results}
+    rows = []
+    for name in sorted(before.keys() & after.keys()):
+        a, b = before[name], after[name]
+        rows.append([b.name, mean_std_ms(a), mean_std_ms(b), f"{b.mean / a.mean - 1:+.1%}",
+                     change_label(a.mean, a.stddev, b.mean, b.stddev)])
+    lines = [f"# {old.path.name} -> {new.path.name}\n",
+             f"Devices: {old.device} -> {new.device}. A change is highlighted when it exceeds "
+             f"{MIN_RELATIVE_CHANGE:.0%} and the sum of the two standard deviations.\n"]
+    if old.device != new.device:
+        lines.append("**Warning: the runs come from different devices; timings are not "
+                     "comparable.**\n")
+    lines.append(markdown_table(["benchmark", "old ms", "new ms", "change", "verdict"], rows)
+                 or "No benchmark appears in both runs.")
+    for title, names in (("Only in the old run", before.keys() - after.keys()),
+                         ("Only in the new run", after.keys() - before.keys())):
+        if names:
+            lines += [f"\n{title}:\n", *(f"- {n}" for n in sorted(names))]
+    return "\n".join(lines) + "\n"

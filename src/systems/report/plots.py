@@ -1,0 +1,147 @@
+"""Matplotlib figures (Agg, PNG) of benchmark results; each returns None without data."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+from systems.model import MODEL_CONFIGS  # noqa: E402
+from systems.report import keys  # noqa: E402
+from systems.report.history import Result  # noqa: E402
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _most_common(results: Sequence[Result], key: str) -> object:
+    return Counter(r.get(key) for r in results).most_common(1)[0][0]
+
+
+def attention_scaling(results: Sequence[Result], path: Path) -> Path | None:
+    """Time and peak memory vs sequence length, a line per implementation and a column per
+    pass, at the most common dtype and head dim."""
+    rows = [r for r in results if r.kind == "attention"]
+    if not rows:
+        return None
+    dtype, head_dim = _most_common(rows, keys.DTYPE), _most_common(rows, keys.HEAD_DIM)
+    rows = [r for r in rows if r.get(keys.DTYPE) == dtype and r.get(keys.HEAD_DIM) == head_dim]
+    passes = sorted({str(r.get(keys.PASS, "-")) for r in rows})
+    fig, axes = plt.subplots(2, len(passes), figsize=(5 * len(passes), 7), squeeze=False)
+    for col, pass_name in enumerate(passes):
+        lines: dict[str, list[Result]] = defaultdict(list)
+        for r in rows:
+            if str(r.get(keys.PASS, "-")) == pass_name:
+                lines[str(r.get(keys.IMPLEMENTATION))].append(r)
+        for impl, points in sorted(lines.items()):
+            points.sort(key=lambda r: r.get(keys.SEQ_LEN))
+            seq = [r.get(keys.SEQ_LEN) for r in points]
+            axes[0, col].plot(seq, [r.mean * 1e3 for r in points], marker="o", label=impl)
+            memory = [(r.get(keys.SEQ_LEN), r.get(keys.PEAK_MEMORY)) for r in points
+                      if r.get(keys.PEAK_MEMORY)]
+            if memory:
+                axes[1, col].plot(*zip(*[(s, m / 2**20) for s, m in memory], strict=True),
+                                  marker="o", label=impl)
+        axes[0, col].set_title(f"attention {pass_name} ({dtype}, head dim {head_dim})")
+        axes[0, col].set_ylabel("time (ms)")
+        axes[1, col].set_ylabel("peak memory (MiB)")
+        for ax in axes[:, col]:
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length (tokens)")
+            ax.grid(alpha=0.3, which="both")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def model_step_times(results: Sequence[Result], path: Path) -> Path | None:
+    """Train-step time by model size, a bar per precision x eager/compiled, at the most
+    common context length."""
+    rows = [r for r in results if r.kind == "end_to_end" and r.get(keys.MODE) == "train_step"]
+    if not rows:
+        return None
+    context = _most_common(rows, keys.CONTEXT)
+    rows = [r for r in rows if r.get(keys.CONTEXT) == context]
+    sizes = sorted({r.get(keys.SIZE) for r in rows}, key=list(MODEL_CONFIGS).index)
+    variants = sorted({(r.get(keys.PRECISION), bool(r.get(keys.COMPILED))) for r in rows})
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(sizes)), 4.5))
+    width = 0.8 / len(variants)
+    for i, (precision, compiled) in enumerate(variants):
+        by_size = {r.get(keys.SIZE): r for r in rows
+                   if (r.get(keys.PRECISION), bool(r.get(keys.COMPILED))) == (precision, compiled)}
+        xs = [j + i * width for j, s in enumerate(sizes) if s in by_size]
+        ax.bar(xs, [by_size[s].mean * 1e3 for s in sizes if s in by_size], width,
+               yerr=[by_size[s].stddev * 1e3 for s in sizes if s in by_size],
+               label=f"{precision}, {'compiled' if compiled else 'eager'}")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))], sizes)
+    ax.set_xlabel("model size")
+    ax.set_ylabel("train step time (ms)")
+    ax.set_title(f"Train step (forward, backward, AdamW), context {context}")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path)
+
+
+def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
+    """Step time per DDP variant (bars) and, when present, against bucket size (line)."""
+    rows = [r for r in results if r.kind == "ddp"]
+    if not rows:
+        return None
+    swept = sorted((r for r in rows if r.get(keys.BUCKET_MB) is not None),
+                   key=lambda r: r.get(keys.BUCKET_MB))
+    fig, axes = plt.subplots(1, 2 if swept else 1, figsize=(11 if swept else 6, 4.5),
+                             squeeze=False)
+    fixed = sorted((r for r in rows if r.get(keys.BUCKET_MB) is None),
+                   key=lambda r: str(r.get(keys.VARIANT)))
+    ax = axes[0, 0]
+    ax.bar([str(r.get(keys.VARIANT)) for r in fixed], [r.mean * 1e3 for r in fixed],
+           yerr=[r.stddev * 1e3 for r in fixed])
+    ax.set_xlabel("variant")
+    ax.set_ylabel("train step time (ms)")
+    ax.set_title("Data-parallel variants")
+    ax.tick_params(axis="x", rotation=30)
+    ax.grid(alpha=0.3, axis="y")
+    if swept:
+        ax = axes[0, 1]
+        ax.errorbar([r.get(keys.BUCKET_MB) for r in swept], [r.mean * 1e3 for r in swept],
+                    yerr=[r.stddev * 1e3 for r in swept], marker="o")
+        ax.set_xscale("log")
+        ax.set_xlabel("bucket size (MB)")
+        ax.set_ylabel("train step time (ms)")
+        ax.set_title("Bucketed DDP: bucket size sweep")
+        ax.grid(alpha=0.3, which="both")
+    return _save(fig, path)
+
+
+def allreduce_bandwidth(results: Sequence[Result], path: Path) -> Path | None:
+    """Bus bandwidth (algorithm bandwidth if that is all there is) vs message size."""
+    rows = [r for r in results if r.kind == "collective"]
+    if not rows:
+        return None
+    metric = keys.BUSBW if any(r.get(keys.BUSBW) for r in rows) else keys.ALGBW
+    lines: dict[str, list[Result]] = defaultdict(list)
+    for r in rows:
+        lines[f"{r.get(keys.BACKEND, '?')}, {r.get(keys.WORLD_SIZE, '?')} ranks"].append(r)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, points in sorted(lines.items()):
+        points.sort(key=lambda r: r.get(keys.SIZE_BYTES))
+        ax.plot([r.get(keys.SIZE_BYTES) / 1e6 for r in points],
+                [keys.gb_per_s(r.get(metric)) for r in points], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("message size (MB)")
+    ax.set_ylabel(f"{'bus' if metric == keys.BUSBW else 'algorithm'} bandwidth (GB/s)")
+    ax.set_title("All-reduce bandwidth")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    return _save(fig, path)

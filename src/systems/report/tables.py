@@ -1,0 +1,162 @@
+"""Markdown tables of benchmark results: end-to-end steps, speedups, attention, distributed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from systems.accounting import step_memory
+from systems.model import MODEL_CONFIGS, ModelConfig
+from systems.report import keys
+from systems.report.history import Result
+from systems.report.markdown import fmt, markdown_table
+
+_SIZE_ORDER = {name: i for i, name in enumerate(MODEL_CONFIGS)}
+
+
+def mean_std_ms(result: Result, digits: int = 2) -> str:
+    return f"{result.mean * 1e3:.{digits}f} ± {result.stddev * 1e3:.{digits}f}"
+
+
+def _sort_key(*fields: str) -> Callable[[Result], tuple]:
+    def key(result: Result) -> tuple:
+        values = [result.get(f) for f in fields]
+        return tuple((_SIZE_ORDER.get(v, len(_SIZE_ORDER)), "") if f == keys.SIZE
+                     else (0, str(v)) if isinstance(v, str) else (v is None, v or 0)
+                     for f, v in zip(fields, values, strict=True))
+    return key
+
+
+def _gib(value: object) -> str:
+    return fmt(value, ".2f", 2**-30)
+
+
+def _compile_tag(result: Result) -> str:
+    return "compiled" if result.get(keys.COMPILED) else "eager"
+
+
+def end_to_end_table(results: Sequence[Result]) -> str:
+    """One row per end-to-end step benchmark: time, throughput, memory and the run file."""
+    rows = sorted((r for r in results if r.kind == "end_to_end"),
+                  key=_sort_key(keys.SIZE, keys.CONTEXT, keys.MODE, keys.PRECISION,
+                                keys.COMPILED, keys.ATTENTION))
+    return markdown_table(
+        ["size", "ctx", "mode", "precision", "compile", "attention", "mean ± std ms",
+         "TFLOP/s", "MFU", "tokens/s", "peak GiB", "run"],
+        [[r.get(keys.SIZE), r.get(keys.CONTEXT), r.get(keys.MODE), r.get(keys.PRECISION),
+          _compile_tag(r), r.get(keys.ATTENTION, "-"), mean_std_ms(r),
+          fmt(r.get(keys.TFLOPS), ".1f"), fmt(r.get(keys.MFU), ".1%"),
+          fmt(r.get(keys.TOKENS_PER_S), ",.0f"), _gib(r.get(keys.PEAK_MEMORY)), r.short_run]
+         for r in rows])
+
+
+def speedup_table(
+    results: Sequence[Result], axis: str, baseline: object, contender: object,
+    label: Sequence[str], names: tuple[str, str] | None = None,
+) -> str:
+    """Pair results equal in everything but `axis` (and the run); speedup = base / contender.
+
+    `label`: extra_info keys shown to identify each pair; `names`: the two sides' column
+    names (default: the axis values).
+    """
+    base_name, contender_name = names or (str(baseline), str(contender))
+    def identity(r: Result) -> tuple:
+        return r.kind, tuple(sorted((k, str(v)) for k, v in r.info.items()
+                                    if k in _IDENTITY_KEYS and k != axis))
+
+    base = {identity(r): r for r in results if r.get(axis) == baseline}
+    rows = []
+    for r in results:
+        if r.get(axis) != contender or identity(r) not in base:
+            continue
+        b = base[identity(r)]
+        rows.append([*(r.get(k, "-") for k in label), mean_std_ms(b), mean_std_ms(r),
+                     f"{b.mean / r.mean:.2f}x", _gib(b.get(keys.PEAK_MEMORY)),
+                     _gib(r.get(keys.PEAK_MEMORY))])
+    rows.sort(key=lambda row: tuple((_SIZE_ORDER.get(v, 99), str(v)) for v in row[:len(label)]))
+    return markdown_table([*(keys.HEADERS.get(k, k) for k in label), f"{base_name} ms",
+                           f"{contender_name} ms", "speedup", f"{base_name} peak GiB",
+                           f"{contender_name} peak GiB"], rows)
+
+
+# What makes two results the same workload (the measured numbers are left out).
+_IDENTITY_KEYS = {
+    keys.SIZE, keys.CONTEXT, keys.BATCH, keys.MODE, keys.PRECISION, keys.COMPILED,
+    keys.ATTENTION, keys.IMPLEMENTATION, keys.SEQ_LEN, keys.HEAD_DIM, keys.DTYPE, keys.PASS,
+    keys.VARIANT, keys.BUCKET_MB, keys.WORLD_SIZE, keys.BACKEND, keys.SIZE_BYTES,
+    "d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "batch", "is_causal",
+}
+
+
+def warmup_study_table(results: Sequence[Result]) -> str:
+    """The same step timed after 0, 1, 2, ... untimed warm-up steps."""
+    rows = sorted((r for r in results if r.kind == "warmup_study"),
+                  key=_sort_key(keys.SIZE, keys.PRECISION, keys.WARMUP_ROUNDS))
+    return markdown_table(
+        ["size", "ctx", "mode", "precision", "warm-up steps", "mean ± std ms", "max ms", "run"],
+        [[r.get(keys.SIZE), r.get(keys.CONTEXT), r.get(keys.MODE), r.get(keys.PRECISION),
+          r.get(keys.WARMUP_ROUNDS), mean_std_ms(r), fmt(r.stats.get("max"), ".2f", 1e3),
+          r.short_run] for r in rows])
+
+
+def attention_table(results: Sequence[Result]) -> str:
+    rows = sorted((r for r in results if r.kind == "attention"),
+                  key=_sort_key(keys.PASS, keys.DTYPE, keys.HEAD_DIM, keys.SEQ_LEN,
+                                keys.IMPLEMENTATION))
+    return markdown_table(
+        ["implementation", "pass", "dtype", "seq len", "head dim", "mean ± std ms", "TFLOP/s",
+         "peak GiB", "run"],
+        [[r.get(keys.IMPLEMENTATION), r.get(keys.PASS, "-"), r.get(keys.DTYPE, "-"),
+          r.get(keys.SEQ_LEN), r.get(keys.HEAD_DIM, "-"), mean_std_ms(r, 3),
+          fmt(r.get(keys.TFLOPS), ".1f"), _gib(r.get(keys.PEAK_MEMORY)), r.short_run]
+         for r in rows])
+
+
+def ddp_table(results: Sequence[Result]) -> str:
+    rows = sorted((r for r in results if r.kind == "ddp"),
+                  key=_sort_key(keys.WORLD_SIZE, keys.VARIANT, keys.BUCKET_MB))
+    return markdown_table(
+        ["variant", "world size", "bucket MB", "mean ± std ms", "comm fraction", "run"],
+        [[r.get(keys.VARIANT), r.get(keys.WORLD_SIZE, "-"), r.get(keys.BUCKET_MB, "-"),
+          mean_std_ms(r), fmt(r.get(keys.COMM_FRACTION), ".1%"), r.short_run] for r in rows])
+
+
+def collective_table(results: Sequence[Result]) -> str:
+    rows = sorted((r for r in results if r.kind == "collective"),
+                  key=_sort_key(keys.BACKEND, keys.WORLD_SIZE, keys.SIZE_BYTES))
+    return markdown_table(
+        ["backend", "world size", "size MB", "mean ± std ms", "algbw GB/s", "busbw GB/s",
+         "run"],
+        [[r.get(keys.BACKEND, "-"), r.get(keys.WORLD_SIZE, "-"),
+          fmt(r.get(keys.SIZE_BYTES), ".3g", 1e-6), mean_std_ms(r, 3),
+          fmt(keys.gb_per_s(r.get(keys.ALGBW)), ".1f"),
+          fmt(keys.gb_per_s(r.get(keys.BUSBW)), ".1f"), r.short_run] for r in rows])
+
+
+_CONFIG_FIELDS = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
+
+
+def model_config(result: Result) -> ModelConfig | None:
+    """The measured model's hyperparameters (as recorded), else its preset, else None."""
+    if all(isinstance(result.get(f), int) for f in _CONFIG_FIELDS):
+        return ModelConfig(**{f: result.get(f) for f in _CONFIG_FIELDS},
+                           context_length=max(2048, int(result.get(keys.CONTEXT) or 0)))
+    return MODEL_CONFIGS.get(str(result.get(keys.SIZE)))
+
+
+def memory_prediction_table(results: Sequence[Result]) -> str:
+    """Measured peak memory of end-to-end steps next to `systems.accounting.step_memory`."""
+    rows = []
+    for r in sorted((r for r in results if r.kind == "end_to_end"),
+                    key=_sort_key(keys.SIZE, keys.CONTEXT, keys.MODE, keys.PRECISION)):
+        config, measured = model_config(r), r.get(keys.PEAK_MEMORY)
+        if config is None or not measured or r.get(keys.COMPILED) \
+                or r.get(keys.ATTENTION, "reference") != "reference":
+            continue  # the model describes eager steps with reference attention only
+        predicted = step_memory(config, r.get(keys.BATCH, 4), r.get(keys.CONTEXT),
+                                r.get(keys.PRECISION), r.get(keys.MODE))
+        rows.append([r.get(keys.SIZE), r.get(keys.CONTEXT), r.get(keys.MODE),
+                     r.get(keys.PRECISION), _gib(predicted.activations),
+                     _gib(predicted.peak), _gib(measured), f"{measured / predicted.peak:.2f}"])
+    return markdown_table(["size", "ctx", "mode", "precision", "predicted activations GiB",
+                           "predicted peak GiB (lower bound)", "measured peak GiB",
+                           "measured / predicted"], rows)
