@@ -32,6 +32,10 @@ test: $(STAMP)
 smoke: $(STAMP)
 	$(BIN)/pytest tests/perf --perf-profile=smoke --benchmark-disable --timeout=900
 
+# docs/RESULTS.md and docs/img/*.png from every committed history under .benchmarks/.
+report: $(STAMP)
+	$(BIN)/python -m systems.report results
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 

@@ -66,11 +66,14 @@ def attention_scaling(results: Sequence[Result], path: Path) -> Path | None:
 
 
 def model_step_times(results: Sequence[Result], path: Path) -> Path | None:
-    """Train-step time by model size, a bar per precision x eager/compiled, at the most
-    common context length."""
-    rows = [r for r in results if r.kind == "end_to_end" and r.get(keys.MODE) == "train_step"]
+    """Step time by model size, a bar per precision x eager/compiled, for train steps (else
+    the most common mode) at the most common context length."""
+    rows = [r for r in results if r.kind == "end_to_end"]
     if not rows:
         return None
+    modes = {r.get(keys.MODE) for r in rows}
+    mode = "train_step" if "train_step" in modes else _most_common(rows, keys.MODE)
+    rows = [r for r in rows if r.get(keys.MODE) == mode]
     context = _most_common(rows, keys.CONTEXT)
     rows = [r for r in rows if r.get(keys.CONTEXT) == context]
     sizes = sorted({r.get(keys.SIZE) for r in rows}, key=list(MODEL_CONFIGS).index)
@@ -86,8 +89,8 @@ def model_step_times(results: Sequence[Result], path: Path) -> Path | None:
                label=f"{precision}, {'compiled' if compiled else 'eager'}")
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))], sizes)
     ax.set_xlabel("model size")
-    ax.set_ylabel("train step time (ms)")
-    ax.set_title(f"Train step (forward, backward, AdamW), context {context}")
+    ax.set_ylabel(f"{mode} time (ms)")
+    ax.set_title(f"{mode} by model size, context {context}, batch 4")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
     return _save(fig, path)

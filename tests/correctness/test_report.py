@@ -1,0 +1,159 @@
+"""Report pages, tables, plots and the compare view, from real smoke runs and test fixtures."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from systems.report.cli import main
+from systems.report.compare import change_label, compare_runs
+from systems.report.history import Result, latest_results, load_run, load_runs
+from systems.report.plots import allreduce_bandwidth, attention_scaling, ddp_variants
+from systems.report.tables import (
+    attention_table,
+    collective_table,
+    ddp_table,
+    end_to_end_table,
+    speedup_table,
+    warmup_study_table,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory) -> Path:
+    """Two real smoke runs saved by pytest-benchmark: fp32 and bf16 forward, then fp32 again
+    (the fast cases, to keep this file quick)."""
+    storage = tmp_path_factory.mktemp("benchmarks")
+    for name, selection in (("first", "tiny-ctx64-forward-"), ("second", "forward-fp32")):
+        subprocess.run(
+            [sys.executable, "-m", "pytest", str(ROOT / "tests/perf/test_end_to_end.py"), "-q",
+             "-p", "no:cacheprovider", "--perf-profile=smoke", "-k", selection,
+             f"--benchmark-storage=file://{storage}", f"--benchmark-save={name}"],
+            check=True, capture_output=True, cwd=ROOT,
+        )
+    return storage
+
+
+def test_latest_results_take_each_benchmark_from_the_newest_run(smoke_runs) -> None:
+    runs = load_runs(smoke_runs)
+    assert [r.path.name[5:] for r in runs] == ["first.json", "second.json"]
+    assert (len(runs[0].results), len(runs[1].results)) == (2, 1)
+    latest = {r.get("precision"): r.run for r in latest_results(runs)}
+    assert latest == {"fp32": runs[1].path.name, "bf16": runs[0].path.name}
+
+
+def test_end_to_end_table_lists_every_step_with_its_run(smoke_runs) -> None:
+    results = latest_results(load_runs(smoke_runs))
+    table = end_to_end_table(results)
+    e2e = [r for r in results if r.kind == "end_to_end"]
+    assert len(table.splitlines()) == 2 + len(e2e)
+    assert "| tiny | 64 | forward | bf16 | eager | reference |" in table
+
+
+def test_warmup_study_rows_are_not_end_to_end_rows() -> None:
+    info = {"size": "tiny", "mode": "train_step", "precision": "bf16", "warmup_rounds": 0}
+    study = _result("test_warmup_study[warmup0-tiny]", 0.1, **info)
+    assert study.kind == "warmup_study"
+    assert end_to_end_table([study]) == ""
+    assert "| tiny |" in warmup_study_table([study])
+
+
+def test_results_command_writes_page_and_plots(smoke_runs, tmp_path) -> None:
+    out = tmp_path / "docs" / "RESULTS.md"
+    assert main(["results", "--root", str(smoke_runs), "--out", str(out),
+                 "--include-cpu"]) == 0
+    page = out.read_text()
+    for heading in ("End-to-end model steps", "Speedup: fp32 vs bf16 autocast",
+                    "Analytic accounting", "The XXL FFN model"):
+        assert heading in page
+    assert "### Attention" not in page  # no attention results, no section
+    images = [line.split("(")[1].rstrip(")") for line in page.splitlines()
+              if line.startswith("![")]
+    assert images and all((out.parent / i).read_bytes()[:8] == PNG for i in images)
+    # CPU runs are left out unless asked for.
+    assert main(["results", "--root", str(smoke_runs), "--out", str(out)]) == 0
+    assert "No saved benchmark runs yet" in out.read_text()
+
+
+def test_latest_command_names_the_run_file(smoke_runs, capsys) -> None:
+    assert main(["latest", "--root", str(smoke_runs), "--device", "cpu"]) == 0
+    assert "_second.json" in capsys.readouterr().out
+    assert main(["latest", "--root", str(smoke_runs), "--device", "no-such-gpu"]) == 2
+
+
+def test_compare_highlights_a_slowdown(smoke_runs, tmp_path, capsys) -> None:
+    first = sorted(smoke_runs.rglob("*.json"))[0]
+    slower = json.loads(first.read_text())
+    changed = slower["benchmarks"][0]
+    changed["stats"]["mean"] *= 3  # a fixture: the same run with one benchmark made slower
+    changed["stats"]["stddev"] = 0.0
+    path = tmp_path / "0009_slower.json"
+    path.write_text(json.dumps(slower))
+    text = compare_runs(load_run(first), load_run(path))
+    row = next(line for line in text.splitlines() if f"| {changed['name']} |" in line)
+    assert "**slower**" in row and "+200.0%" in row
+    assert text.count("**slower**") == 1
+    assert main(["compare", str(first), str(path)]) == 0 and "**slower**" in capsys.readouterr().out
+
+
+def test_change_label_ignores_noise() -> None:
+    assert change_label(1.0, 0.1, 1.15, 0.1) == "same"
+    assert change_label(1.0, 0.01, 1.2, 0.01) == "**slower**"
+    assert change_label(1.0, 0.01, 0.8, 0.01) == "**faster**"
+
+
+# -------------------------------------------- other suites' results, as synthetic fixtures
+def _result(name: str, mean: float, **info) -> Result:
+    return Result(name=name, fullname=f"tests/perf/x.py::{name}", group=None,
+                  stats={"mean": mean, "stddev": mean / 50}, info=info, run="0001_fixture.json",
+                  datetime="2026-01-01", device="GPU fixture")
+
+
+def _attention_fixture() -> list[Result]:
+    return [_result(f"attn-{impl}-{n}", scale * n * n * 1e-9, implementation=impl, seq_len=n,
+                    head_dim=64, dtype="bf16", **{"pass": "forward_backward"},
+                    peak_memory_bytes=int(scale * n * n * 100))
+            for impl, scale in (("reference", 4.0), ("flash_triton", 1.0))
+            for n in (256, 1024, 4096)]
+
+
+def test_attention_tables_pair_implementations_and_plot(tmp_path) -> None:
+    results = _attention_fixture()
+    assert len(attention_table(results).splitlines()) == 2 + len(results)
+    speedups = speedup_table(results, "implementation", "reference", "flash_triton",
+                             ["pass", "seq_len"])
+    assert speedups.count("4.00x") == 3
+    assert attention_scaling(results, tmp_path / "a.png").read_bytes()[:8] == PNG
+
+
+def test_distributed_sections_render_only_with_data(tmp_path) -> None:
+    assert ddp_variants([], tmp_path / "d.png") is None
+    assert allreduce_bandwidth([], tmp_path / "b.png") is None
+    ddp = [_result("naive", 0.5, variant="naive", world_size=2),
+           *(_result(f"bucketed{mb}", 0.4 + mb / 1e4, variant="bucketed", world_size=2,
+                     bucket_size_mb=mb) for mb in (1, 10, 100))]
+    collectives = [_result(f"ar{s}", 1e-5 + s / 100e9, backend="nccl", world_size=2,
+                           size_bytes=s, algbw=s / (1e-5 + s / 100e9) / 1e9)
+                   for s in (10**4, 10**6, 10**8)]
+    assert len(ddp_table(ddp).splitlines()) == 6
+    assert "| nccl | 2 |" in collective_table(collectives)
+    assert ddp_variants(ddp, tmp_path / "d.png").read_bytes()[:8] == PNG
+    assert allreduce_bandwidth(collectives, tmp_path / "b.png").read_bytes()[:8] == PNG
+
+
+def test_combined_history_files_keep_the_source_run(smoke_runs, tmp_path) -> None:
+    first = json.loads(sorted(smoke_runs.rglob("*.json"))[0].read_text())
+    combined = copy.deepcopy(first)
+    for bench in combined["benchmarks"]:
+        bench["extra_info"]["source_run"] = "0001_original.json"
+    path = tmp_path / "0003_combined.json"
+    path.write_text(json.dumps(combined))
+    assert {r.run for r in load_run(path).results} == {"0001_original.json"}
