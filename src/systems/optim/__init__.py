@@ -1,5 +1,6 @@
 """Optimizers."""
 
 from systems.optim.adamw import AdamW
+from systems.optim.sharded import ShardedOptimizer
 
-__all__ = ["AdamW"]
+__all__ = ["AdamW", "ShardedOptimizer"]

@@ -1,0 +1,69 @@
+"""The autograd Functions around the kernels."""
+
+from __future__ import annotations
+
+import torch
+
+from systems.attention.flash_pytorch import MASKED_SCORE
+from systems.attention.flash_triton.launch import (
+    check_triton_inputs,
+    flash_backward,
+    flash_forward,
+)
+
+
+class FlashAttentionTriton(torch.autograd.Function):
+    """FlashAttention-2 in Triton: `FlashAttentionTriton.apply(q, k, v, is_causal)`.
+
+    q: (..., n_queries, d), k and v: (..., n_keys, d), contiguous, fp16/bf16/fp32, on a CUDA
+    device (or the CPU under TRITON_INTERPRET=1). Saves L (shape (..., n_queries)), q, k, v
+    and o; backward runs the dQ and dK/dV kernels.
+    """
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                is_causal: bool = False) -> torch.Tensor:
+        check_triton_inputs(q, k, v)
+        o, lse = flash_forward(q, k, v, is_causal)
+        ctx.save_for_backward(lse, q, k, v, o)
+        ctx.is_causal = is_causal
+        return o
+
+    @staticmethod
+    def backward(ctx, do: torch.Tensor):
+        lse, q, k, v, o = ctx.saved_tensors
+        return (*flash_backward(q, k, v, o, lse, do, ctx.is_causal), None)
+
+
+def recompute_backward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+    do: torch.Tensor, is_causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention backward from L in plain PyTorch, materialising the (n_q, n_k) matrices.
+
+    Matmuls run in the input dtype (as the PyTorch reference's do); P and dS in fp32.
+    """
+    scale = q.shape[-1] ** -0.5
+    scores = (q @ k.transpose(-2, -1)).float() * scale
+    if is_causal:
+        n_q, n_k = scores.shape[-2:]
+        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, MASKED_SCORE)
+    p = torch.exp(scores - lse[..., None])
+    dv = p.to(do.dtype).transpose(-2, -1) @ do
+    dp = (do @ v.transpose(-2, -1)).float()
+    delta = (o.float() * do.float()).sum(dim=-1, keepdim=True)
+    ds = (p * (dp - delta) * scale).to(q.dtype)
+    return ds @ k, ds.transpose(-2, -1) @ q, dv
+
+
+_compiled_recompute_backward = torch.compile(recompute_backward)
+
+
+class FlashAttentionTritonCompiledBackward(FlashAttentionTriton):
+    """The Triton forward with a `torch.compile`d PyTorch backward (O(N^2) memory)."""
+
+    @staticmethod
+    def backward(ctx, do: torch.Tensor):
+        lse, q, k, v, o = ctx.saved_tensors
+        return (*_compiled_recompute_backward(q, k, v, o, lse, do, ctx.is_causal), None)

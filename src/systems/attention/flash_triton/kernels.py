@@ -1,0 +1,261 @@
+"""FlashAttention-2 kernels: forward, dQ (which also writes D) and dK/dV.
+
+Layout: q, o, do are (BH, n_q, HEAD_DIM) and k, v are (BH, n_k, HEAD_DIM), contiguous, so a
+row's stride is HEAD_DIM. A head dim that is not a power of two is padded to BLOCK_D with
+masked loads. Scores live in the log2 domain (scale folded into one multiply, exp2 instead
+of exp); the saved log-sum-exp L is in natural log, as the PyTorch reference keeps it.
+
+Each loop over tiles runs in two stages: tiles every row sees whole (no masking at all),
+then the few tiles cut by the causal diagonal or by the end of the sequence (masked).
+Masked scores become -1e6 (never -inf), so a row never sees exp(-inf - -inf).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+MASKED_SCORE: tl.constexpr = tl.constexpr(-1.0e6)
+
+
+@triton.jit
+def _load_tile(base, rows, cols, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               CHECK_ROWS: tl.constexpr):
+    """Rows `rows` of a (n_rows, HEAD_DIM) matrix; out-of-range rows and pad columns read 0."""
+    ptrs = base + rows[:, None] * HEAD_DIM + cols[None, :]
+    if CHECK_ROWS:
+        if BLOCK_D == HEAD_DIM:
+            tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM),
+                           other=0.0)
+    else:
+        if BLOCK_D == HEAD_DIM:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=cols[None, :] < HEAD_DIM, other=0.0)
+    return tile
+
+
+@triton.jit
+def _store_tile(base, tile, rows, cols, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    ptrs = base + rows[:, None] * HEAD_DIM + cols[None, :]
+    tl.store(ptrs, tile.to(base.dtype.element_ty),
+             mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _key_stages(q_start, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                CAUSAL: tl.constexpr):
+    """For a query tile: keys [0, full_end) need no mask, [full_end, end) need one."""
+    full_end = (n_k // BLOCK_N) * BLOCK_N
+    end = n_k
+    if CAUSAL:
+        # A key tile is whole for every row once its last key is <= the tile's first query.
+        full_end = tl.minimum(full_end, (q_start + 1) // BLOCK_N * BLOCK_N)
+        end = tl.minimum(n_k, q_start + BLOCK_M)
+    return full_end, end
+
+
+@triton.jit
+def _query_stages(k_start, n_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  CAUSAL: tl.constexpr):
+    """For a key tile: queries [start, full_start) need the causal mask, [full_start, n_q) not."""
+    start = 0
+    full_start = 0
+    if CAUSAL:
+        # Queries before k_start see none of the tile; from k_start + BLOCK_N - 1 on, all of it.
+        start = k_start // BLOCK_M * BLOCK_M
+        full_start = tl.minimum(tl.cdiv(k_start + BLOCK_N - 1, BLOCK_M) * BLOCK_M, n_q)
+    return start, full_start
+
+
+@triton.jit
+def _forward_stage(acc, m_i, l_i, q, K, V, rows, offs_n, cols_d, n_k, qk_scale, lo, hi,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    for k_start in range(lo, hi, BLOCK_N):
+        keys = k_start + offs_n
+        k = _load_tile(K, keys, cols_d, n_k, HEAD_DIM, BLOCK_D, MASKED)
+        v = _load_tile(V, keys, cols_d, n_k, HEAD_DIM, BLOCK_D, MASKED)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if MASKED:
+            keep = keys[None, :] < n_k
+            if CAUSAL:
+                keep = keep & (rows[:, None] >= keys[None, :])
+            s = tl.where(keep, s * qk_scale, MASKED_SCORE)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            s = s - m_new[:, None]
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            s = s * qk_scale - m_new[:, None]
+        p = tl.exp2(s)
+        correction = tl.exp2(m_i - m_new)
+        l_i = l_i * correction + tl.sum(p, 1)
+        acc = acc * correction[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def flash_forward_kernel(
+    Q, K, V, Out, L, n_q, n_k, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Grid (BH, query tiles). O = softmax(Q K^T * scale) V, L = logsumexp of each row."""
+    bh = tl.program_id(0).to(tl.int64)
+    # Causal query tiles at the end of the sequence do the most work: start them first.
+    q_start = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
+    Q += bh * n_q * HEAD_DIM
+    Out += bh * n_q * HEAD_DIM
+    K += bh * n_k * HEAD_DIM
+    V += bh * n_k * HEAD_DIM
+    L += bh * n_q
+
+    rows = q_start + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    cols_d = tl.arange(0, BLOCK_D)
+    q = _load_tile(Q, rows, cols_d, n_q, HEAD_DIM, BLOCK_D, True)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    full_end, end = _key_stages(q_start, n_k, BLOCK_M, BLOCK_N, CAUSAL)
+    acc, m_i, l_i = _forward_stage(acc, m_i, l_i, q, K, V, rows, offs_n, cols_d, n_k, qk_scale,
+                                   0, full_end, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False,
+                                   DOT_PRECISION)
+    acc, m_i, l_i = _forward_stage(acc, m_i, l_i, q, K, V, rows, offs_n, cols_d, n_k, qk_scale,
+                                   full_end, end, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True,
+                                   DOT_PRECISION)
+    _store_tile(Out, acc / l_i[:, None], rows, cols_d, n_q, HEAD_DIM, BLOCK_D)
+    tl.store(L + rows, (m_i + tl.log2(l_i)) * LN2, mask=rows < n_q)
+
+
+@triton.jit
+def _dq_stage(dq, q, do, lse2, delta, K, V, rows, offs_n, cols_d, n_k, qk_scale, lo, hi,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    for k_start in range(lo, hi, BLOCK_N):
+        keys = k_start + offs_n
+        k = _load_tile(K, keys, cols_d, n_k, HEAD_DIM, BLOCK_D, MASKED)
+        v = _load_tile(V, keys, cols_d, n_k, HEAD_DIM, BLOCK_D, MASKED)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        p = tl.exp2(s * qk_scale - lse2[:, None])
+        if MASKED:
+            keep = keys[None, :] < n_k
+            if CAUSAL:
+                keep = keep & (rows[:, None] >= keys[None, :])
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def flash_backward_dq_kernel(
+    Q, K, V, Out, dO, L, Delta, dQ, n_q, n_k, qk_scale, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Grid (BH, query tiles). dQ = scale * dS K, and Delta = rowsum(O * dO) for dK/dV."""
+    bh = tl.program_id(0).to(tl.int64)
+    q_start = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
+    Q += bh * n_q * HEAD_DIM
+    Out += bh * n_q * HEAD_DIM
+    dO += bh * n_q * HEAD_DIM
+    dQ += bh * n_q * HEAD_DIM
+    K += bh * n_k * HEAD_DIM
+    V += bh * n_k * HEAD_DIM
+    L += bh * n_q
+    Delta += bh * n_q
+
+    rows = q_start + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    cols_d = tl.arange(0, BLOCK_D)
+    q = _load_tile(Q, rows, cols_d, n_q, HEAD_DIM, BLOCK_D, True)
+    do = _load_tile(dO, rows, cols_d, n_q, HEAD_DIM, BLOCK_D, True)
+    o = _load_tile(Out, rows, cols_d, n_q, HEAD_DIM, BLOCK_D, True)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + rows, delta, mask=rows < n_q)
+    lse2 = tl.load(L + rows, mask=rows < n_q, other=0.0) * LOG2E
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    full_end, end = _key_stages(q_start, n_k, BLOCK_M, BLOCK_N, CAUSAL)
+    dq = _dq_stage(dq, q, do, lse2, delta, K, V, rows, offs_n, cols_d, n_k, qk_scale,
+                   0, full_end, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False, DOT_PRECISION)
+    dq = _dq_stage(dq, q, do, lse2, delta, K, V, rows, offs_n, cols_d, n_k, qk_scale,
+                   full_end, end, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, DOT_PRECISION)
+    _store_tile(dQ, dq * sm_scale, rows, cols_d, n_q, HEAD_DIM, BLOCK_D)
+
+
+@triton.jit
+def _dkdv_stage(dk, dv, k, v, Q, dO, L, Delta, keys, offs_m, cols_d, n_q, qk_scale, lo, hi,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                CHECK_ROWS: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # Tiles are transposed (keys x queries) so dK and dV come out of plain dots. MASKED is
+    # the causal diagonal: the end of the sequence is handled by CHECK_ROWS and L = +inf.
+    for q_start in range(lo, hi, BLOCK_M):
+        rows = q_start + offs_m
+        q = _load_tile(Q, rows, cols_d, n_q, HEAD_DIM, BLOCK_D, CHECK_ROWS)
+        do = _load_tile(dO, rows, cols_d, n_q, HEAD_DIM, BLOCK_D, CHECK_ROWS)
+        if CHECK_ROWS:
+            # L = +inf turns rows past the end into P = 0.
+            lse2 = tl.load(L + rows, mask=rows < n_q, other=float("inf")) * LOG2E
+            delta = tl.load(Delta + rows, mask=rows < n_q, other=0.0)
+        else:
+            lse2 = tl.load(L + rows) * LOG2E
+            delta = tl.load(Delta + rows)
+        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+        p_t = tl.exp2(s_t * qk_scale - lse2[None, :])
+        if MASKED:
+            p_t = tl.where(rows[None, :] >= keys[:, None], p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def flash_backward_dkdv_kernel(
+    Q, K, V, dO, L, Delta, dK, dV, n_q, n_k, qk_scale, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, CHECK_Q_ROWS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Grid (BH, key tiles). dV = P^T dO and dK = scale * dS^T Q, summed over query tiles."""
+    bh = tl.program_id(0).to(tl.int64)
+    # Causal key tiles at the start of the sequence are seen by the most queries: they are
+    # already first in launch order.
+    k_start = tl.program_id(1) * BLOCK_N
+    Q += bh * n_q * HEAD_DIM
+    dO += bh * n_q * HEAD_DIM
+    K += bh * n_k * HEAD_DIM
+    V += bh * n_k * HEAD_DIM
+    dK += bh * n_k * HEAD_DIM
+    dV += bh * n_k * HEAD_DIM
+    L += bh * n_q
+    Delta += bh * n_q
+
+    keys = k_start + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    cols_d = tl.arange(0, BLOCK_D)
+    k = _load_tile(K, keys, cols_d, n_k, HEAD_DIM, BLOCK_D, True)
+    v = _load_tile(V, keys, cols_d, n_k, HEAD_DIM, BLOCK_D, True)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    start, full_start = _query_stages(k_start, n_q, BLOCK_M, BLOCK_N, CAUSAL)
+    dk, dv = _dkdv_stage(dk, dv, k, v, Q, dO, L, Delta, keys, offs_m, cols_d, n_q, qk_scale,
+                         start, full_start, HEAD_DIM, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, True,
+                         DOT_PRECISION)
+    dk, dv = _dkdv_stage(dk, dv, k, v, Q, dO, L, Delta, keys, offs_m, cols_d, n_q, qk_scale,
+                         full_start, n_q, HEAD_DIM, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, False,
+                         DOT_PRECISION)
+    _store_tile(dK, dk * sm_scale, keys, cols_d, n_k, HEAD_DIM, BLOCK_D)
+    _store_tile(dV, dv, keys, cols_d, n_k, HEAD_DIM, BLOCK_D)

@@ -1,0 +1,167 @@
+"""Host side of the FlashAttention-2 kernels: input checks, tile configs and launches."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from systems.attention.flash_triton.kernels import (
+    flash_backward_dkdv_kernel,
+    flash_backward_dq_kernel,
+    flash_forward_kernel,
+)
+from systems.attention.inputs import check_attention_inputs
+
+# Decided when the kernels were decorated (TRITON_INTERPRET=1 runs them on the CPU).
+INTERPRETED = bool(triton.knobs.runtime.interpret)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+LOG2E = 1.4426950408889634  # the kernels work in exp2: exp(x) = exp2(x * log2(e))
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One kernel's launch shape. block_m tiles queries, block_n tiles keys."""
+
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@dataclass(frozen=True)
+class FlashConfig:
+    forward: TileConfig
+    backward_dq: TileConfig
+    backward_dkdv: TileConfig
+
+
+def _tiles(forward: tuple[int, ...], dq: tuple[int, ...], dkdv: tuple[int, ...]) -> FlashConfig:
+    return FlashConfig(TileConfig(*forward), TileConfig(*dq), TileConfig(*dkdv))
+
+
+# (block_m, block_n, num_warps, num_stages) for the forward, dQ and dK/dV kernels, keyed by
+# the padded head dim. Chosen with `python -m systems.attention.flash_triton.tune` on an
+# H100 80GB HBM3 (bf16, causal, 16 x 16384 x d); fp16 shares them.
+_HALF_CONFIGS: dict[int, FlashConfig] = {
+    16: _tiles((128, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3)),
+    32: _tiles((128, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3)),
+    64: _tiles((128, 64, 4, 3), (128, 64, 8, 3), (64, 128, 8, 3)),
+    128: _tiles((128, 64, 8, 3), (128, 32, 8, 3), (32, 128, 8, 3)),
+}
+# fp32 tiles take twice the registers and shared memory, and dots run without tensor cores.
+_FP32_CONFIGS: dict[int, FlashConfig] = {
+    16: _tiles((64, 64, 4, 2), (64, 64, 4, 2), (64, 64, 4, 2)),
+    32: _tiles((64, 64, 4, 2), (64, 64, 4, 2), (64, 64, 4, 2)),
+    64: _tiles((64, 32, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2)),
+    128: _tiles((64, 32, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2)),
+}
+
+
+def default_config(head_dim: int, dtype: torch.dtype) -> FlashConfig:
+    table = _FP32_CONFIGS if dtype == torch.float32 else _HALF_CONFIGS
+    return table[triton.next_power_of_2(head_dim)]
+
+
+def check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Everything `check_attention_inputs` asks, plus what these kernels need."""
+    check_attention_inputs(q, k, v)
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"dtype {q.dtype} unsupported; use one of {SUPPORTED_DTYPES}")
+    if INTERPRETED and q.dtype == torch.bfloat16:
+        raise ValueError("bf16 is unsupported under TRITON_INTERPRET=1 (its interpreter "
+                         "computes bf16 dots wrongly); run bf16 on a GPU")
+    if not MIN_HEAD_DIM <= q.shape[-1] <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim {q.shape[-1]} unsupported; need "
+                         f"{MIN_HEAD_DIM} <= d <= {MAX_HEAD_DIM}")
+    if not INTERPRETED and q.device.type != "cuda":
+        raise ValueError(f"the Triton kernels need CUDA tensors, got {q.device} (set "
+                         "TRITON_INTERPRET=1 before importing systems to run them on the CPU)")
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if not tensor.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    # fp32 stays exact fp32, like PyTorch's default matmul; TF32 would cost ~1e-3 accuracy.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _empty(shape: torch.Size | tuple[int, ...], like: torch.Tensor,
+           dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Output buffers: every element is written by a kernel (tests poison this)."""
+    return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
+
+
+def _common(q: torch.Tensor) -> dict[str, object]:
+    d = q.shape[-1]
+    return {"HEAD_DIM": d, "BLOCK_D": triton.next_power_of_2(d),
+            "DOT_PRECISION": dot_precision(q.dtype)}
+
+
+def _rows(t: torch.Tensor) -> int:
+    """Number of (batch x heads) matrices in t of shape (..., seq, d)."""
+    return math.prod(t.shape[:-2])
+
+
+def flash_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+    config: FlashConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, L) for checked inputs; L is the natural-log log-sum-exp, fp32, (..., n_queries)."""
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    tiles = (config or default_config(d, q.dtype)).forward
+    o = _empty(q.shape, q)
+    lse = _empty(q.shape[:-1], q, torch.float32)
+    grid = (_rows(q), triton.cdiv(n_q, tiles.block_m))
+    flash_forward_kernel[grid](
+        q, k, v, o, lse, n_q, n_k, d ** -0.5 * LOG2E,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=is_causal, **_common(q),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+    return o, lse
+
+
+def flash_backward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+    do: torch.Tensor, is_causal: bool = False, config: FlashConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv): a dQ pass over query tiles (it also writes D), then a dK/dV pass."""
+    config = config or default_config(q.shape[-1], q.dtype)
+    do = do.contiguous()  # autograd may hand over an expanded or strided gradient
+    dq, delta = backward_dq(q, k, v, o, lse, do, is_causal, config.backward_dq)
+    dk, dv = backward_dkdv(q, k, v, do, lse, delta, is_causal, config.backward_dkdv)
+    return dq, dk, dv
+
+
+def backward_dq(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+    do: torch.Tensor, is_causal: bool, tiles: TileConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dq, D) where D = rowsum(o * do), fp32, shaped like L."""
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    dq, delta = _empty(q.shape, q), _empty(lse.shape, lse)
+    flash_backward_dq_kernel[(_rows(q), triton.cdiv(n_q, tiles.block_m))](
+        q, k, v, o, do, lse, delta, dq, n_q, n_k, d ** -0.5 * LOG2E, d ** -0.5,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=is_causal, **_common(q),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+    return dq, delta
+
+
+def backward_dkdv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
+    delta: torch.Tensor, is_causal: bool, tiles: TileConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    dk, dv = _empty(k.shape, k), _empty(v.shape, v)
+    flash_backward_dkdv_kernel[(_rows(q), triton.cdiv(n_k, tiles.block_n))](
+        q, k, v, do, lse, delta, dk, dv, n_q, n_k, d ** -0.5 * LOG2E, d ** -0.5,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=is_causal,
+        CHECK_Q_ROWS=n_q % tiles.block_m != 0, **_common(q),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+    return dk, dv

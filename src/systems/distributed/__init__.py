@@ -1,0 +1,10 @@
+"""Distributed training: process groups, data-parallel wrappers, FSDP, benchmarks."""
+
+from systems.distributed.ddp import DDPBucketed, DDPIndividualParameters, FlatDDP, NaiveDDP
+from systems.distributed.fsdp import FSDP
+from systems.distributed.launch import RankError, RankPool
+
+__all__ = [
+    "FSDP", "DDPBucketed", "DDPIndividualParameters", "FlatDDP", "NaiveDDP", "RankError",
+    "RankPool",
+]

@@ -1,0 +1,256 @@
+"""FlashAttention-2 (PyTorch tiles and Triton kernels) against a float64 reference.
+
+Each error is judged against the error PyTorch's plain attention makes in the same dtype on
+the same device (as flash-attention's own tests do): ours may be at most twice as far from
+float64, plus a few units in the last place of the dtype. On a machine without CUDA the
+Triton kernels run in Triton's interpreter (fp32 and fp16; bf16 needs a GPU).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from systems.attention import FlashAttentionPytorch, FlashAttentionTriton, reference_attention
+from systems.attention.flash_pytorch import flash_backward as tiled_backward
+from systems.attention.flash_pytorch import flash_forward as tiled_forward
+from systems.attention.flash_triton import (
+    FlashAttentionTritonCompiledBackward,
+    FlashConfig,
+    TileConfig,
+    flash_backward,
+    flash_forward,
+    launch,
+    recompute_backward,
+)
+
+IMPLEMENTATIONS = {"pytorch": FlashAttentionPytorch, "triton": FlashAttentionTriton}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Rounding slack on top of PyTorch's own error: a few ulps at the scale of the outputs.
+SLACK_ULPS = 4
+
+# (leading dims, n_queries, n_keys, head dim): one tile, uneven lengths, n_q != n_k both
+# ways, head dims that are not powers of two (80 is the 2.7b model's), no leading dims.
+SHAPES = [
+    ((2,), 64, 64, 16),
+    ((2, 3), 100, 100, 32),
+    ((1,), 77, 130, 48),
+    ((3,), 130, 50, 64),
+    ((), 33, 33, 128),
+    ((2, 2), 96, 96, 80),
+]
+# Larger problems for the GPU, where the kernels' default tiles loop many times.
+GPU_SHAPES = [((2, 4), 1024, 1024, 64), ((1,), 2048, 2048, 128), ((3,), 1000, 3000, 80)]
+
+
+def _shape_id(shape) -> str:
+    lead, n_q, n_k, d = shape
+    return f"{'x'.join(map(str, lead)) or 'none'}-q{n_q}-k{n_k}-d{d}"
+
+
+def _skip_unsupported(impl: str, dtype: torch.dtype, device: torch.device) -> None:
+    if impl == "triton" and dtype == torch.bfloat16 and device.type != "cuda":
+        pytest.skip("the Triton interpreter computes bf16 dots wrongly; bf16 runs on a GPU")
+
+
+@dataclass
+class Problem:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    do: torch.Tensor
+    causal: bool
+
+    @classmethod
+    def random(cls, shape, dtype: torch.dtype, device: torch.device, causal: bool,
+               seed: int = 0) -> Problem:
+        lead, n_q, n_k, d = shape
+        gen = torch.Generator().manual_seed(seed)
+        q, k, v, do = (torch.randn(*lead, n, d, generator=gen).to(device=device, dtype=dtype)
+                       for n in (n_q, n_k, n_k, n_q))
+        return cls(q, k, v, do, causal)
+
+    def run(self, attention, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """o, L and the three gradients of `attention` on inputs cast to `dtype`."""
+        q, k, v = (t.detach().to(dtype or t.dtype).requires_grad_() for t in (self.q, self.k,
+                                                                               self.v))
+        o = attention(q, k, v, self.causal)
+        o.backward(self.do.to(o.dtype))
+        return {"o": o, "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def _reference(q, k, v, causal):
+    return reference_attention(q, k, v, is_causal=causal)
+
+
+def _logsumexp(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, -math.inf)
+    return scores.logsumexp(dim=-1)
+
+
+def assert_close_as_pytorch(ours: torch.Tensor, torch_same_dtype: torch.Tensor,
+                            exact: torch.Tensor, name: str) -> None:
+    assert torch.isfinite(ours).all(), f"{name}: non-finite values"
+    exact = exact.double()
+    ours_error = (ours.double() - exact).abs().max().item()
+    torch_error = (torch_same_dtype.double() - exact).abs().max().item()
+    slack = SLACK_ULPS * torch.finfo(ours.dtype).eps * exact.abs().max().item()
+    assert ours_error <= 2 * torch_error + slack, (
+        f"{name}: max error {ours_error:.3g} vs PyTorch's {torch_error:.3g} in {ours.dtype}"
+    )
+
+
+def check_against_reference(problem: Problem, attention, dtype: torch.dtype) -> None:
+    exact = problem.run(_reference, torch.float64)
+    same_dtype = problem.run(_reference, dtype)
+    ours = problem.run(attention, dtype)
+    for name in exact:
+        assert ours[name].dtype == dtype and ours[name].shape == exact[name].shape
+        assert_close_as_pytorch(ours[name], same_dtype[name], exact[name], name)
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Kernel outputs start as NaN, so an element a kernel forgets to write fails the test."""
+    def empty_nan(shape, like, dtype=None):
+        return torch.full(shape, math.nan, dtype=dtype or like.dtype, device=like.device)
+
+    monkeypatch.setattr(launch, "_empty", empty_nan)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
+def test_matches_float64_reference(impl, shape, dtype_name, causal, device, poisoned_outputs):
+    dtype = DTYPES[dtype_name]
+    _skip_unsupported(impl, dtype, device)
+    problem = Problem.random(shape, dtype, device, causal)
+    check_against_reference(problem, IMPLEMENTATIONS[impl].apply, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=_shape_id)
+def test_triton_long_sequences(shape, dtype_name, causal, device, poisoned_outputs):
+    problem = Problem.random(shape, DTYPES[dtype_name], device, causal)
+    check_against_reference(problem, FlashAttentionTriton.apply, DTYPES[dtype_name])
+
+
+@pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_saves_only_logsumexp_besides_inputs_and_output(impl, causal, device):
+    problem = Problem.random(((2, 3), 40, 56, 16), torch.float32, device, causal)
+    q, k, v = (t.requires_grad_() for t in (problem.q, problem.k, problem.v))
+    o = IMPLEMENTATIONS[impl].apply(q, k, v, causal)
+    saved = o.grad_fn.saved_tensors
+    per_query = [t for t in saved if t.shape == q.shape[:-1]]
+    assert len(per_query) == 1, [tuple(t.shape) for t in saved]
+    assert sum(t.numel() for t in saved) <= 4 * q.numel() + 2 * k.numel()  # nothing N^2
+    exact = _logsumexp(*(t.detach().double() for t in (q, k)), causal)
+    assert torch.allclose(per_query[0].double(), exact, atol=1e-5, rtol=1e-5)
+
+
+def _tile_configs() -> st.SearchStrategy[FlashConfig]:
+    tiles = st.builds(TileConfig, st.sampled_from([16, 32, 64]), st.sampled_from([16, 32, 64]))
+    return st.builds(FlashConfig, tiles, tiles, tiles)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    lead=st.lists(st.integers(1, 3), max_size=2).map(tuple),
+    n_q=st.integers(1, 90), n_k=st.integers(1, 90),
+    d=st.sampled_from([16, 24, 40, 64, 96, 128]),
+    causal=st.booleans(), config=_tile_configs(), seed=st.integers(0, 2**16),
+)
+def test_triton_any_shape_and_tiling(lead, n_q, n_k, d, causal, config, seed):
+    """Any lengths (multiples of no tile), head dim and tile shape give the fp32 answer."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    problem = Problem.random((lead, n_q, n_k, d), torch.float32, device, causal, seed)
+    q, k, v, do = problem.q, problem.k, problem.v, problem.do
+    o, lse = flash_forward(q, k, v, causal, config)
+    grads = flash_backward(q, k, v, o, lse, do, causal, config)
+    exact = problem.run(_reference, torch.float64)
+    tol = 2e-5 * math.sqrt(n_k)
+    torch.testing.assert_close(o.double(), exact["o"], atol=tol, rtol=0)
+    torch.testing.assert_close(lse.double(), _logsumexp(q.double(), k.double(), causal),
+                               atol=tol, rtol=0)
+    for name, grad in zip(("dq", "dk", "dv"), grads, strict=True):
+        torch.testing.assert_close(grad.double(), exact[name], atol=tol * 10, rtol=0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    n_q=st.integers(1, 70), n_k=st.integers(1, 70), causal=st.booleans(),
+    tile_q=st.sampled_from([16, 24, 32]), tile_k=st.sampled_from([16, 24, 32]),
+)
+def test_pytorch_tiles_are_exact_in_float64(n_q, n_k, causal, tile_q, tile_k):
+    """In float64 the tiled algorithm agrees with plain attention to rounding."""
+    problem = Problem.random(((2,), n_q, n_k, 16), torch.float64, torch.device("cpu"), causal)
+    q, k, v, do = problem.q, problem.k, problem.v, problem.do
+    o, lse = tiled_forward(q, k, v, causal, tile_q, tile_k)
+    grads = tiled_backward(q, k, v, o, lse, do, causal, tile_q, tile_k)
+    exact = problem.run(_reference, torch.float64)
+    torch.testing.assert_close(o, exact["o"], atol=1e-12, rtol=0)
+    torch.testing.assert_close(lse, _logsumexp(q, k, causal), atol=1e-12, rtol=0)
+    for name, grad in zip(("dq", "dk", "dv"), grads, strict=True):
+        torch.testing.assert_close(grad, exact[name], atol=1e-11, rtol=0)
+
+
+def test_pytorch_gradcheck():
+    inputs = [torch.randn(2, 20, 16, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    assert torch.autograd.gradcheck(lambda q, k, v: FlashAttentionPytorch.apply(q, k, v, True),
+                                    inputs, fast_mode=True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_recompute_backward_matches_reference(causal):
+    """The PyTorch backward used by the compiled-backward variant, run eagerly."""
+    problem = Problem.random(((2,), 48, 40, 32), torch.float32, torch.device("cpu"), causal)
+    q, k, v, do = problem.q, problem.k, problem.v, problem.do
+    o, lse = tiled_forward(q, k, v, causal)
+    exact = problem.run(_reference, torch.float64)
+    same_dtype = problem.run(_reference, torch.float32)
+    grads = recompute_backward(q, k, v, o, lse, do, causal)
+    for name, grad in zip(("dq", "dk", "dv"), grads, strict=True):
+        assert_close_as_pytorch(grad, same_dtype[name], exact[name], name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
+@pytest.mark.parametrize("variant", ["compiled_apply", "compiled_backward"])
+def test_under_torch_compile(variant, dtype_name, device):
+    dtype = DTYPES[dtype_name]
+    problem = Problem.random(((4,), 512, 512, 64), dtype, device, causal=True)
+    attention = (torch.compile(FlashAttentionTriton.apply) if variant == "compiled_apply"
+                 else FlashAttentionTritonCompiledBackward.apply)
+    check_against_reference(problem, attention, dtype)
+
+
+@pytest.mark.parametrize("attention", ["flash_pytorch", "flash_triton"])
+def test_model_with_flash_backend_matches_reference(attention, device):
+    from systems.model import MODEL_CONFIGS, TransformerLM
+
+    config = MODEL_CONFIGS["tiny"]
+    torch.manual_seed(0)
+    tokens = torch.randint(0, config.vocab_size, (2, 40), device=device)
+    results = {}
+    for name in ("reference", attention):
+        torch.manual_seed(1)
+        model = TransformerLM(config, attention=name).to(device)
+        logits = model(tokens)
+        logits.float().square().mean().backward()
+        results[name] = (logits, [p.grad for p in model.parameters()])
+    (ref_logits, ref_grads), (logits, grads) = results["reference"], results[attention]
+    torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
+    for grad, ref_grad in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad, ref_grad, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,88 @@
+"""Bad input to the flash attention Functions: a clear error, never a wrong answer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from systems.attention import FlashAttentionPytorch, FlashAttentionTriton
+from systems.attention.flash_triton import launch
+
+BOTH = pytest.mark.parametrize("attention", [FlashAttentionPytorch, FlashAttentionTriton],
+                               ids=["pytorch", "triton"])
+
+
+def _qkv(device, n_q=32, n_k=32, d=32, dtype=torch.float32, lead=(2,)):
+    return (torch.randn(*lead, n_q, d, device=device, dtype=dtype),
+            torch.randn(*lead, n_k, d, device=device, dtype=dtype),
+            torch.randn(*lead, n_k, d, device=device, dtype=dtype))
+
+
+@BOTH
+def test_mismatched_dtypes(attention, device):
+    q, k, v = _qkv(device)
+    with pytest.raises(ValueError, match="dtypes differ"):
+        attention.apply(q, k.half(), v, False)
+
+
+@BOTH
+def test_mismatched_devices(attention, device):
+    q, k, v = _qkv(device)
+    with pytest.raises(ValueError, match="different devices"):
+        attention.apply(q, k.to("meta"), v, False)
+
+
+@BOTH
+@pytest.mark.parametrize(
+    ("q_shape", "k_shape", "v_shape", "message"),
+    [
+        ((2, 32, 32), (2, 32, 16), (2, 32, 16), "head dims differ"),
+        ((2, 32, 32), (2, 32, 32), (2, 31, 32), "k and v shapes differ"),
+        ((2, 32, 32), (3, 32, 32), (3, 32, 32), "leading dims"),
+        ((2, 0, 32), (2, 32, 32), (2, 32, 32), "empty"),
+        ((32,), (32,), (32,), "shape"),
+    ],
+    ids=["head-dim", "k-v", "leading", "empty", "1d"],
+)
+def test_mismatched_shapes(attention, q_shape, k_shape, v_shape, message, device):
+    q, k, v = (torch.randn(s, device=device) for s in (q_shape, k_shape, v_shape))
+    with pytest.raises(ValueError, match=message):
+        attention.apply(q, k, v, False)
+
+
+@BOTH
+def test_integer_inputs(attention, device):
+    q, k, v = (torch.ones(2, 8, 16, dtype=torch.int32, device=device) for _ in range(3))
+    with pytest.raises(ValueError, match="floating"):
+        attention.apply(q, k, v, False)
+
+
+@pytest.mark.parametrize("d", [8, 15, 129, 256])
+def test_triton_rejects_unsupported_head_dims(d, device):
+    with pytest.raises(ValueError, match="head dim"):
+        FlashAttentionTriton.apply(*_qkv(device, d=d), True)
+
+
+def test_triton_rejects_float64(device):
+    with pytest.raises(ValueError, match="unsupported"):
+        FlashAttentionTriton.apply(*_qkv(device, dtype=torch.float64), True)
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["q", "k", "v"])
+def test_triton_rejects_non_contiguous(which, device):
+    tensors = list(_qkv(device, n_q=32, n_k=32, d=32))
+    tensors[which] = tensors[which].transpose(-2, -1)  # still (2, 32, 32), strided
+    with pytest.raises(ValueError, match="contiguous"):
+        FlashAttentionTriton.apply(*tensors, False)
+
+
+def test_triton_rejects_cpu_tensors_without_interpreter(monkeypatch):
+    monkeypatch.setattr(launch, "INTERPRETED", False)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        FlashAttentionTriton.apply(*_qkv("cpu"), False)
+
+
+def test_triton_interpreter_rejects_bf16(monkeypatch):
+    monkeypatch.setattr(launch, "INTERPRETED", True)
+    with pytest.raises(ValueError, match="bf16"):
+        FlashAttentionTriton.apply(*_qkv("cpu", dtype=torch.bfloat16), False)

@@ -1,0 +1,171 @@
+"""Models, data and the rank-side training comparison shared by the distributed tests.
+
+Every rank trains the wrapped model on its slice of each global batch and, alongside, an
+unwrapped copy on the whole global batch (the single-process reference); the parameters
+must match after every run. Functions here run inside rank processes.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from systems.distributed import FSDP, DDPBucketed, DDPIndividualParameters, FlatDDP, NaiveDDP
+from systems.distributed.launch import worker_state
+from systems.model import MODEL_CONFIGS, TransformerLM, cross_entropy
+from systems.optim import AdamW, ShardedOptimizer
+
+VOCAB, SEQ = 37, 6
+
+
+class ToyModel(nn.Module):
+    """Embedding tied to the output head, a frozen layer, a layer that never gets a
+    gradient, biases and norm gains (1-D), and sizes that no world size divides."""
+
+    def __init__(self, vocab: int = VOCAB, d_model: int = 13, hidden: int = 29) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.frozen = nn.Linear(d_model, d_model)
+        self.frozen.requires_grad_(False)
+        self.up = nn.Linear(d_model, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.unused = nn.Linear(hidden, hidden)
+        self.down = nn.Linear(hidden, d_model, bias=False)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.frozen(self.embed(tokens)))
+        x = self.down(torch.relu(self.norm(self.up(x))))
+        return self.head(x)
+
+
+class ExactToyModel(ToyModel):
+    """ToyModel without the norm, initialised to small dyadic values: with the linear loss
+    below every gradient is exact in fp32, so any reduction order gives the same bits."""
+
+    def __init__(self) -> None:
+        super().__init__(vocab=16, d_model=8, hidden=12)
+        self.norm = nn.Identity()
+        with torch.no_grad():
+            for param in self.parameters():
+                param.copy_(torch.randint(-2, 3, param.shape) / 4)
+
+
+def tiny_lm() -> nn.Module:
+    return TransformerLM(MODEL_CONFIGS["tiny"])
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {
+    "toy": ToyModel, "exact": ExactToyModel, "tiny_lm": tiny_lm,
+}
+
+
+def make_wrapper(variant: str, model: nn.Module, **options) -> nn.Module:
+    wrappers: dict[str, Callable[..., nn.Module]] = {
+        "naive": NaiveDDP, "flat": FlatDDP, "individual": DDPIndividualParameters,
+        "bucketed": DDPBucketed, "fsdp": FSDP,
+    }
+    return wrappers[variant](model, **options)
+
+
+def vocab_of(model: nn.Module) -> int:
+    if isinstance(model, TransformerLM):
+        return model.config.vocab_size
+    return model.embed.num_embeddings
+
+
+def loss_fn(model_name: str, logits: torch.Tensor, targets: torch.Tensor,
+            weights: torch.Tensor) -> torch.Tensor:
+    if model_name == "exact":  # linear in the logits: exact gradients (see ExactToyModel)
+        return (logits.float() * weights).sum() / targets.shape[0]  # power-of-2 batches
+    return cross_entropy(logits, targets)
+
+
+def global_batches(vocab: int, batch: int, steps: int, seed: int):
+    """Shuffled draws from a fixed random data set, the same on every rank."""
+    generator = torch.Generator().manual_seed(seed)
+    data = torch.randint(vocab, (4 * batch, SEQ + 1), generator=generator)
+    weights = torch.randint(-4, 5, (4 * batch, SEQ, vocab), generator=generator) / 4
+    for _ in range(steps):
+        order = torch.randperm(len(data), generator=generator)[:batch]
+        yield data[order, :-1], data[order, 1:], weights[order]
+
+
+def params_of(wrapped: nn.Module) -> dict[str, torch.Tensor]:
+    if isinstance(wrapped, FSDP):
+        return wrapped.gather_full_params()
+    return {name: p.detach() for name, p in wrapped.module.named_parameters()}
+
+
+def train_and_compare(variant: str, model_name: str, *, options: dict | None = None,
+                      steps: int = 3, batch_per_rank: int = 2, seed: int = 0,
+                      lr: float = 1e-2, exact: bool = False, rtol: float = 1e-5,
+                      atol: float = 1e-4, sharded_optimizer: bool = False,
+                      update_rtol: float | None = None) -> dict:
+    """Train wrapped and reference models side by side; assert equal parameters.
+
+    With `update_rtol` (for low-precision compute) the training runs plain SGD, whose
+    update is proportional to the gradient, and each parameter's total change must match
+    the reference's to that relative error in norm (AdamW would magnify rounding noise in
+    near-zero gradients to full-size steps).
+
+    The default tolerance allows the reduction-order rounding (~1e-7) that AdamW magnifies
+    for elements whose gradient is itself rounding noise: up to 1% of one step of size lr.
+    Returns what the parent test checks as well: bucket count and the largest difference.
+    """
+    device = worker_state["device"]
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(seed + 1000 * rank)  # differing inits: construction must broadcast
+    model = MODELS[model_name]().to(device)
+    wrapped = make_wrapper(variant, model, **(options or {}))
+    reference = copy.deepcopy(model) if variant != "fsdp" else None
+    if reference is None:  # FSDP took the module's weights: rebuild from the gathered ones
+        torch.manual_seed(seed)
+        reference = MODELS[model_name]().to(device)
+        full = wrapped.gather_full_params()
+        with torch.no_grad():
+            for name, param in reference.named_parameters():
+                param.copy_(full[name])
+    initial = {name: p.detach().clone() for name, p in reference.named_parameters()}
+    optimizer_cls, hyper = ((torch.optim.SGD, {"lr": 10 * lr}) if update_rtol is not None
+                            else (AdamW, {"lr": lr, "weight_decay": 0.1}))
+    make_optimizer = functools.partial(optimizer_cls, **hyper)
+    params = [p for p in wrapped.parameters() if p.requires_grad]
+    optimizer = (ShardedOptimizer(params, optimizer_cls, **hyper)
+                 if sharded_optimizer else make_optimizer(params))
+    ref_optimizer = make_optimizer([p for p in reference.parameters() if p.requires_grad])
+    for inputs, targets, weights in global_batches(vocab_of(model), batch_per_rank * world,
+                                                   steps, seed):
+        inputs, targets, weights = inputs.to(device), targets.to(device), weights.to(device)
+        ref_optimizer.zero_grad(set_to_none=True)
+        loss_fn(model_name, reference(inputs), targets, weights).backward()
+        ref_optimizer.step()
+        mine = slice(rank * batch_per_rank, (rank + 1) * batch_per_rank)
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(model_name, wrapped(inputs[mine]), targets[mine], weights[mine]).backward()
+        wrapped.finish_gradient_synchronization()
+        optimizer.step()
+    got, want = params_of(wrapped), dict(reference.named_parameters())
+    assert got.keys() == want.keys(), (sorted(got), sorted(want))
+    worst = 0.0
+    for name, expected in want.items():
+        actual = got[name].to(expected.dtype)
+        if exact:
+            assert torch.equal(actual, expected), f"{name}: not bitwise equal"
+        elif update_rtol is not None:
+            want_step, got_step = expected - initial[name], actual - initial[name]
+            error = (got_step - want_step).norm() / want_step.norm().clamp_min(1e-30)
+            assert error <= update_rtol, f"{name}: update off by {error:.2e} relative"
+        else:
+            torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+        worst = max(worst, (actual - expected).abs().max().item())
+    buckets = getattr(getattr(wrapped, "grad_sync", None), "buckets", [])
+    return {"compared": len(want), "max_abs_diff": worst, "buckets": len(buckets)}
+

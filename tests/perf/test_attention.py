@@ -1,0 +1,195 @@
+"""Attention benchmarks: implementations x sequence x head dim x dtype x pass.
+
+Three studies:
+- `test_attention`: batch 1, one head, causal; forward, backward and forward+backward timed
+  separately for every implementation (SDPA's flash and cuDNN backends, compiled
+  flex_attention, the PyTorch reference eager and compiled, the tiled PyTorch
+  FlashAttention-2, and the Triton kernels with a compiled PyTorch backward or their own).
+- `test_attention_handout_sweep`: batch 8, no heads, not causal, fp32, d 16..128 and
+  seq 256..16384: forward and backward timed, memory in use before backward recorded.
+- `test_attention_leaderboard`: q, k, v of shape (16, 16384, 64), bf16, causal, forward +
+  o.sum().backward() through `torch.compile(FlashAttentionTriton.apply)`, with SDPA and
+  flex_attention on the same shape; the `triton.testing.do_bench` median goes into
+  extra_info beside pytest-benchmark's own numbers.
+
+Every case records the first call's time (compilation and JIT included) as
+`first_call_s`. Profiles: `smoke` (CPU-sized), `quick` (the d = 64 and 128 bf16 forward +
+backward comparisons from seq 1024 up, one seq with every implementation and pass, and the
+leaderboard; ~10 min on one H100), `full` (everything; select with -k).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from systems.bench.attention import (
+    ATTENTION_MODES,
+    UnsupportedWorkload,
+    build_attention_workload,
+)
+from systems.bench.metrics import is_out_of_memory
+from systems.bench.timing import synchronize
+
+SWEEP_IMPLEMENTATIONS = ("reference", "reference_compiled", "sdpa_flash", "sdpa_cudnn",
+                         "flex_compiled", "flash_pytorch", "triton_compiled_bwd", "triton")
+SWEEP_SEQS = tuple(2**p for p in range(7, 17))
+HEAD_DIMS = (16, 32, 64, 128)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# What the Triton kernels must beat at every seq >= 1024 for d = 64 and 128.
+RIVALS = ("sdpa_flash", "sdpa_cudnn", "flex_compiled", "triton")
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    impl: str
+    shape: tuple[int, ...]
+    dtype: str
+    mode: str
+    causal: bool
+    warmup: int = 3
+    rounds: int = 10
+
+    @property
+    def id(self) -> str:
+        shape = "x".join(map(str, self.shape))
+        mask = "causal" if self.causal else "full"
+        return f"{self.impl}-{shape}-{self.dtype}-{mask}-{self.mode}"
+
+    @property
+    def group(self) -> str:
+        return f"{'x'.join(map(str, self.shape))}-{self.dtype}-{self.mode}"
+
+
+def _sweep_case(impl: str, seq: int, d: int, dtype: str, mode: str) -> AttentionCase:
+    return AttentionCase(impl, (1, 1, seq, d), dtype, mode, causal=True)
+
+
+def perf_cases(profile: str) -> list[AttentionCase]:
+    if profile == "smoke":
+        cheap = ("reference", "sdpa_flash", "flex_compiled", "flash_pytorch",
+                 "triton_compiled_bwd", "triton")
+        cases = [_sweep_case(impl, 128, 16, "fp32", "forward_backward") for impl in cheap]
+        cases += [_sweep_case("triton", 128, 16, "fp16", mode) for mode in ("forward", "backward")]
+        return [AttentionCase(**{**c.__dict__, "warmup": 1, "rounds": 2}) for c in cases]
+    if profile == "full":
+        return [_sweep_case(*combo) for combo in itertools.product(
+            SWEEP_IMPLEMENTATIONS, SWEEP_SEQS, HEAD_DIMS, ("fp32", "bf16"), ATTENTION_MODES)]
+    must_beat = [_sweep_case(impl, seq, d, "bf16", "forward_backward")
+                 for d, seq, impl in itertools.product((64, 128), SWEEP_SEQS[3:], RIVALS)]
+    every_impl = [_sweep_case(impl, 4096, 64, dtype, mode)
+                  for impl, dtype, mode in itertools.product(
+                      SWEEP_IMPLEMENTATIONS, ("bf16",), ATTENTION_MODES)]
+    fp32 = [_sweep_case(impl, 4096, 64, "fp32", "forward_backward")
+            for impl in ("reference", "reference_compiled", "triton")]
+    return must_beat + every_impl + fp32
+
+
+def run_attention_case(case: AttentionCase, device: torch.device, synced_benchmark) -> None:
+    """Build, time the first call (compilation included), then benchmark the case."""
+    synced_benchmark.benchmark.group = case.group
+    try:
+        workload = build_attention_workload(case.impl, shape=case.shape,
+                                            dtype=DTYPES[case.dtype], mode=case.mode,
+                                            causal=case.causal, device=device)
+        start = time.perf_counter()
+        workload.step()
+        synchronize(device)
+        first_call_s = time.perf_counter() - start
+    except UnsupportedWorkload as reason:
+        pytest.skip(f"unsupported: {reason}")
+    except Exception as error:
+        if not is_out_of_memory(error):
+            raise
+        pytest.skip(f"out of memory (a property of this workload): "
+                    f"{str(error).splitlines()[0][:200]}")
+    synced_benchmark(
+        workload.step, warmup=case.warmup, rounds=case.rounds,
+        precision=case.dtype, flops=workload.flops,
+        info={**workload.info, "first_call_s": first_call_s},
+    )
+
+
+def test_attention(perf_case: AttentionCase, device, synced_benchmark) -> None:
+    run_attention_case(perf_case, device, synced_benchmark)
+
+
+def handout_cases(profile: str) -> list[AttentionCase]:
+    def case(impl: str, seq: int, d: int, mode: str) -> AttentionCase:
+        return AttentionCase(impl, (8, seq, d), "fp32", mode, causal=False)
+
+    modes = ("forward", "backward")
+    if profile == "smoke":
+        return [AttentionCase(**{**case(impl, 256, 16, mode).__dict__, "warmup": 1,
+                                 "rounds": 2})
+                for impl, mode in itertools.product(("reference", "triton"), modes)]
+    impls = ("reference", "reference_compiled", "triton")
+    seqs = (256, 1024, 4096, 8192, 16384)
+    head_dims = HEAD_DIMS if profile == "full" else (64,)
+    return [case(impl, seq, d, mode)
+            for impl, seq, d, mode in itertools.product(impls, seqs, head_dims, modes)]
+
+
+def test_attention_handout_sweep(perf_case: AttentionCase, device, synced_benchmark) -> None:
+    run_attention_case(perf_case, device, synced_benchmark)
+
+
+test_attention_handout_sweep.perf_cases = handout_cases
+
+
+LEADERBOARD_IMPLEMENTATIONS = ("triton_compiled", "triton", "sdpa_flash", "sdpa_cudnn",
+                               "flex_compiled")
+
+
+def leaderboard_cases(profile: str) -> list[AttentionCase]:
+    def case(impl: str) -> AttentionCase:
+        # SDPA's fused backends and flex_attention want (batch, heads, seq, d).
+        shape = (16, 16384, 64) if impl.startswith("triton") else (16, 1, 16384, 64)
+        return AttentionCase(impl, shape, "bf16", "leaderboard", causal=True, warmup=5,
+                             rounds=20)
+
+    return [case(impl) for impl in LEADERBOARD_IMPLEMENTATIONS]
+
+
+@pytest.mark.gpu
+def test_attention_leaderboard(perf_case: AttentionCase, device, synced_benchmark) -> None:
+    """Forward, o.sum(), backward, as the CS336 2025 leaderboard times it."""
+    import triton.testing
+
+    from systems.bench.attention import attention_flops, attention_function
+
+    synced_benchmark.benchmark.group = "leaderboard-16x16384x64-bf16-causal"
+    try:
+        attend = attention_function(perf_case.impl, causal=True, device=device,
+                                    dtype=torch.bfloat16, n_q=16384, n_k=16384)
+    except UnsupportedWorkload as reason:
+        pytest.skip(f"unsupported: {reason}")
+    q, k, v = (torch.randn(perf_case.shape, device=device, dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+
+    def forward_backward() -> None:
+        attend(q, k, v).sum().backward()
+
+    start = time.perf_counter()
+    forward_backward()
+    synchronize(device)
+    first_call_s = time.perf_counter() - start
+    median_ms, mean_ms = (triton.testing.do_bench(forward_backward, warmup=1000, rep=3000,
+                                                  return_mode=mode)
+                          for mode in ("median", "mean"))
+    flops = attention_flops(16, 16384, 16384, 64, True, "forward_backward")
+    synced_benchmark(
+        forward_backward, warmup=perf_case.warmup, rounds=perf_case.rounds, precision="bf16",
+        flops=flops,
+        info={"implementation": perf_case.impl, "shape": list(perf_case.shape),
+              "dtype": "bfloat16", "causal": True, "mode": "forward_backward(o.sum())",
+              "first_call_s": first_call_s, "do_bench_median_ms": median_ms,
+              "do_bench_mean_ms": mean_ms},
+    )
+
+
+test_attention_leaderboard.perf_cases = leaderboard_cases
