@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from systems.report import keys
 from systems.report.cli import main
 from systems.report.compare import change_label, compare_runs
 from systems.report.history import Result, latest_results, load_run, load_runs
@@ -118,18 +119,22 @@ def _result(name: str, mean: float, **info) -> Result:
 
 
 def _attention_fixture() -> list[Result]:
-    return [_result(f"attn-{impl}-{n}", scale * n * n * 1e-9, implementation=impl, seq_len=n,
-                    head_dim=64, dtype="bf16", **{"pass": "forward_backward"},
-                    peak_memory_bytes=int(scale * n * n * 100))
-            for impl, scale in (("reference", 4.0), ("flash_triton", 1.0))
+    """Attention results as test_attention.py records them: shape (batch, seq, d) and mode."""
+    return [_result(f"attn-{impl}-{n}", scale * n * n * 1e-9,
+                    **keys.normalise({"implementation": impl, "shape": [16, n, 64],
+                                      "dtype": "bfloat16", "causal": True,
+                                      "mode": "forward_backward",
+                                      "peak_memory_bytes": int(scale * n * n * 100)}))
+            for impl, scale in (("reference", 4.0), ("triton", 1.0))
             for n in (256, 1024, 4096)]
 
 
 def test_attention_tables_pair_implementations_and_plot(tmp_path) -> None:
     results = _attention_fixture()
     assert len(attention_table(results).splitlines()) == 2 + len(results)
-    speedups = speedup_table(results, "implementation", "reference", "flash_triton",
-                             ["pass", "seq_len"])
+    assert results[0].kind == "attention" and results[0].get("seq_len") == 256
+    speedups = speedup_table(results, "implementation", "reference", "triton",
+                             ["mode", "seq_len"])
     assert speedups.count("4.00x") == 3
     assert attention_scaling(results, tmp_path / "a.png").read_bytes()[:8] == PNG
 

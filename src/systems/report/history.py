@@ -68,7 +68,7 @@ def load_run(path: Path) -> Run:
     when = data.get("datetime", "")
     run = Run(path, device, when, machine)
     for bench in data.get("benchmarks", []):
-        info = bench.get("extra_info") or {}
+        info = keys.normalise(bench.get("extra_info") or {})
         run.results.append(Result(
             name=bench["name"], fullname=bench.get("fullname", bench["name"]),
             group=bench.get("group"), stats=bench["stats"], info=info,

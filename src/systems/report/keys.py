@@ -16,12 +16,16 @@ MFU = "mfu"
 TOKENS_PER_S = "tokens_per_s"
 PEAK_MEMORY = "peak_memory_bytes"
 
-# Attention microbenchmarks (tests/perf/test_attention.py).
+# Attention microbenchmarks (tests/perf/test_attention.py): q/k/v `shape` (..., seq, d) and
+# the pass in `mode`; `normalise` derives the sequence length, head dim and batch x heads.
 IMPLEMENTATION = "implementation"
+SHAPE = "shape"
+DTYPE = "dtype"
+CAUSAL = "causal"
+PASS = MODE
 SEQ_LEN = "seq_len"
 HEAD_DIM = "head_dim"
-DTYPE = "dtype"
-PASS = "pass"
+BATCH_HEADS = "batch_heads"
 
 # Distributed training and collectives (tests/perf/test_distributed.py).
 VARIANT = "variant"
@@ -41,15 +45,27 @@ WARMUP_STUDY_TEST = "test_warmup_study"
 
 # Short column headers for keys shown in tables.
 HEADERS = {SIZE: "size", CONTEXT: "ctx", MODE: "mode", PRECISION: "precision",
-           COMPILED: "compiled", PASS: "pass", DTYPE: "dtype", SEQ_LEN: "seq len",
-           HEAD_DIM: "head dim", IMPLEMENTATION: "implementation", ATTENTION: "attention"}
+           COMPILED: "compiled", DTYPE: "dtype", SEQ_LEN: "seq len", HEAD_DIM: "head dim",
+           BATCH_HEADS: "batch x heads", IMPLEMENTATION: "implementation",
+           ATTENTION: "attention"}
+
+
+def normalise(info: dict) -> dict:
+    """extra_info with the derived keys the report reads (the original keys are kept)."""
+    shape = info.get(SHAPE)
+    if IMPLEMENTATION not in info or not isinstance(shape, list) or len(shape) < 2:
+        return info
+    batch_heads = 1
+    for dim in shape[:-2]:
+        batch_heads *= dim
+    return {SEQ_LEN: shape[-2], HEAD_DIM: shape[-1], BATCH_HEADS: batch_heads, **info}
 
 
 def kind(info: dict, name: str = "") -> str:
     """'end_to_end', 'warmup_study', 'attention', 'collective', 'ddp' or 'other'."""
     if name.startswith(WARMUP_STUDY_TEST):
         return "warmup_study"
-    if IMPLEMENTATION in info and SEQ_LEN in info:
+    if IMPLEMENTATION in info:
         return "attention"
     if SIZE_BYTES in info and (ALGBW in info or BUSBW in info):
         return "collective"

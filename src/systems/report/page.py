@@ -40,7 +40,8 @@ def speedup_sections(results: Sequence[Result]) -> list[str]:
     for impl in sorted({str(r.get(keys.IMPLEMENTATION)) for r in attention} - {"reference"}):
         out += _section(f"Speedup: reference vs {impl} attention",
                         tables.speedup_table(attention, keys.IMPLEMENTATION, "reference", impl,
-                                             [keys.PASS, keys.DTYPE, keys.SEQ_LEN, keys.HEAD_DIM]))
+                                             [keys.PASS, keys.DTYPE, keys.BATCH_HEADS,
+                                              keys.SEQ_LEN, keys.HEAD_DIM]))
     return out
 
 

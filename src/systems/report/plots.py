@@ -24,20 +24,25 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _most_common(results: Sequence[Result], key: str) -> object:
-    return Counter(r.get(key) for r in results).most_common(1)[0][0]
+def _most_common(results: Sequence[Result], *fields: str) -> object:
+    values = Counter(tuple(r.get(f) for f in fields) for r in results).most_common(1)[0][0]
+    return values[0] if len(fields) == 1 else values
 
 
 def attention_scaling(results: Sequence[Result], path: Path) -> Path | None:
     """Time and peak memory vs sequence length, a line per implementation and a column per
-    pass, at the most common dtype and head dim."""
-    rows = [r for r in results if r.kind == "attention"]
+    pass, at the most common dtype, head dim, masking and batch x heads."""
+    rows = [r for r in results if r.kind == "attention" and r.get(keys.SEQ_LEN)]
     if not rows:
         return None
-    dtype, head_dim = _most_common(rows, keys.DTYPE), _most_common(rows, keys.HEAD_DIM)
-    rows = [r for r in rows if r.get(keys.DTYPE) == dtype and r.get(keys.HEAD_DIM) == head_dim]
+    facet = (keys.DTYPE, keys.HEAD_DIM, keys.CAUSAL, keys.BATCH_HEADS)
+    dtype, head_dim, causal, batch_heads = _most_common(rows, *facet)
+    rows = [r for r in rows
+            if tuple(r.get(f) for f in facet) == (dtype, head_dim, causal, batch_heads)]
     passes = sorted({str(r.get(keys.PASS, "-")) for r in rows})
-    fig, axes = plt.subplots(2, len(passes), figsize=(5 * len(passes), 7), squeeze=False)
+    panels = 2 if any(r.get(keys.PEAK_MEMORY) for r in rows) else 1  # CPU runs have none
+    fig, axes = plt.subplots(panels, len(passes), figsize=(5 * len(passes), 3.5 * panels),
+                             squeeze=False)
     for col, pass_name in enumerate(passes):
         lines: dict[str, list[Result]] = defaultdict(list)
         for r in rows:
@@ -49,12 +54,14 @@ def attention_scaling(results: Sequence[Result], path: Path) -> Path | None:
             axes[0, col].plot(seq, [r.mean * 1e3 for r in points], marker="o", label=impl)
             memory = [(r.get(keys.SEQ_LEN), r.get(keys.PEAK_MEMORY)) for r in points
                       if r.get(keys.PEAK_MEMORY)]
-            if memory:
+            if memory and panels == 2:
                 axes[1, col].plot(*zip(*[(s, m / 2**20) for s, m in memory], strict=True),
                                   marker="o", label=impl)
-        axes[0, col].set_title(f"attention {pass_name} ({dtype}, head dim {head_dim})")
+        axes[0, col].set_title(f"{pass_name}: {dtype}, d={head_dim}, "
+                               f"{'causal, ' if causal else ''}batch x heads {batch_heads}",
+                               fontsize=10)
         axes[0, col].set_ylabel("time (ms)")
-        axes[1, col].set_ylabel("peak memory (MiB)")
+        axes[-1, col].set_ylabel("peak memory (MiB)" if panels == 2 else "time (ms)")
         for ax in axes[:, col]:
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")

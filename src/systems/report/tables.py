@@ -83,7 +83,7 @@ _IDENTITY_KEYS = {
     keys.SIZE, keys.CONTEXT, keys.BATCH, keys.MODE, keys.PRECISION, keys.COMPILED,
     keys.ATTENTION, keys.IMPLEMENTATION, keys.SEQ_LEN, keys.HEAD_DIM, keys.DTYPE, keys.PASS,
     keys.VARIANT, keys.BUCKET_MB, keys.WORLD_SIZE, keys.BACKEND, keys.SIZE_BYTES,
-    "d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "batch", "is_causal",
+    keys.CAUSAL, keys.BATCH_HEADS, "d_model", "d_ff", "num_layers", "num_heads", "vocab_size",
 }
 
 
@@ -100,13 +100,14 @@ def warmup_study_table(results: Sequence[Result]) -> str:
 
 def attention_table(results: Sequence[Result]) -> str:
     rows = sorted((r for r in results if r.kind == "attention"),
-                  key=_sort_key(keys.PASS, keys.DTYPE, keys.HEAD_DIM, keys.SEQ_LEN,
-                                keys.IMPLEMENTATION))
+                  key=_sort_key(keys.PASS, keys.DTYPE, keys.CAUSAL, keys.BATCH_HEADS,
+                                keys.HEAD_DIM, keys.SEQ_LEN, keys.IMPLEMENTATION))
     return markdown_table(
-        ["implementation", "pass", "dtype", "seq len", "head dim", "mean ± std ms", "TFLOP/s",
-         "peak GiB", "run"],
+        ["implementation", "mode", "dtype", "causal", "batch x heads", "seq len", "head dim",
+         "mean ± std ms", "TFLOP/s", "peak GiB", "run"],
         [[r.get(keys.IMPLEMENTATION), r.get(keys.PASS, "-"), r.get(keys.DTYPE, "-"),
-          r.get(keys.SEQ_LEN), r.get(keys.HEAD_DIM, "-"), mean_std_ms(r, 3),
+          r.get(keys.CAUSAL, "-"), r.get(keys.BATCH_HEADS, "-"), r.get(keys.SEQ_LEN),
+          r.get(keys.HEAD_DIM, "-"), mean_std_ms(r, 3),
           fmt(r.get(keys.TFLOPS), ".1f"), _gib(r.get(keys.PEAK_MEMORY)), r.short_run]
          for r in rows])
 
