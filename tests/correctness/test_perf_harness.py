@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,10 @@ def test_case(perf_case, synced_benchmark):
 
 
 @pytest.fixture
-def perf_project(pytester: pytest.Pytester) -> pytest.Pytester:
+def perf_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    # pytest-benchmark disables itself when it sees xdist's variables (we may run under -n).
+    for name in [k for k in os.environ if k.startswith("PYTEST_XDIST")]:
+        monkeypatch.delenv(name)
     pytester.makeconftest(ROOT_CONFTEST.read_text())
     pytester.makepyfile(test_toy_perf=PERF_MODULE)
     return pytester
