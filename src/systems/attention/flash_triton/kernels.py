@@ -5,6 +5,9 @@ row's stride is HEAD_DIM. A head dim that is not a power of two is padded to BLO
 masked loads. Scores live in the log2 domain (scale folded into one multiply, exp2 instead
 of exp); the saved log-sum-exp L is in natural log, as the PyTorch reference keeps it.
 
+The softmax scale is a compile-time constant (one per head dim): a runtime float would
+arrive as fp64 when torch.compile launches the kernels and promote the accumulators.
+
 Each loop over tiles runs in two stages: tiles every row sees whole (no masking at all),
 then the few tiles cut by the causal diagonal or by the end of the sequence (masked).
 Masked scores become -1e6 (never -inf), so a row never sees exp(-inf - -inf).
@@ -102,12 +105,13 @@ def _forward_stage(acc, m_i, l_i, q, K, V, rows, offs_n, cols_d, n_k, qk_scale, 
 
 @triton.jit
 def flash_forward_kernel(
-    Q, K, V, Out, L, n_q, n_k, qk_scale,
+    Q, K, V, Out, L, n_q, n_k, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). O = softmax(Q K^T * scale) V, L = logsumexp of each row."""
     bh = tl.program_id(0).to(tl.int64)
+    qk_scale = SM_SCALE * LOG2E
     # Causal query tiles at the end of the sequence do the most work: start them first.
     q_start = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
     Q += bh * n_q * HEAD_DIM
@@ -158,12 +162,13 @@ def _dq_stage(dq, q, do, lse2, delta, K, V, rows, offs_n, cols_d, n_k, qk_scale,
 
 @triton.jit
 def flash_backward_dq_kernel(
-    Q, K, V, Out, dO, L, Delta, dQ, n_q, n_k, qk_scale, sm_scale,
+    Q, K, V, Out, dO, L, Delta, dQ, n_q, n_k, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). dQ = scale * dS K, and Delta = rowsum(O * dO) for dK/dV."""
     bh = tl.program_id(0).to(tl.int64)
+    qk_scale = SM_SCALE * LOG2E
     q_start = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
     Q += bh * n_q * HEAD_DIM
     Out += bh * n_q * HEAD_DIM
@@ -190,7 +195,7 @@ def flash_backward_dq_kernel(
                    0, full_end, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False, DOT_PRECISION)
     dq = _dq_stage(dq, q, do, lse2, delta, K, V, rows, offs_n, cols_d, n_k, qk_scale,
                    full_end, end, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, DOT_PRECISION)
-    _store_tile(dQ, dq * sm_scale, rows, cols_d, n_q, HEAD_DIM, BLOCK_D)
+    _store_tile(dQ, dq * SM_SCALE, rows, cols_d, n_q, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
@@ -223,13 +228,14 @@ def _dkdv_stage(dk, dv, k, v, Q, dO, L, Delta, keys, offs_m, cols_d, n_q, qk_sca
 
 @triton.jit
 def flash_backward_dkdv_kernel(
-    Q, K, V, dO, L, Delta, dK, dV, n_q, n_k, qk_scale, sm_scale,
+    Q, K, V, dO, L, Delta, dK, dV, n_q, n_k, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, CHECK_Q_ROWS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, key tiles). dV = P^T dO and dK = scale * dS^T Q, summed over query tiles."""
     bh = tl.program_id(0).to(tl.int64)
+    qk_scale = SM_SCALE * LOG2E
     # Causal key tiles at the start of the sequence are seen by the most queries: they are
     # already first in launch order.
     k_start = tl.program_id(1) * BLOCK_N
@@ -257,5 +263,5 @@ def flash_backward_dkdv_kernel(
     dk, dv = _dkdv_stage(dk, dv, k, v, Q, dO, L, Delta, keys, offs_m, cols_d, n_q, qk_scale,
                          full_start, n_q, HEAD_DIM, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, False,
                          DOT_PRECISION)
-    _store_tile(dK, dk * sm_scale, keys, cols_d, n_k, HEAD_DIM, BLOCK_D)
+    _store_tile(dK, dk * SM_SCALE, keys, cols_d, n_k, HEAD_DIM, BLOCK_D)
     _store_tile(dV, dv, keys, cols_d, n_k, HEAD_DIM, BLOCK_D)

@@ -19,7 +19,6 @@ from systems.attention.inputs import check_attention_inputs
 INTERPRETED = bool(triton.knobs.runtime.interpret)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-LOG2E = 1.4426950408889634  # the kernels work in exp2: exp(x) = exp2(x * log2(e))
 
 
 @dataclass(frozen=True)
@@ -45,12 +44,13 @@ def _tiles(forward: tuple[int, ...], dq: tuple[int, ...], dkdv: tuple[int, ...])
 
 # (block_m, block_n, num_warps, num_stages) for the forward, dQ and dK/dV kernels, keyed by
 # the padded head dim. Chosen with `python -m systems.attention.flash_triton.tune` on an
-# H100 80GB HBM3 (bf16, causal, 16 x 16384 x d); fp16 shares them.
+# H100 80GB HBM3 (bf16, causal, 16 x 16384 x d, d = 64 and 128); fp16 shares them, and
+# d = 16 and 32 take d = 64's.
 _HALF_CONFIGS: dict[int, FlashConfig] = {
-    16: _tiles((128, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3)),
-    32: _tiles((128, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3)),
-    64: _tiles((128, 64, 4, 3), (128, 64, 8, 3), (64, 128, 8, 3)),
-    128: _tiles((128, 64, 8, 3), (128, 32, 8, 3), (32, 128, 8, 3)),
+    16: _tiles((128, 64, 8, 3), (64, 64, 4, 3), (32, 128, 4, 5)),
+    32: _tiles((128, 64, 8, 3), (64, 64, 4, 3), (32, 128, 4, 5)),
+    64: _tiles((128, 64, 8, 3), (64, 64, 4, 3), (32, 128, 4, 5)),
+    128: _tiles((128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3)),
 }
 # fp32 tiles take twice the registers and shared memory, and dots run without tensor cores.
 _FP32_CONFIGS: dict[int, FlashConfig] = {
@@ -118,7 +118,7 @@ def flash_forward(
     lse = _empty(q.shape[:-1], q, torch.float32)
     grid = (_rows(q), triton.cdiv(n_q, tiles.block_m))
     flash_forward_kernel[grid](
-        q, k, v, o, lse, n_q, n_k, d ** -0.5 * LOG2E,
+        q, k, v, o, lse, n_q, n_k, d ** -0.5,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=is_causal, **_common(q),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
@@ -145,7 +145,7 @@ def backward_dq(
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     dq, delta = _empty(q.shape, q), _empty(lse.shape, lse)
     flash_backward_dq_kernel[(_rows(q), triton.cdiv(n_q, tiles.block_m))](
-        q, k, v, o, do, lse, delta, dq, n_q, n_k, d ** -0.5 * LOG2E, d ** -0.5,
+        q, k, v, o, do, lse, delta, dq, n_q, n_k, d ** -0.5,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=is_causal, **_common(q),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
@@ -159,7 +159,7 @@ def backward_dkdv(
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     dk, dv = _empty(k.shape, k), _empty(v.shape, v)
     flash_backward_dkdv_kernel[(_rows(q), triton.cdiv(n_k, tiles.block_n))](
-        q, k, v, do, lse, delta, dk, dv, n_q, n_k, d ** -0.5 * LOG2E, d ** -0.5,
+        q, k, v, do, lse, delta, dk, dv, n_q, n_k, d ** -0.5,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=is_causal,
         CHECK_Q_ROWS=n_q % tiles.block_m != 0, **_common(q),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
