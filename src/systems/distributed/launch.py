@@ -50,6 +50,8 @@ def _worker(rank: int, world_size: int, backend: str, init_file: str, timeout_s:
             device = init_rank(backend=backend, rank=rank, world_size=world_size,
                                init_method=f"file://{init_file}", timeout_s=timeout_s)
             worker_state["device"] = device
+            if device.type == "cpu":  # ranks share the cores: oversubscribing slows all
+                torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
             results.put((rank, True, None))
         except BaseException:
             results.put((rank, False, traceback.format_exc()))
@@ -76,7 +78,9 @@ class RankPool:
                 raise ValueError(f"NCCL needs {world_size} GPUs, found {gpus}")
         self.world_size, self.backend, self.timeout_s = world_size, backend, timeout_s
         self._dir = Path(tempfile.mkdtemp(prefix="rankpool-"))
-        context = mp.get_context("spawn")
+        # Forking skips re-importing torch in every worker (seconds each on a small CPU);
+        # CUDA cannot be used in a forked child, so NCCL workers are spawned.
+        context = mp.get_context("spawn" if backend == "nccl" else "fork")
         self._results: mp.Queue = context.Queue()
         self._calls = [context.Queue() for _ in range(world_size)]
         self._stack_files = [self._dir / f"stacks-rank{r}.txt" for r in range(world_size)]

@@ -1,0 +1,3 @@
+from systems.distributed.cli import main
+
+main()

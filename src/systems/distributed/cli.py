@@ -1,0 +1,70 @@
+"""`torchrun --nproc-per-node N -m systems.distributed {allreduce,train} ...`.
+
+The same rank-side benchmarks as tests/perf/test_distributed.py, joined through env://
+rendezvous so they run on one node or across nodes; rank 0 prints one JSON line per result
+with the max over ranks of each rank's timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch.distributed as dist
+
+from systems.distributed.allreduce import bandwidths, timed_allreduces
+from systems.distributed.launch import worker_state
+from systems.distributed.process_group import init_from_env
+from systems.distributed.train_bench import VARIANTS, TrainSpec, setup_train, train_round
+
+
+def _max_over_ranks(value: float) -> float:
+    gathered = [0.0] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return max(gathered)
+
+
+def _allreduce(args: argparse.Namespace) -> list[dict]:
+    results = []
+    for size_mb in args.sizes_mb:
+        size = int(size_mb * 10**6)
+        timed_allreduces(size, 2)  # warm-up
+        times = [_max_over_ranks(t) for t in timed_allreduces(size, args.iterations)]
+        seconds = statistics.median(times)
+        results.append({"size_bytes": size, "seconds": seconds,
+                        **bandwidths(size, seconds, dist.get_world_size())})
+    return results
+
+
+def _train(args: argparse.Namespace) -> list[dict]:
+    spec = TrainSpec(args.variant, args.model, args.batch, args.context, args.bucket_mb)
+    setup_train(spec)
+    steps = [train_round() for _ in range(args.warmup + args.steps)][args.warmup:]
+    step = statistics.median(_max_over_ranks(s["step_s"]) for s in steps)
+    return [{"spec": vars(spec), "step_s": step}]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="torchrun ... -m systems.distributed")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl on GPUs")
+    commands = parser.add_subparsers(dest="command", required=True)
+    allreduce = commands.add_parser("allreduce", help="all-reduce of float32 tensors")
+    allreduce.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 10, 100, 1000])
+    allreduce.add_argument("--iterations", type=int, default=10)
+    train = commands.add_parser("train", help="data-parallel train steps")
+    train.add_argument("--variant", choices=VARIANTS, default="bucketed")
+    train.add_argument("--bucket-mb", type=float, default=100.0)
+    train.add_argument("--model", default="xl")
+    train.add_argument("--batch", type=int, default=8, help="per rank")
+    train.add_argument("--context", type=int, default=128)
+    train.add_argument("--warmup", type=int, default=2)
+    train.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args(argv)
+    worker_state["device"] = init_from_env(args.backend)
+    results = _allreduce(args) if args.command == "allreduce" else _train(args)
+    if dist.get_rank() == 0:
+        for result in results:
+            print(json.dumps({"world_size": dist.get_world_size(),
+                              "backend": dist.get_backend(), **result}))
+    dist.destroy_process_group()
