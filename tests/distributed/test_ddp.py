@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
-from distributed_cases import train_and_compare
+import torch
+from distributed_cases import ToyModel, make_wrapper, train_and_compare
 
 VARIANTS = [
     ("naive", {}), ("flat", {}), ("individual", {}),
@@ -43,3 +47,21 @@ def test_bucketed_at_larger_world_sizes(run_on_ranks, backend, world_size):
     results = run_on_ranks(train_and_compare, "bucketed", "toy", world_size=world_size,
                            options={"bucket_size_mb": 2097 / 2**20}, batch_per_rank=1)
     assert len(results) == world_size
+
+
+def wrapper_is_freed(variant: str, options: dict) -> bool:
+    # Post-accumulate-grad hooks live in C++, out of the garbage collector's sight: a hook
+    # that held its wrapper strongly would keep every dropped model alive.
+    wrapped = make_wrapper(variant, ToyModel(), **options)
+    wrapped(torch.randint(5, (2, 3))).sum().backward()
+    wrapped.finish_gradient_synchronization()
+    ref = weakref.ref(wrapped)
+    del wrapped
+    gc.collect()
+    return ref() is None
+
+
+@pytest.mark.parametrize(("variant", "options"),
+                         [*VARIANTS, ("fsdp", {})], ids=[*(v for v, _ in VARIANTS), "fsdp"])
+def test_dropped_wrapper_is_freed(run_on_ranks, variant, options):
+    assert all(run_on_ranks(wrapper_is_freed, variant, options))

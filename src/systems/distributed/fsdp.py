@@ -12,8 +12,9 @@ gathered weight by a marker and re-gathers it when backward needs it. The full w
 gradient is reduce-scattered (summed, then divided by the world size) into the shard.
 Gathers run ahead: when module call i starts, the gather for call i+1 is launched, so a
 layer's gather starts once the layer two before it has finished; backward does the same
-in reverse order of the saved weights. Call orders are recorded in each forward and used
-in the next, so the first step gathers on demand.
+in the order backward asked for the weights in the previous step (the first backward
+guesses the reverse of the order the forward saved them in). Orders are recorded in each
+step and used in the next, so the first forward gathers on demand.
 
 With `compute_dtype`, shards are cast before the all-gather, the module computes in that
 dtype, gradients are reduced in it and accumulated into the fp32 shards: master weights
@@ -144,8 +145,9 @@ class FSDP(nn.Module):
         self._by_storage: dict[int, _ShardedWeight] = {}
         self._call_order: list[nn.Module] = []
         self._recording_calls: list[nn.Module] = []
-        self._previous_saved: dict[_ShardedWeight, _ShardedWeight] = {}
+        self._next_in_backward: dict[_ShardedWeight, _ShardedWeight] = {}
         self._recording_saved: list[_ShardedWeight] = []
+        self._recording_backward: list[_ShardedWeight] = []
 
     def _take_parameters(self) -> None:
         """Replace 2-D parameters by shards (and, with compute_dtype, all by casts)."""
@@ -174,8 +176,8 @@ class FSDP(nn.Module):
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             output = self.module(*args, **kwargs)
         self._call_order, saved = self._recording_calls, self._recording_saved
-        # Backward needs saved weights in reverse order: map each to the one saved before.
-        self._previous_saved = dict(zip(saved[1:], saved[:-1], strict=True))
+        if not self._next_in_backward:  # first step: guess the reverse of the saving order
+            self._next_in_backward = dict(zip(saved[1:], saved[:-1], strict=True))
         self._release_all()
         return output
 
@@ -226,10 +228,12 @@ class FSDP(nn.Module):
         if isinstance(packed, torch.Tensor):
             return packed
         unit, size, stride, offset = packed
+        if not self._recording_backward or self._recording_backward[-1] is not unit:
+            self._recording_backward.append(unit)
         full = unit.gathered()
-        previous = self._previous_saved.get(unit)
-        if previous is not None:  # prefetch what backward needs next
-            previous.start_gather()
+        following = self._next_in_backward.get(unit)
+        if following is not None:  # prefetch what backward needs next
+            following.start_gather()
         return full.as_strided(size, stride, offset)
 
     def finish_gradient_synchronization(self) -> None:
@@ -238,6 +242,9 @@ class FSDP(nn.Module):
             unit.finish()
         self.grad_sync.finish()
         self._release_all()
+        order, self._recording_backward = self._recording_backward, []
+        if order:
+            self._next_in_backward = dict(zip(order[:-1], order[1:], strict=True))
 
     @torch.no_grad()
     def gather_full_params(self) -> dict[str, torch.Tensor]:

@@ -15,6 +15,7 @@ got gradients (as they do when the control flow does not depend on the local dat
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -72,12 +73,16 @@ class GradientSynchronizer:
             bucket.reset()
         self._hooks = []
         if overlap:
-            for bucket in self.buckets:
+            # Hooks live in C++ where the garbage collector cannot see cycles: they hold the
+            # synchronizer weakly, or a dropped model would never be freed.
+            this = weakref.ref(self)
+            for index, bucket in enumerate(self.buckets):
                 for param in bucket.params:
                     self._hooks.append(param.register_post_accumulate_grad_hook(
-                        lambda _p, bucket=bucket: self._grad_ready(bucket)))
+                        lambda _p, index=index: this()._grad_ready(index)))
 
-    def _grad_ready(self, bucket: _Bucket) -> None:
+    def _grad_ready(self, index: int) -> None:
+        bucket = self.buckets[index]
         bucket.pending -= 1
         if bucket.pending == 0:
             self._launch(bucket)
