@@ -3,30 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from smoke_runs import save_smoke_runs
 
 from systems.bench.history import combine_runs, main, next_run_path
-
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def two_real_runs(tmp_path_factory):
     """Two real smoke runs of different perf cases, saved by pytest-benchmark itself."""
     storage = tmp_path_factory.mktemp("bench")
-    # pytest-benchmark disables itself when it sees xdist's variables: don't pass them on.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    for name, selection in (("fwd", "forward-fp32"), ("train", "train_step-fp32-eager")):
-        subprocess.run(
-            [sys.executable, "-m", "pytest", str(ROOT / "tests/perf/test_end_to_end.py"), "-q",
-             "-p", "no:cacheprovider", "-k", selection, "--perf-profile=smoke",
-             f"--benchmark-storage=file://{storage}", f"--benchmark-save={name}"],
-            check=True, capture_output=True, cwd=ROOT, env=env,
-        )
+    save_smoke_runs(storage, [("fwd", "forward-fp32"), ("train", "train_step-fp32-eager")])
     (machine_dir,) = storage.iterdir()
     return sorted(machine_dir.glob("*.json"))
 

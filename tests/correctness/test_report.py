@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from smoke_runs import save_smoke_runs
 
 from systems.report import keys
 from systems.report.cli import main
@@ -24,7 +23,6 @@ from systems.report.tables import (
     warmup_study_table,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -33,13 +31,7 @@ def smoke_runs(tmp_path_factory) -> Path:
     """Two real smoke runs saved by pytest-benchmark: fp32 and bf16 forward, then fp32 again
     (the fast cases, to keep this file quick)."""
     storage = tmp_path_factory.mktemp("benchmarks")
-    for name, selection in (("first", "tiny-ctx64-forward-"), ("second", "forward-fp32")):
-        subprocess.run(
-            [sys.executable, "-m", "pytest", str(ROOT / "tests/perf/test_end_to_end.py"), "-q",
-             "-p", "no:cacheprovider", "--perf-profile=smoke", "-k", selection,
-             f"--benchmark-storage=file://{storage}", f"--benchmark-save={name}"],
-            check=True, capture_output=True, cwd=ROOT,
-        )
+    save_smoke_runs(storage, [("first", "tiny-ctx64-forward-"), ("second", "forward-fp32")])
     return storage
 
 
