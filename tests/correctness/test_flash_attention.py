@@ -77,8 +77,8 @@ class Problem:
 
     def run(self, attention, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """o, L and the three gradients of `attention` on inputs cast to `dtype`."""
-        q, k, v = (t.detach().to(dtype or t.dtype).requires_grad_() for t in (self.q, self.k,
-                                                                               self.v))
+        dtype = dtype or self.q.dtype
+        q, k, v = (t.detach().to(dtype).requires_grad_() for t in (self.q, self.k, self.v))
         o = attention(q, k, v, self.causal)
         o.backward(self.do.to(o.dtype))
         return {"o": o, "dq": q.grad, "dk": k.grad, "dv": v.grad}

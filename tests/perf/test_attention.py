@@ -14,8 +14,8 @@ Three studies:
 
 Every case records the first call's time (compilation and JIT included) as
 `first_call_s`. Profiles: `smoke` (CPU-sized), `quick` (the d = 64 and 128 bf16 forward +
-backward comparisons from seq 1024 up, one seq with every implementation and pass, and the
-leaderboard; ~10 min on one H100), `full` (everything; select with -k).
+backward comparisons from seq 1024 up, one seq with every implementation and pass, the
+handout sweep at d = 64, and the leaderboard), `full` (everything; select with -k).
 """
 
 from __future__ import annotations

@@ -13,15 +13,22 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from systems.attention import FlashAttentionPytorch, FlashAttentionTriton, reference_attention
 from systems.attention.flash_triton import FlashAttentionTritonCompiledBackward
 from systems.attention.flash_triton.launch import INTERPRETED
 
+ATTENTION_IMPLEMENTATIONS = (
+    "reference", "reference_compiled", "sdpa_flash", "sdpa_cudnn", "flex_compiled",
+    "flash_pytorch", "triton_compiled_bwd", "triton", "triton_compiled",
+)
 ATTENTION_MODES = ("forward", "backward", "forward_backward")
 _MODE_FLOPS = {"forward": 1.0, "backward": 2.5, "forward_backward": 3.5}
-# Beyond this the Python tile loops of the PyTorch flash reference take seconds per call.
+# The PyTorch flash reference launches a few ops per tile pair, so its time grows as seq^2
+# in Python overhead alone (about 2 s per forward+backward at 4096 on an H100).
 FLASH_PYTORCH_MAX_SEQ = 4096
+_SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -44,12 +51,9 @@ def _compiled(fn: Callable) -> Callable:
 
 def _sdpa(backend_name: str, causal: bool, device: torch.device, dtype: torch.dtype
           ) -> AttentionFn:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     if device.type != "cuda" or dtype == torch.float32:
         raise UnsupportedWorkload(f"SDPA's {backend_name} backend needs fp16/bf16 on CUDA")
-    backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-    chosen = backend[backend_name]
+    chosen = _SDPA_BACKENDS[backend_name]
 
     def attend(q, k, v):
         with sdpa_kernel(chosen):
@@ -106,12 +110,6 @@ def attention_function(impl: str, *, causal: bool, device: torch.device, dtype: 
         return lambda q, k, v: function.apply(q, k, v, causal)
     raise ValueError(f"unknown attention implementation {impl!r}; choose one of "
                      f"{ATTENTION_IMPLEMENTATIONS}")
-
-
-ATTENTION_IMPLEMENTATIONS = (
-    "reference", "reference_compiled", "sdpa_flash", "sdpa_cudnn", "flex_compiled",
-    "flash_pytorch", "triton_compiled_bwd", "triton", "triton_compiled",
-)
 
 
 @dataclass

@@ -52,7 +52,8 @@ _HALF_CONFIGS: dict[int, FlashConfig] = {
     64: _tiles((128, 64, 8, 3), (64, 64, 4, 3), (32, 128, 4, 5)),
     128: _tiles((128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3)),
 }
-# fp32 tiles take twice the registers and shared memory, and dots run without tensor cores.
+# fp32 (not tuned): smaller tiles, since fp32 tiles take twice the registers and shared
+# memory; these dots run without tensor cores.
 _FP32_CONFIGS: dict[int, FlashConfig] = {
     16: _tiles((64, 64, 4, 2), (64, 64, 4, 2), (64, 64, 4, 2)),
     32: _tiles((64, 64, 4, 2), (64, 64, 4, 2), (64, 64, 4, 2)),
