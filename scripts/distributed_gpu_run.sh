@@ -2,11 +2,12 @@
 # Distributed correctness (NCCL) and perf on a multi-GPU machine.
 #   phase 1: NCCL correctness tests on all GPUs, then perf at world size 2 (GPUs 0,1)
 #   phase 2: perf re-run at world size 2 (see below), then world size 4 on all GPUs
-# Results: $OUT/bench (pytest-benchmark autosave) and $OUT/*.log.
+# Usage: scripts/distributed_gpu_run.sh 1|2 [OUTDIR]
+# Results: OUTDIR/bench (pytest-benchmark autosave) and OUTDIR/phase*.log (default OUTDIR: out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-phase=${1:?usage: $0 1|2}
-out=${OUT:-out}
+phase=${1:?usage: $0 1|2 [OUTDIR]}
+out=${2:-out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee -a "$out/phase$phase.log"
 bench=(--benchmark-storage="file://$out/bench" --benchmark-autosave --perf-profile quick)
