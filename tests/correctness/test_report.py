@@ -134,16 +134,31 @@ def test_attention_tables_pair_implementations_and_plot(tmp_path) -> None:
 def test_distributed_sections_render_only_with_data(tmp_path) -> None:
     assert ddp_variants([], tmp_path / "d.png") is None
     assert allreduce_bandwidth([], tmp_path / "b.png") is None
-    ddp = [_result("naive", 0.5, variant="naive", world_size=2),
+    ddp = [_result("naive", 0.5, variant="naive", world_size=2,
+                   **{keys.STEP_S: 0.45, keys.OVERHEAD_VS_NO_COMM: 0.125}),
            *(_result(f"bucketed{mb}", 0.4 + mb / 1e4, variant="bucketed", world_size=2,
-                     bucket_size_mb=mb) for mb in (1, 10, 100))]
+                     **{keys.BUCKET_MB: mb, keys.STEP_S: 0.4}) for mb in (1, 10, 100))]
     collectives = [_result(f"ar{s}", 1e-5 + s / 100e9, backend="nccl", world_size=2,
-                           size_bytes=s, algbw=s / (1e-5 + s / 100e9) / 1e9)
+                           size_bytes=s, **{keys.ALGBW: s / (1e-5 + s / 100e9) / 1e9})
                    for s in (10**4, 10**6, 10**8)]
-    assert len(ddp_table(ddp).splitlines()) == 6
+    table = ddp_table(ddp)
+    assert len(table.splitlines()) == 6
+    assert "| naive | - | 2 | - | 450.0 | +12.5% |" in table
     assert "| nccl | 2 |" in collective_table(collectives)
     assert ddp_variants(ddp, tmp_path / "d.png").read_bytes()[:8] == PNG
     assert allreduce_bandwidth(collectives, tmp_path / "b.png").read_bytes()[:8] == PNG
+
+
+def test_real_distributed_run_lands_in_the_distributed_tables(tmp_path) -> None:
+    save_smoke_runs(tmp_path, [("dist", "world2")], module="tests/perf/test_distributed.py")
+    results = latest_results(load_runs(tmp_path))
+    kinds = {r.name: r.kind for r in results}
+    assert set(kinds.values()) == {"ddp", "collective"}
+    train_steps = [name for name in kinds if name.startswith("test_train_step")]
+    table = ddp_table(results)
+    assert len(table.splitlines()) == 2 + len(train_steps)
+    assert "| - | - |" not in table  # step time and overhead are read from extra_info
+    assert "| gloo | 2 |" in collective_table(results)
 
 
 def test_combined_history_files_keep_the_source_run(smoke_runs, tmp_path) -> None:

@@ -28,14 +28,20 @@ HEAD_DIM = "head_dim"
 BATCH_HEADS = "batch_heads"
 
 # Distributed training and collectives (tests/perf/test_distributed.py).
+# Their step and collective times are CUDA-event medians of the slowest rank, recorded in
+# extra_info; the pytest-benchmark round also holds messaging to the rank processes.
 VARIANT = "variant"
-BUCKET_MB = "bucket_size_mb"
+OPTIMIZER = "optimizer"
+BUCKET_MB = "bucket_mb"
 WORLD_SIZE = "world_size"
 BACKEND = "backend"
 SIZE_BYTES = "size_bytes"
-ALGBW = "algbw"
-BUSBW = "busbw"
-COMM_FRACTION = "comm_fraction"
+ALGBW = "algbw_gbps"
+BUSBW = "busbw_gbps"
+STEP_S = "step_s_median_max_over_ranks"
+ALLREDUCE_S = "allreduce_s_median_max_over_ranks"
+OVERHEAD_VS_NO_COMM = "overhead_vs_no_comm"
+SYNC_WAIT_FRACTION = "sync_wait_fraction"
 
 # Written by systems.bench.history when runs are combined into one file.
 SOURCE_RUN = "source_run"
@@ -65,12 +71,12 @@ def kind(info: dict, name: str = "") -> str:
     """'end_to_end', 'warmup_study', 'attention', 'collective', 'ddp' or 'other'."""
     if name.startswith(WARMUP_STUDY_TEST):
         return "warmup_study"
-    if IMPLEMENTATION in info:
-        return "attention"
     if SIZE_BYTES in info and (ALGBW in info or BUSBW in info):
         return "collective"
     if VARIANT in info:
         return "ddp"
+    if IMPLEMENTATION in info:
+        return "attention"
     if MODE in info and SIZE in info:
         return "end_to_end"
     return "other"

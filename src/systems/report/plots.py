@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from itertools import groupby
 from pathlib import Path
 
 import matplotlib
@@ -103,20 +104,26 @@ def model_step_times(results: Sequence[Result], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def _step_ms(result: Result) -> float:
+    """The slowest rank's median step when recorded, else the benchmark round's mean."""
+    step = result.get(keys.STEP_S)
+    return (step if step is not None else result.mean) * 1e3
+
+
 def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
     """Step time per DDP variant (bars) and, when present, against bucket size (line)."""
     rows = [r for r in results if r.kind == "ddp"]
     if not rows:
         return None
     swept = sorted((r for r in rows if r.get(keys.BUCKET_MB) is not None),
-                   key=lambda r: r.get(keys.BUCKET_MB))
+                   key=lambda r: (r.get(keys.WORLD_SIZE) or 0, r.get(keys.BUCKET_MB)))
     fig, axes = plt.subplots(1, 2 if swept else 1, figsize=(11 if swept else 6, 4.5),
                              squeeze=False)
     fixed = sorted((r for r in rows if r.get(keys.BUCKET_MB) is None),
-                   key=lambda r: str(r.get(keys.VARIANT)))
+                   key=lambda r: (r.get(keys.WORLD_SIZE) or 0, str(r.get(keys.VARIANT))))
     ax = axes[0, 0]
-    ax.bar([str(r.get(keys.VARIANT)) for r in fixed], [r.mean * 1e3 for r in fixed],
-           yerr=[r.stddev * 1e3 for r in fixed])
+    ax.bar([f"{r.get(keys.VARIANT)}\n{r.get(keys.WORLD_SIZE)} ranks" for r in fixed],
+           [_step_ms(r) for r in fixed])
     ax.set_xlabel("variant")
     ax.set_ylabel("train step time (ms)")
     ax.set_title("Data-parallel variants")
@@ -124,8 +131,11 @@ def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
     ax.grid(alpha=0.3, axis="y")
     if swept:
         ax = axes[0, 1]
-        ax.errorbar([r.get(keys.BUCKET_MB) for r in swept], [r.mean * 1e3 for r in swept],
-                    yerr=[r.stddev * 1e3 for r in swept], marker="o")
+        for world, points in groupby(swept, key=lambda r: r.get(keys.WORLD_SIZE)):
+            points = list(points)
+            ax.plot([r.get(keys.BUCKET_MB) for r in points], [_step_ms(r) for r in points],
+                    marker="o", label=f"{world} ranks")
+        ax.legend(fontsize=8)
         ax.set_xscale("log")
         ax.set_xlabel("bucket size (MB)")
         ax.set_ylabel("train step time (ms)")

@@ -114,21 +114,25 @@ def attention_table(results: Sequence[Result]) -> str:
 
 def ddp_table(results: Sequence[Result]) -> str:
     rows = sorted((r for r in results if r.kind == "ddp"),
-                  key=_sort_key(keys.WORLD_SIZE, keys.VARIANT, keys.BUCKET_MB))
+                  key=_sort_key(keys.WORLD_SIZE, keys.VARIANT, keys.BUCKET_MB, keys.OPTIMIZER))
     return markdown_table(
-        ["variant", "world size", "bucket MB", "mean ± std ms", "comm fraction", "run"],
-        [[r.get(keys.VARIANT), r.get(keys.WORLD_SIZE, "-"), r.get(keys.BUCKET_MB, "-"),
-          mean_std_ms(r), fmt(r.get(keys.COMM_FRACTION), ".1%"), r.short_run] for r in rows])
+        ["variant", "optimizer", "world size", "bucket MB", "step ms (slowest rank, median)",
+         "vs no communication", "waiting after backward", "peak GiB", "run"],
+        [[r.get(keys.VARIANT), r.get(keys.OPTIMIZER, "-"), r.get(keys.WORLD_SIZE, "-"),
+          r.get(keys.BUCKET_MB, "-"), fmt(r.get(keys.STEP_S), ".1f", 1e3),
+          fmt(r.get(keys.OVERHEAD_VS_NO_COMM), "+.1%"),
+          fmt(r.get(keys.SYNC_WAIT_FRACTION), ".1%"), fmt(r.get(keys.PEAK_MEMORY), ".2f", 2**-30),
+          r.short_run] for r in rows])
 
 
 def collective_table(results: Sequence[Result]) -> str:
     rows = sorted((r for r in results if r.kind == "collective"),
                   key=_sort_key(keys.BACKEND, keys.WORLD_SIZE, keys.SIZE_BYTES))
     return markdown_table(
-        ["backend", "world size", "size MB", "mean ± std ms", "algbw GB/s", "busbw GB/s",
-         "run"],
+        ["backend", "world size", "size MB", "ms per all-reduce (slowest rank, median)",
+         "algbw GB/s", "busbw GB/s", "run"],
         [[r.get(keys.BACKEND, "-"), r.get(keys.WORLD_SIZE, "-"),
-          fmt(r.get(keys.SIZE_BYTES), ".3g", 1e-6), mean_std_ms(r, 3),
+          fmt(r.get(keys.SIZE_BYTES), ".3g", 1e-6), fmt(r.get(keys.ALLREDUCE_S), ".3f", 1e3),
           fmt(keys.gb_per_s(r.get(keys.ALGBW)), ".1f"),
           fmt(keys.gb_per_s(r.get(keys.BUSBW)), ".1f"), r.short_run] for r in rows])
 
