@@ -18,6 +18,7 @@ import torch
 
 from systems.bench.hardware import device_slug, machine_description
 from systems.bench.metrics import (
+    allocated_memory_bytes,
     is_out_of_memory,
     peak_memory_bytes,
     reset_peak_memory,
@@ -121,6 +122,9 @@ class SynchronizedBenchmark:
         extra.update(precision=precision, warmup_rounds=warmup, device=str(self.device))
         synchronize(self.device)
         reset_peak_memory(self.device)
+        # The peak includes what was allocated before timing (model, inputs, and anything an
+        # earlier case left behind): record that baseline so a reader can tell them apart.
+        extra["memory_allocated_before_bytes"] = allocated_memory_bytes(self.device)
         try:
             self.benchmark.pedantic(timed_round, warmup_rounds=warmup, rounds=rounds,
                                     iterations=1)

@@ -86,7 +86,8 @@ def perf_cases(profile: str) -> list[AttentionCase]:
                       SWEEP_IMPLEMENTATIONS, ("bf16",), ATTENTION_MODES)]
     fp32 = [_sweep_case(impl, 4096, 64, "fp32", "forward_backward")
             for impl in ("reference", "reference_compiled", "triton")]
-    return must_beat + every_impl + fp32
+    # The sweep and the every-implementation study share cases at seq 4096: run each once.
+    return list({case.id: case for case in must_beat + every_impl + fp32}.values())
 
 
 def run_attention_case(case: AttentionCase, device: torch.device, synced_benchmark) -> None:

@@ -37,6 +37,13 @@ def peak_memory_bytes(device: torch.device | str) -> int | None:
     return None
 
 
+def allocated_memory_bytes(device: torch.device | str) -> int | None:
+    """Bytes currently allocated by tensors on the device; None on CPU."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    return None
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     """True for CUDA OOM errors, including those re-raised by torch.compile / Triton."""
     if isinstance(error, torch.cuda.OutOfMemoryError):

@@ -110,25 +110,38 @@ def _step_ms(result: Result) -> float:
     return (step if step is not None else result.mean) * 1e3
 
 
+def _ddp_label(result: Result) -> str:
+    label = f"{result.get(keys.VARIANT)}, {result.get(keys.WORLD_SIZE)} ranks"
+    if result.get(keys.BUCKET_MB) is not None:
+        label += f", {result.get(keys.BUCKET_MB)} MB"
+    if result.get(keys.OPTIMIZER) not in (None, "adamw"):
+        label += f", {result.get(keys.OPTIMIZER)}"
+    return label
+
+
 def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
     """Step time per DDP variant (bars) and, when present, against bucket size (line)."""
     rows = [r for r in results if r.kind == "ddp"]
     if not rows:
         return None
-    swept = sorted((r for r in rows if r.get(keys.BUCKET_MB) is not None),
+    # The bucket sweep is one line per world size with the plain optimizer; every other
+    # configuration (other variants, sharded optimizers) is a bar of its own.
+    def in_sweep(r: Result) -> bool:
+        return r.get(keys.BUCKET_MB) is not None and r.get(keys.OPTIMIZER) in (None, "adamw")
+
+    swept = sorted(filter(in_sweep, rows),
                    key=lambda r: (r.get(keys.WORLD_SIZE) or 0, r.get(keys.BUCKET_MB)))
-    fig, axes = plt.subplots(1, 2 if swept else 1, figsize=(11 if swept else 6, 4.5),
+    fixed = sorted((r for r in rows if not in_sweep(r)),
+                   key=lambda r: (r.get(keys.WORLD_SIZE) or 0, str(r.get(keys.VARIANT))),
+                   reverse=True)
+    fig, axes = plt.subplots(1, 2 if swept else 1, figsize=(12 if swept else 6, 5),
                              squeeze=False)
-    fixed = sorted((r for r in rows if r.get(keys.BUCKET_MB) is None),
-                   key=lambda r: (r.get(keys.WORLD_SIZE) or 0, str(r.get(keys.VARIANT))))
     ax = axes[0, 0]
-    ax.bar([f"{r.get(keys.VARIANT)}\n{r.get(keys.WORLD_SIZE)} ranks" for r in fixed],
-           [_step_ms(r) for r in fixed])
-    ax.set_xlabel("variant")
-    ax.set_ylabel("train step time (ms)")
+    ax.barh([_ddp_label(r) for r in fixed], [_step_ms(r) for r in fixed])
+    ax.set_xlabel("train step time (ms), slowest rank")
     ax.set_title("Data-parallel variants")
-    ax.tick_params(axis="x", rotation=30)
-    ax.grid(alpha=0.3, axis="y")
+    ax.tick_params(axis="y", labelsize=8)
+    ax.grid(alpha=0.3, axis="x")
     if swept:
         ax = axes[0, 1]
         for world, points in groupby(swept, key=lambda r: r.get(keys.WORLD_SIZE)):
@@ -138,7 +151,7 @@ def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
         ax.legend(fontsize=8)
         ax.set_xscale("log")
         ax.set_xlabel("bucket size (MB)")
-        ax.set_ylabel("train step time (ms)")
+        ax.set_ylabel("train step time (ms), slowest rank")
         ax.set_title("Bucketed DDP: bucket size sweep")
         ax.grid(alpha=0.3, which="both")
     return _save(fig, path)
