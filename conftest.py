@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -112,7 +113,11 @@ class SynchronizedBenchmark:
         flops: float | None = None,
         tokens: int | None = None,
         info: dict[str, object] | None = None,
+        cold_start: bool = False,
     ) -> None:
+        """`cold_start`: time the very first call on its own (JIT, autotuning and
+        compilation happen there) as `extra_info["cold_start_s"]`, before the warm-up."""
+
         def timed_round() -> None:
             step()
             synchronize(self.device)
@@ -126,6 +131,10 @@ class SynchronizedBenchmark:
         # earlier case left behind): record that baseline so a reader can tell them apart.
         extra["memory_allocated_before_bytes"] = allocated_memory_bytes(self.device)
         try:
+            if cold_start:
+                start = time.perf_counter()
+                timed_round()
+                extra["cold_start_s"] = time.perf_counter() - start
             self.benchmark.pedantic(timed_round, warmup_rounds=warmup, rounds=rounds,
                                     iterations=1)
         except Exception as error:

@@ -178,6 +178,24 @@ def best_checkpoint_segment(layer_bytes: int, boundary_bytes: int, num_layers: i
         layer_bytes, boundary_bytes, num_layers, s))
 
 
+def checkpoint_every_for_budget(
+    config: ModelConfig, batch_size: int, seq_len: int, precision: str, budget_bytes: int
+) -> int:
+    """0 (no checkpointing) when `step_memory` of a train step fits in `budget_bytes`, else
+    the segment length that minimises the saved activations.
+
+    Every block is recomputed once whatever the segment length, so the only choice is
+    whether to checkpoint at all. The activation model is that of reference attention,
+    which saves the score matrices: for flash attention it overestimates, so this errs
+    towards checkpointing.
+    """
+    if step_memory(config, batch_size, seq_len, precision).peak <= budget_bytes:
+        return 0
+    return best_checkpoint_segment(
+        layer_activation_bytes(config, batch_size, seq_len, precision),
+        residual_stream_bytes(config, batch_size, seq_len), config.num_layers)
+
+
 # ------------------------------------------------------------------------ the XXL FFN model
 @dataclass(frozen=True)
 class FFNStack:

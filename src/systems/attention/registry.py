@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from systems.attention.flash_pytorch import FlashAttentionPytorch
-from systems.attention.flash_triton import FlashAttentionTriton
+from systems.attention.flash_triton.op import flash_attention_forward
 from systems.attention.reference import reference_attention, sdpa_attention
 
 AttentionFn = Callable[..., torch.Tensor]
@@ -23,7 +23,9 @@ def flash_triton_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False
 ) -> torch.Tensor:
     # The model hands over per-head views of its projections; the kernels want them packed.
-    return FlashAttentionTriton.apply(q.contiguous(), k.contiguous(), v.contiguous(), is_causal)
+    # The custom op (not the autograd Function) so that compiled blocks stay one graph.
+    o, _ = flash_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), is_causal)
+    return o
 
 
 # Every backend takes (q, k, v, is_causal=...) with q: (..., n_queries, d).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -13,6 +13,8 @@ from systems.optim import AdamW
 from systems.profiling.nvtx import nvtx_range
 
 MODES = ("forward", "forward_backward", "train_step")
+COMPILE_SCOPES = ("model", "blocks")
+OPTIMIZERS = ("ours", "torch")
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 # Backward costs two forwards (grads w.r.t. activations and weights); AdamW is negligible.
 _FLOP_MULTIPLIER = {"forward": 1, "forward_backward": 3, "train_step": 3}
@@ -48,11 +50,36 @@ def autocast_context(device: torch.device, precision: str) -> contextlib.Abstrac
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+@dataclass(frozen=True)
+class StepOptions:
+    """How a step runs beyond attention, precision and compile; the defaults are the plain
+    model's step.
+
+    compile_scope: with `compiled`, "model" compiles the whole model's forward, "blocks"
+    each Transformer block (short graphs, one compile shared by all blocks).
+    compile_mode: passed to torch.compile (e.g. "max-autotune", or "reduce-overhead" for
+    CUDA graphs). optimizer: "ours" (`systems.optim.AdamW`) or "torch" (`torch.optim.AdamW`,
+    fused on CUDA, foreach elsewhere). fused_loss: LM head and cross-entropy in token
+    chunks (`systems.model.fused_loss`). checkpoint_every: see `TransformerLM`.
+    """
+
+    compile_scope: str = "model"
+    compile_mode: str | None = None
+    optimizer: str = "ours"
+    fused_loss: bool = False
+    checkpoint_every: int = 0
+
+    def __post_init__(self) -> None:
+        check_choice("compile scope", self.compile_scope, COMPILE_SCOPES)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+
+
 @dataclass
 class ModelWorkload:
     """A model, a random batch and one step of the chosen mode, ready to be timed.
 
-    `step()` queues the work and returns without synchronising; timers synchronise.
+    `step()` queues the work and returns without synchronising (the loss tensor where there
+    is one); timers synchronise.
     """
 
     config: ModelConfig
@@ -63,8 +90,9 @@ class ModelWorkload:
     compiled: bool
     attention: str
     device: torch.device
+    options: StepOptions
     model: torch.nn.Module = field(repr=False)
-    step: Callable[[], None] = field(repr=False)
+    step: Callable[[], torch.Tensor | None] = field(repr=False)
 
     @property
     def flops(self) -> float:
@@ -82,6 +110,7 @@ class ModelWorkload:
             "context_length": self.context_length, "mode": self.mode,
             "precision": self.precision, "compiled": self.compiled,
             "attention": self.attention, "parameters": self.config.num_parameters(),
+            **asdict(self.options),
         }
 
 
@@ -96,6 +125,7 @@ def build_model_workload(
     attention: str = "reference",
     device: torch.device | str = "cpu",
     seed: int = 0,
+    options: StepOptions = StepOptions(),  # noqa: B008 - frozen, so sharing it is safe
 ) -> ModelWorkload:
     """Initialise a model with random weights and a random batch for one kind of step."""
     check_choice("mode", mode, MODES)
@@ -111,34 +141,58 @@ def build_model_workload(
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     with device:  # initialise on the device: a CPU init of 2.7B parameters takes minutes
-        model = TransformerLM(config, attention=attention)
+        model = TransformerLM(config, attention=attention,
+                              checkpoint_every=options.checkpoint_every)
     inputs, targets = torch.randint(
         config.vocab_size, (2, batch_size, context_length), generator=generator
     ).to(device)
-    run_model = torch.compile(model) if compiled else model
+    run_model = _compile(model, options) if compiled else model
     autocast = autocast_context(device, precision)
 
     def forward() -> None:
         with torch.no_grad(), autocast, nvtx_range("forward"):
             run_model(inputs)
 
-    def forward_backward() -> None:
+    def forward_backward() -> torch.Tensor:
         model.zero_grad(set_to_none=True)
         with nvtx_range("forward"), autocast:
-            loss = cross_entropy(run_model(inputs), targets)
+            loss = (run_model(inputs, targets) if options.fused_loss
+                    else cross_entropy(run_model(inputs), targets))
         with nvtx_range("backward"):
             loss.backward()
+        return loss
 
-    optimizer = AdamW(model.parameters(), lr=1e-4) if mode == "train_step" else None
+    optimizer = _optimizer(model, options.optimizer, device) if mode == "train_step" else None
 
-    def train_step() -> None:
-        forward_backward()
+    def train_step() -> torch.Tensor:
+        loss = forward_backward()
         with nvtx_range("optimizer_step"):
             optimizer.step()
+        return loss
 
     step = {"forward": forward, "forward_backward": forward_backward, "train_step": train_step}
     return ModelWorkload(
         config=config, batch_size=batch_size, context_length=context_length, mode=mode,
         precision=precision, compiled=compiled, attention=attention, device=device,
-        model=model, step=step[mode],
+        options=options, model=model, step=step[mode],
     )
+
+
+def _compile(model: TransformerLM, options: StepOptions) -> torch.nn.Module:
+    # Start from empty compile caches: an earlier model's graphs would otherwise count
+    # against the recompile limit and make this model's cold start look cheaper.
+    torch._dynamo.reset()
+    if options.compile_scope == "model":
+        return torch.compile(model, mode=options.compile_mode)
+    for block in model.layers:
+        block.compile(mode=options.compile_mode)
+    return model
+
+
+def _optimizer(model: torch.nn.Module, name: str, device: torch.device) -> torch.optim.Optimizer:
+    if name == "ours":
+        return AdamW(model.parameters(), lr=1e-4)
+    # One fused kernel over all parameters on CUDA; the multi-tensor path elsewhere.
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=fused,
+                             foreach=not fused)

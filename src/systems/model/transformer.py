@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from systems.model.config import ModelConfig
+from systems.model.fused_loss import DEFAULT_CHUNK_TOKENS, linear_cross_entropy
 from systems.model.layers import RMSNorm, RotaryEmbedding, TransformerBlock, linear
 
 
@@ -13,11 +15,19 @@ class TransformerLM(nn.Module):
     """Token embedding, `num_layers` pre-norm blocks, final RMSNorm, untied LM head.
 
     `attention` names the attention backend (see `systems.attention.ATTENTION_BACKENDS`).
+    `checkpoint_every` > 0 keeps only every that many blocks' input for backward and
+    recomputes the blocks in between (activation checkpointing); 0 saves everything.
     """
 
-    def __init__(self, config: ModelConfig, attention: str = "reference") -> None:
+    def __init__(self, config: ModelConfig, attention: str = "reference",
+                 checkpoint_every: int = 0) -> None:
         super().__init__()
+        if not 0 <= checkpoint_every <= config.num_layers:
+            raise ValueError(
+                f"checkpoint_every must lie in [0, {config.num_layers}], got {checkpoint_every}"
+            )
         self.config = config
+        self.checkpoint_every = checkpoint_every
         self.token_embeddings = nn.Embedding(config.vocab_size, config.d_model)
         nn.init.trunc_normal_(self.token_embeddings.weight, std=1.0, a=-3.0, b=3.0)
         # One rotary table shared by all layers; it holds only non-persistent buffers.
@@ -29,8 +39,19 @@ class TransformerLM(nn.Module):
         self.ln_final = RMSNorm(config.d_model)
         self.lm_head = linear(config.d_model, config.vocab_size)
 
-    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """token_ids: (batch, seq) integers -> logits (batch, seq, vocab)."""
+    def forward(self, token_ids: torch.Tensor, targets: torch.Tensor | None = None,
+                chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+        """token_ids: (batch, seq) integers -> logits (batch, seq, vocab).
+
+        With `targets` (batch, seq), returns instead the mean cross-entropy through the
+        chunked LM head (`systems.model.fused_loss`), which never holds the full logits.
+        """
+        hidden = self.ln_final(self._blocks(token_ids))
+        if targets is None:
+            return self.lm_head(hidden)
+        return linear_cross_entropy(hidden, self.lm_head.weight, targets, chunk_tokens)
+
+    def _blocks(self, token_ids: torch.Tensor) -> torch.Tensor:
         if token_ids.dim() != 2:
             raise ValueError(f"token_ids must be (batch, seq), got shape {tuple(token_ids.shape)}")
         seq_len = token_ids.shape[1]
@@ -41,6 +62,17 @@ class TransformerLM(nn.Module):
             )
         positions = torch.arange(seq_len, device=token_ids.device)
         x = self.token_embeddings(token_ids)
-        for layer in self.layers:
-            x = layer(x, positions)
-        return self.lm_head(self.ln_final(x))
+        step = self.checkpoint_every or len(self.layers)
+        for start in range(0, len(self.layers), step):
+            segment = self.layers[start:start + step]
+            if self.checkpoint_every and torch.is_grad_enabled():
+                x = checkpoint(_run_segment, segment, x, positions, use_reentrant=False)
+            else:
+                x = _run_segment(segment, x, positions)
+        return x
+
+
+def _run_segment(layers: nn.ModuleList, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    for layer in layers:
+        x = layer(x, positions)
+    return x

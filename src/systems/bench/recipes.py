@@ -1,0 +1,76 @@
+"""Named training recipes: the plain step, the strongest PyTorch-only step, and ours.
+
+A recipe fixes how one train step (forward, loss, backward, AdamW) runs; the workload
+builder in `systems.bench.workloads` does the rest, so every recipe is timed the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from systems.accounting import checkpoint_every_for_budget
+from systems.bench.workloads import ModelWorkload, StepOptions, build_model_workload, check_choice
+from systems.model import ModelConfig
+
+
+@dataclass(frozen=True)
+class Recipe:
+    attention: str
+    precision: str
+    compiled: bool
+    options: StepOptions
+
+
+RECIPES: dict[str, Recipe] = {
+    # The model as written: reference attention, our AdamW, bf16 autocast.
+    "eager": Recipe("reference", "bf16", False, StepOptions()),
+    # What a user gets from PyTorch alone: SDPA, the whole model compiled, fused AdamW.
+    "pytorch_baseline": Recipe("sdpa", "bf16", True, StepOptions(optimizer="torch")),
+    # Triton flash attention, compiled blocks (the kernels and the chunked loss stay
+    # outside the graphs), fused AdamW, LM head + cross-entropy without full logits.
+    "optimized": Recipe("flash_triton", "bf16", True, StepOptions(
+        compile_scope="blocks", optimizer="torch", fused_loss=True)),
+}
+_OPTION_FIELDS = frozenset(f.name for f in fields(StepOptions))
+
+
+def get_recipe(name: str, **overrides: object) -> Recipe:
+    """The named recipe with some settings changed, e.g. `precision="fp32"`,
+    `compiled=False` or any `StepOptions` field such as `checkpoint_every=4`."""
+    base = RECIPES[check_choice("recipe", name, RECIPES)]
+    options = {k: v for k, v in overrides.items() if k in _OPTION_FIELDS}
+    top = {k: v for k, v in overrides.items() if k not in _OPTION_FIELDS}
+    return replace(base, options=replace(base.options, **options), **top)
+
+
+def build_recipe_workload(
+    config: ModelConfig,
+    recipe: Recipe,
+    *,
+    batch_size: int = 4,
+    context_length: int = 512,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> ModelWorkload:
+    """A train step of `config` run the way `recipe` says; same seed, same weights and
+    batch whatever the recipe."""
+    return build_model_workload(
+        config, batch_size=batch_size, context_length=context_length, mode="train_step",
+        precision=recipe.precision, compiled=recipe.compiled, attention=recipe.attention,
+        device=device, seed=seed, options=recipe.options,
+    )
+
+
+def fit_to_device(recipe: Recipe, config: ModelConfig, batch_size: int, context_length: int,
+                  device: torch.device | str) -> Recipe:
+    """Turn on activation checkpointing where the analytic model says the step would not
+    fit in 90% of the GPU's memory (the rest: allocator slack and transients)."""
+    device = torch.device(device)
+    if device.type != "cuda" or recipe.options.checkpoint_every:
+        return recipe
+    budget = int(0.9 * torch.cuda.get_device_properties(device).total_memory)
+    every = checkpoint_every_for_budget(config, batch_size, context_length, recipe.precision,
+                                        budget)
+    return replace(recipe, options=replace(recipe.options, checkpoint_every=every))

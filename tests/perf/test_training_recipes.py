@@ -1,0 +1,66 @@
+"""Train steps (forward, loss, backward, AdamW) of the three training recipes.
+
+`eager`: the model as written; `pytorch_baseline`: the strongest PyTorch-only step;
+`optimized`: ours (see `systems.bench.recipes` and docs/training_recipes.md). Every case
+records `recipe` and `cold_start_s` (the first step, compilation included) in extra_info.
+Profiles: `smoke` (tiny, CPU, no compile), `quick` (2.7b and small at ctx 512),
+`full` (every size at ctx 512 and 2048; select parts with -k).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from systems.bench.recipes import RECIPES, build_recipe_workload, fit_to_device, get_recipe
+from systems.model import get_config
+
+SIZES = ("small", "medium", "large", "xl", "2.7b")
+CONTEXTS = (512, 2048)
+
+
+@dataclass(frozen=True)
+class RecipeCase:
+    size: str
+    context: int
+    recipe: str
+    overrides: tuple[tuple[str, object], ...] = ()
+    warmup: int = 2
+    rounds: int = 5
+    batch: int = 4
+
+    @property
+    def id(self) -> str:
+        return "-".join([f"{self.size}-ctx{self.context}-{self.recipe}",
+                         *(f"{k}={v}" for k, v in self.overrides)])
+
+
+def _case(size: str, context: int, recipe: str) -> RecipeCase:
+    # Compiled graphs settle over a few steps after the (separately timed) cold start.
+    return RecipeCase(size, context, recipe, warmup=3 if RECIPES[recipe].compiled else 2,
+                      rounds=10 if size in ("small", "medium") else 5)
+
+
+def perf_cases(profile: str) -> list[RecipeCase]:
+    if profile == "smoke":  # Triton's interpreter runs fp32, and a CPU compile takes ~15 s
+        return [RecipeCase("tiny", 64, recipe, (("precision", "fp32"), ("compiled", False)),
+                           warmup=1, rounds=3) for recipe in ("eager", "optimized")]
+    if profile == "full":
+        return [_case(*combo) for combo in itertools.product(SIZES, CONTEXTS, RECIPES)]
+    return [_case(size, 512, recipe) for size in ("2.7b", "small") for recipe in RECIPES]
+
+
+def test_training_recipe(perf_case: RecipeCase, device, synced_benchmark) -> None:
+    config = get_config(perf_case.size)
+    recipe = get_recipe(perf_case.recipe, **dict(perf_case.overrides))
+    if perf_case.recipe == "optimized":  # checkpoint only where the step would not fit
+        recipe = fit_to_device(recipe, config, perf_case.batch, perf_case.context, device)
+    workload = build_recipe_workload(config, recipe, batch_size=perf_case.batch,
+                                     context_length=perf_case.context, device=device)
+    synced_benchmark.benchmark.group = f"recipes-{perf_case.size}-ctx{perf_case.context}"
+    synced_benchmark(
+        workload.step, warmup=perf_case.warmup, rounds=perf_case.rounds,
+        precision=recipe.precision, flops=workload.flops, tokens=workload.tokens,
+        info={"size": perf_case.size, "recipe": perf_case.recipe, **workload.describe()},
+        cold_start=True,
+    )
