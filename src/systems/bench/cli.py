@@ -20,6 +20,7 @@ from systems.bench.metrics import (
 from systems.bench.timing import time_steps
 from systems.bench.workloads import MODES, PRECISIONS, build_model_workload
 from systems.model import MODEL_CONFIGS, get_config
+from systems.report.markdown import fmt
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -100,15 +101,11 @@ def format_table(results: list[dict[str, object]]) -> str:
         mem = r["peak_memory_bytes"]
         lines.append(
             f"{r['mode']:<18}{t['mean'] * 1e3:>10.2f}{t['std'] * 1e3:>9.2f}"
-            f"{t['median'] * 1e3:>11.2f}{t['min'] * 1e3:>9.2f}{_fmt(r['tflops'], '.1f'):>9}"
-            f"{_fmt(r['mfu'], '.1%'):>7}{_fmt(r['tokens_per_s'], ',.0f'):>10}"
-            f"{_fmt(mem / 2**30 if mem else None, '.2f'):>10}  ok"
+            f"{t['median'] * 1e3:>11.2f}{t['min'] * 1e3:>9.2f}{fmt(r['tflops'], '.1f'):>9}"
+            f"{fmt(r['mfu'], '.1%'):>7}{fmt(r['tokens_per_s'], ',.0f'):>10}"
+            f"{fmt(mem or None, '.2f', 2**-30):>10}  ok"
         )
     return "\n".join(lines)
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-
-def _fmt(value: object, spec: str, scale: float = 1.0) -> str:
-    return "-" if value is None else format(float(value) * scale, spec)
+from systems.report.markdown import fmt
 
 
 def throughput_table(rows: Iterable[tuple[str, float, Mapping[str, object]]]) -> str:
@@ -20,8 +18,8 @@ def throughput_table(rows: Iterable[tuple[str, float, Mapping[str, object]]]) ->
     lines = [header, "-" * len(header)]
     for name, mean, info in rows:
         lines.append(
-            f"{name:<{width}}  {mean * 1e3:>10.2f}  {_fmt(info.get('tflops'), '.3g'):>8}  "
-            f"{_fmt(info.get('mfu'), '.1%'):>6}  {_fmt(info.get('tokens_per_s'), ',.0f'):>10}  "
-            f"{_fmt(info.get('peak_memory_gib'), '.2f'):>8}"
+            f"{name:<{width}}  {mean * 1e3:>10.2f}  {fmt(info.get('tflops'), '.3g'):>8}  "
+            f"{fmt(info.get('mfu'), '.1%'):>6}  {fmt(info.get('tokens_per_s'), ',.0f'):>10}  "
+            f"{fmt(info.get('peak_memory_gib'), '.2f'):>8}"
         )
     return "\n".join(lines)
