@@ -21,6 +21,7 @@ from systems.bench.hardware import device_slug, machine_description
 from systems.bench.metrics import (
     allocated_memory_bytes,
     is_out_of_memory,
+    out_of_memory_reason,
     peak_memory_bytes,
     reset_peak_memory,
     throughput_metrics,
@@ -116,7 +117,8 @@ class SynchronizedBenchmark:
         cold_start: bool = False,
     ) -> None:
         """`cold_start`: time the very first call on its own (JIT, autotuning and
-        compilation happen there) as `extra_info["cold_start_s"]`, before the warm-up."""
+        compilation happen there) as `extra_info["cold_start_s"]`, before the warm-up and
+        before peak memory is reset."""
 
         def timed_round() -> None:
             step()
@@ -126,23 +128,22 @@ class SynchronizedBenchmark:
         extra.update(info or {})
         extra.update(precision=precision, warmup_rounds=warmup, device=str(self.device))
         synchronize(self.device)
-        reset_peak_memory(self.device)
-        # The peak includes what was allocated before timing (model, inputs, and anything an
-        # earlier case left behind): record that baseline so a reader can tell them apart.
-        extra["memory_allocated_before_bytes"] = allocated_memory_bytes(self.device)
         try:
             if cold_start:
                 start = time.perf_counter()
                 timed_round()
                 extra["cold_start_s"] = time.perf_counter() - start
+            reset_peak_memory(self.device)
+            # The peak includes what was allocated before timing (model, inputs, and anything
+            # an earlier case left behind): record that baseline so a reader can tell them apart.
+            extra["memory_allocated_before_bytes"] = allocated_memory_bytes(self.device)
             self.benchmark.pedantic(timed_round, warmup_rounds=warmup, rounds=rounds,
                                     iterations=1)
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
             release_device_memory()
-            pytest.skip(f"out of memory (a property of this workload): "
-                        f"{str(error).splitlines()[0][:200]}")
+            pytest.skip(out_of_memory_reason(error))
         extra["peak_memory_bytes"] = peak_memory_bytes(self.device)
         extra["peak_memory_gib"] = (
             None if extra["peak_memory_bytes"] is None else extra["peak_memory_bytes"] / 2**30

@@ -31,7 +31,7 @@ def test_case(perf_case, synced_benchmark):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80 GiB")
         torch.randn(64, 64) @ torch.randn(64, 64)
     synced_benchmark(step, warmup=1, rounds=3, precision="fp32", flops=2 * 64**3, tokens=64,
-                     info={"size": "toy"})
+                     info={"size": "toy"}, cold_start=True)
 '''
 
 
@@ -54,6 +54,7 @@ def test_oom_is_a_skip_with_reason_and_results_carry_throughput(perf_project) ->
     info = bench["extra_info"]
     assert bench["stats"]["rounds"] == 3
     assert info["size"] == "toy" and info["precision"] == "fp32" and info["warmup_rounds"] == 1
+    assert info["cold_start_s"] > 0
     assert info["tflops"] == pytest.approx(2 * 64**3 / bench["stats"]["mean"] / 1e12)
     assert info["tokens_per_s"] == pytest.approx(64 / bench["stats"]["mean"])
 

@@ -13,7 +13,7 @@ Three studies:
   extra_info beside pytest-benchmark's own numbers.
 
 Every case records the first call's time (compilation and JIT included) as
-`first_call_s`. Profiles: `smoke` (CPU-sized), `quick` (the d = 64 and 128 bf16 forward +
+`cold_start_s`. Profiles: `smoke` (CPU-sized), `quick` (the d = 64 and 128 bf16 forward +
 backward comparisons from seq 1024 up, one seq with every implementation and pass, the
 handout sweep at d = 64, and the leaderboard), `full` (everything; select with -k).
 """
@@ -21,7 +21,6 @@ handout sweep at d = 64, and the leaderboard), `full` (everything; select with -
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass
 
 import pytest
@@ -32,8 +31,7 @@ from systems.bench.attention import (
     UnsupportedWorkload,
     build_attention_workload,
 )
-from systems.bench.metrics import is_out_of_memory
-from systems.bench.timing import synchronize
+from systems.bench.metrics import is_out_of_memory, out_of_memory_reason
 
 SWEEP_IMPLEMENTATIONS = ("reference", "reference_compiled", "sdpa_flash", "sdpa_cudnn",
                          "flex_compiled", "flash_pytorch", "triton_compiled_bwd", "triton")
@@ -97,21 +95,15 @@ def run_attention_case(case: AttentionCase, device: torch.device, synced_benchma
         workload = build_attention_workload(case.impl, shape=case.shape,
                                             dtype=DTYPES[case.dtype], mode=case.mode,
                                             causal=case.causal, device=device)
-        start = time.perf_counter()
-        workload.step()
-        synchronize(device)
-        first_call_s = time.perf_counter() - start
     except UnsupportedWorkload as reason:
         pytest.skip(f"unsupported: {reason}")
     except Exception as error:
         if not is_out_of_memory(error):
             raise
-        pytest.skip(f"out of memory (a property of this workload): "
-                    f"{str(error).splitlines()[0][:200]}")
+        pytest.skip(out_of_memory_reason(error))
     synced_benchmark(
         workload.step, warmup=case.warmup, rounds=case.rounds,
-        precision=case.dtype, flops=workload.flops,
-        info={**workload.info, "first_call_s": first_call_s},
+        precision=case.dtype, flops=workload.flops, info=workload.info, cold_start=True,
     )
 
 
@@ -175,22 +167,18 @@ def test_attention_leaderboard(perf_case: AttentionCase, device, synced_benchmar
     def forward_backward() -> None:
         attend(q, k, v).sum().backward()
 
-    start = time.perf_counter()
-    forward_backward()
-    synchronize(device)
-    first_call_s = time.perf_counter() - start
-    median_ms, mean_ms = (triton.testing.do_bench(forward_backward, warmup=1000, rep=3000,
-                                                  return_mode=mode)
-                          for mode in ("median", "mean"))
     flops = attention_flops(16, 16384, 16384, 64, True, "forward_backward")
     synced_benchmark(
         forward_backward, warmup=perf_case.warmup, rounds=perf_case.rounds, precision="bf16",
-        flops=flops,
+        flops=flops, cold_start=True,
         info={"implementation": perf_case.impl, "shape": list(perf_case.shape),
-              "dtype": "bfloat16", "causal": True, "mode": "forward_backward(o.sum())",
-              "first_call_s": first_call_s, "do_bench_median_ms": median_ms,
-              "do_bench_mean_ms": mean_ms},
+              "dtype": "bfloat16", "causal": True, "mode": "forward_backward(o.sum())"},
     )
+    median_ms, mean_ms = (triton.testing.do_bench(forward_backward, warmup=1000, rep=3000,
+                                                  return_mode=mode)
+                          for mode in ("median", "mean"))
+    synced_benchmark.benchmark.extra_info.update(do_bench_median_ms=median_ms,
+                                                 do_bench_mean_ms=mean_ms)
 
 
 test_attention_leaderboard.perf_cases = leaderboard_cases

@@ -50,3 +50,8 @@ def is_out_of_memory(error: BaseException) -> bool:
         return True
     text = str(error)
     return "out of memory" in text.lower() or "OutOfMemoryError" in text
+
+
+def out_of_memory_reason(error: BaseException) -> str:
+    """The skip reason recorded for a workload that does not fit on the device."""
+    return f"out of memory (a property of this workload): {str(error).splitlines()[0][:200]}"
