@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from systems.profiling.kernel_summary import (
     phase_table,
     top_kernels_table,
 )
+from systems.profiling.memory import keep_if_small
 
 
 @dataclass(frozen=True)
@@ -67,12 +67,7 @@ def _write_trace(prof, path: Path, max_mb: float) -> Path | None:
     """Export the Chrome trace gzipped; drop it (returning None) if it exceeds `max_mb`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))
-    gz = path.with_suffix(".json.gz")
-    with path.open("rb") as src, gzip.open(gz, "wb") as dst:
-        shutil.copyfileobj(src, dst)
+    payload = gzip.compress(path.read_bytes())
     path.unlink()
-    if gz.stat().st_size > max_mb * 2**20:
-        print(f"  trace {gz.name} exceeds {max_mb} MB; not kept", file=sys.stderr)
-        gz.unlink()
-        return None
-    return gz
+    kept = keep_if_small(path.with_suffix(".json.gz"), payload, max_mb)
+    return kept[0] if kept else None

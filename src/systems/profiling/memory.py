@@ -106,16 +106,17 @@ def _summarise_snapshot(run: MemoryRun, snapshot: dict, out_dir: Path, max_mb: f
     tag = run.case.tag
     run.files.append(plot_timeline(timeline, f"{tag}: active CUDA memory",
                                    out_dir / f"memory_{tag}.png"))
-    run.files += _keep_if_small(out_dir / f"snapshot_{tag}.pickle.gz",
+    run.files += keep_if_small(out_dir / f"snapshot_{tag}.pickle.gz",
                                 gzip.compress(pickle.dumps(snapshot)), max_mb)
     if html:
         from torch.cuda._memory_viz import trace_plot
 
-        run.files += _keep_if_small(out_dir / f"memory_{tag}.html",
+        run.files += keep_if_small(out_dir / f"memory_{tag}.html",
                                     trace_plot(snapshot).encode(), max_mb)
 
 
-def _keep_if_small(path: Path, payload: bytes, max_mb: float) -> list[Path]:
+def keep_if_small(path: Path, payload: bytes, max_mb: float) -> list[Path]:
+    """Write `payload` to `path` and return [path], or drop it (returning []) if too big."""
     if len(payload) > max_mb * 2**20:
         print(f"  {path.name}: {len(payload) / 2**20:.1f} MB exceeds {max_mb} MB; not kept",
               file=sys.stderr)
