@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from systems.bench.hardware import device_slug, machine_description
+from systems.bench.hardware import device_slug, gpu_count, machine_description
 from systems.bench.metrics import (
     allocated_memory_bytes,
     is_out_of_memory,
@@ -74,7 +74,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = gpu_count()
     if item.get_closest_marker("gpu") and gpus < 1:
         pytest.skip("needs a CUDA GPU")
     if item.get_closest_marker("multigpu") and gpus < 2:

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import torch
 
+from systems.bench.hardware import gpu_count
 from systems.distributed import RankPool
 
 # A collective should take well under a second here; a stuck one fails the test.
@@ -33,10 +33,6 @@ def rank_pools() -> Iterator[dict[tuple[int, str], RankPool]]:
 @pytest.fixture(params=["gloo", "nccl"])
 def backend(request: pytest.FixtureRequest) -> str:
     return request.param
-
-
-def gpu_count() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ import statistics
 from dataclasses import asdict, dataclass
 
 import pytest
-import torch
 
+from systems.bench.hardware import gpu_count
 from systems.bench.metrics import is_out_of_memory
 from systems.distributed import RankError, RankPool
 from systems.distributed.allreduce import bandwidths, timed_allreduces
@@ -28,13 +28,9 @@ from systems.distributed.train_bench import TrainSpec, setup_train, teardown_tra
 MB = 10**6
 
 
-def _gpus() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def _world_sizes() -> list[int]:
     sizes, n = [], 2
-    while n <= _gpus():
+    while n <= gpu_count():
         sizes.append(n)
         n *= 2
     return sizes
@@ -89,7 +85,7 @@ def train_cases(profile: str) -> list[TrainCase]:
         model, batch, context, world, backend = "tiny", 2, 32, 2, "gloo"
         buckets: tuple[float, ...] = (0.1,)
     else:
-        model, batch, context, world, backend = "xl", 8, 128, _gpus(), "nccl"
+        model, batch, context, world, backend = "xl", 8, 128, gpu_count(), "nccl"
         buckets = (1, 10, 100, 1000)
         if world < 2:
             return []

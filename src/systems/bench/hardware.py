@@ -16,6 +16,11 @@ _PEAK_TFLOPS: dict[str, dict[str, float]] = {
 }
 
 
+def gpu_count() -> int:
+    """CUDA devices visible to this process; 0 without CUDA."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def device_name(device: torch.device | str | None = None) -> str:
     """'NVIDIA H100 80GB HBM3', or the CPU's architecture when there is no GPU."""
     if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
@@ -58,7 +63,7 @@ def machine_description(device: torch.device | str | None = None) -> dict[str, o
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(device)
         info.update(
-            gpu_count=torch.cuda.device_count(),
+            gpu_count=gpu_count(),
             gpu_memory_gib=round(props.total_memory / 2**30, 1),
             gpu_multiprocessors=props.multi_processor_count,
         )

@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from systems.bench.hardware import gpu_count
 from systems.distributed.process_group import apply_safe_env, init_rank
 
 # Per-process state that survives between calls in a worker (empty in the parent).
@@ -73,7 +74,7 @@ class RankPool:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if backend == "nccl":
-            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            gpus = gpu_count()
             if gpus < world_size:
                 raise ValueError(f"NCCL needs {world_size} GPUs, found {gpus}")
         self.world_size, self.backend, self.timeout_s = world_size, backend, timeout_s

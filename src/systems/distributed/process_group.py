@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from systems.bench.hardware import gpu_count
+
 # NVLink multicast can take a shared host's GPUs out of service: keep it off in every process.
 SAFE_MULTI_GPU_ENV = {
     "NCCL_NVLS_ENABLE": "0",
@@ -26,7 +28,7 @@ def apply_safe_env() -> None:
 def default_backend() -> str:
     """NCCL when every local rank can have its own GPU, else gloo."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = gpu_count()
     return "nccl" if gpus >= local_world and gpus > 0 else "gloo"
 
 
