@@ -28,9 +28,14 @@ def device_name(device: torch.device | str | None = None) -> str:
     return f"cpu-{platform.machine()}"
 
 
+def slugify(text: str) -> str:
+    """A file-system-safe form of `text`: runs of other characters become one '_'."""
+    return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_")
+
+
 def device_slug(device: torch.device | str | None = None) -> str:
     """A file-system-safe form of `device_name`, used to keep histories per GPU model."""
-    return re.sub(r"[^A-Za-z0-9.]+", "_", device_name(device)).strip("_")
+    return slugify(device_name(device))
 
 
 def peak_tflops(precision: str, device: torch.device | str | None = None) -> float | None:

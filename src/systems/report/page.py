@@ -3,19 +3,15 @@ the analytic accounting. Sections appear only when their data exists."""
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from systems.bench.hardware import slugify
 from systems.report import accounting_tables, keys, plots, tables
 from systems.report.history import Result, Run, latest_results, runs_by_device
 
 _COMMAND = "python -m systems.report results"
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_")
 
 
 def _section(title: str, body: str, note: str = "") -> list[str]:
@@ -72,7 +68,7 @@ def device_section(device: str, runs: Sequence[Run], img_dir: Path, page_dir: Pa
     )
     for title, plot, name in figures:
         print(f"  plotting {name} ...", file=sys.stderr)
-        path = plot(results, img_dir / f"{_slug(device)}_{name}.png")
+        path = plot(results, img_dir / f"{slugify(device)}_{name}.png")
         if path is not None:
             lines += [f"### {title}\n", f"![{title}]({path.relative_to(page_dir).as_posix()})\n"]
     return lines
