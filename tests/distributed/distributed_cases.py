@@ -45,16 +45,57 @@ class ToyModel(nn.Module):
         return self.head(x)
 
 
+def dyadic_(model: nn.Module) -> None:
+    """Set every parameter to small dyadic values (k/4, |k| <= 2), in place: with the loss
+    linear in the logits (see loss_fn) the models below get exact fp32 gradients, so any
+    reduction order gives the same bits."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randint(-2, 3, param.shape) / 4)
+
+
 class ExactToyModel(ToyModel):
-    """ToyModel without the norm, initialised to small dyadic values: with the linear loss
-    below every gradient is exact in fp32, so any reduction order gives the same bits."""
+    """ToyModel without the norm, with dyadic values (see dyadic_)."""
 
     def __init__(self) -> None:
         super().__init__(vocab=16, d_model=8, hidden=12)
         self.norm = nn.Identity()
-        with torch.no_grad():
-            for param in self.parameters():
-                param.copy_(torch.randint(-2, 3, param.shape) / 4)
+        dyadic_(self)
+
+
+class Block(nn.Module):
+    """Residual ReLU MLP with three 2-D weights of odd total size (with two ranks, a shard
+    boundary falls inside `mid` and the last shard is padded) and a bias."""
+
+    def __init__(self, d_model: int, hidden: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(d_model, hidden)
+        self.mid = nn.Linear(hidden, hidden, bias=False)
+        self.down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.mid(torch.relu(self.up(x)))))
+
+
+class ExactStackModel(nn.Module):
+    """Blocks in a ModuleList (FSDP shards each block's weights as one unit) between a
+    frozen layer and an output head tied to the embedding; dyadic values (see dyadic_)."""
+
+    def __init__(self, vocab: int = 16, d_model: int = 8, hidden: int = 13) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.frozen = nn.Linear(d_model, d_model)
+        self.frozen.requires_grad_(False)
+        self.blocks = nn.ModuleList(Block(d_model, hidden) for _ in range(2))
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.head.weight = self.embed.weight
+        dyadic_(self)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.frozen(self.embed(tokens)))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
 
 
 def tiny_lm() -> nn.Module:
@@ -62,7 +103,7 @@ def tiny_lm() -> nn.Module:
 
 
 MODELS: dict[str, Callable[[], nn.Module]] = {
-    "toy": ToyModel, "exact": ExactToyModel, "tiny_lm": tiny_lm,
+    "toy": ToyModel, "exact": ExactToyModel, "exact_stack": ExactStackModel, "tiny_lm": tiny_lm,
 }
 
 
@@ -82,7 +123,7 @@ def vocab_of(model: nn.Module) -> int:
 
 def loss_fn(model_name: str, logits: torch.Tensor, targets: torch.Tensor,
             weights: torch.Tensor) -> torch.Tensor:
-    if model_name == "exact":  # linear in the logits: exact gradients (see ExactToyModel)
+    if model_name.startswith("exact"):  # linear in the logits: exact gradients (see dyadic_)
         return (logits.float() * weights).sum() / targets.shape[0]  # power-of-2 batches
     return cross_entropy(logits, targets)
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import weakref
 
 import pytest
 import torch
-from distributed_cases import ToyModel, make_wrapper, train_and_compare
+from distributed_cases import SEQ, VOCAB, ToyModel, make_wrapper, train_and_compare
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from systems.distributed import DDPBucketed
+from systems.distributed.launch import worker_state
 
 VARIANTS = [
     ("naive", {}), ("flat", {}), ("individual", {}),
@@ -47,6 +52,56 @@ def test_bucketed_at_larger_world_sizes(run_on_ranks, backend, world_size):
     results = run_on_ranks(train_and_compare, "bucketed", "toy", world_size=world_size,
                            options={"bucket_size_mb": 2097 / 2**20}, batch_per_rank=1)
     assert len(results) == world_size
+
+
+class CopyCounter(TorchDispatchMode):
+    """Counts the operators that copy tensor data, among all that run inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.copies += str(func).startswith(("aten.copy_", "aten.cat", "aten.clone"))
+        return func(*args, **(kwargs or {}))
+
+
+def gradient_copies(set_to_none: bool) -> list[int]:
+    """Per step, the copies a DDPBucketed step makes beyond the unwrapped model's step,
+    after checking that every gradient is a view of its bucket's buffer."""
+    device = worker_state["device"]
+    torch.manual_seed(0)
+    model = ToyModel().to(device)
+    reference = copy.deepcopy(model)
+    wrapped = DDPBucketed(model, bucket_size_mb=6000 / 2**20)  # 6 + 2 parameters
+    tokens = torch.randint(VOCAB, (2, SEQ), device=device)
+    extra = []
+    for _ in range(3):
+        copies = []
+        for net in (reference, wrapped):
+            net.zero_grad(set_to_none=set_to_none)
+            with CopyCounter() as counter:
+                net(tokens).sum().backward()
+                if net is wrapped:
+                    wrapped.finish_gradient_synchronization()
+            copies.append(counter.copies)
+        extra.append(copies[1] - copies[0])
+        for bucket in wrapped.grad_sync.buckets:
+            storage = bucket.buffer.untyped_storage().data_ptr()
+            assert len(bucket.params) >= 2
+            assert all(p.grad.untyped_storage().data_ptr() == storage
+                       for p in bucket.params if p.grad is not None)
+        assert model.unused.weight.grad is None and model.down.weight.grad is not None
+    return extra
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_gradients_are_views_of_the_bucket(run_on_ranks, backend, set_to_none):
+    # Six parameters get gradients. A fresh gradient (after set_to_none) is copied into its
+    # bucket once; one that exists is accumulated in place by autograd: no copy at all.
+    # Nothing is ever copied out: the all-reduce ran on the buffer the gradients live in.
+    expected = [6, 6, 6] if set_to_none else [6, 0, 0]
+    assert run_on_ranks(gradient_copies, set_to_none) == [expected, expected]
 
 
 def wrapper_is_freed(variant: str, options: dict) -> bool:

@@ -1,10 +1,14 @@
-"""FSDP against single-process training on the concatenated batch."""
+"""FSDP against single-process training on the concatenated batch, and its units."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from distributed_cases import train_and_compare
+from distributed_cases import ExactStackModel, tiny_lm, train_and_compare
+
+from systems.distributed import FSDP
+from systems.distributed import fsdp as fsdp_module
+from systems.distributed.launch import worker_state
 
 DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Low-precision compute: the parameter updates must match fp32 training to within a few
@@ -20,7 +24,73 @@ def test_matches_single_process(run_on_ranks, backend, dtype, model_name):
     assert all(r["compared"] > 0 for r in results)
 
 
+# "exact" has one unit per module; "exact_stack" shards each block's three weights together.
+@pytest.mark.parametrize("model_name", ["exact", "exact_stack"])
 @pytest.mark.parametrize("trial", range(3))  # repeated with fresh seeds to catch races
-def test_bitwise_equal_when_the_math_is_exact(run_on_ranks, backend, trial):
-    results = run_on_ranks(train_and_compare, "fsdp", "exact", steps=1, exact=True, seed=trial)
+def test_bitwise_equal_when_the_math_is_exact(run_on_ranks, backend, model_name, trial):
+    results = run_on_ranks(train_and_compare, "fsdp", model_name, steps=1, exact=True,
+                           seed=trial)
     assert all(r["compared"] > 0 for r in results)
+
+
+def test_bitwise_equal_at_world_size_4(run_on_ranks, backend):
+    # Four shards of each 377-element block unit: 95 elements each, the last padded by 3.
+    results = run_on_ranks(train_and_compare, "fsdp", "exact_stack", world_size=4, steps=1,
+                           exact=True, batch_per_rank=1)
+    assert len(results) == 4
+
+
+def unit_names(model_name: str) -> list[list[str]]:
+    model = {"exact_stack": ExactStackModel, "tiny_lm": tiny_lm}[model_name]()
+    wrapped = FSDP(model.to(worker_state["device"]))
+    return [[slot.name for slot in unit.slots] for unit in wrapped._units]
+
+
+def test_units_follow_module_list_elements(run_on_ranks):
+    units = run_on_ranks(unit_names, "exact_stack")[0]
+    # The frozen layer is a unit of its own; the tied head shares the embedding's unit.
+    assert units == [["embed.weight"], ["frozen.weight"],
+                     *([f"blocks.{i}.{name}.weight" for name in ("up", "mid", "down")]
+                       for i in range(2))]
+    units = run_on_ranks(unit_names, "tiny_lm")[0]
+    assert [len(names) for names in units] == [1, 7, 7, 1]  # embedding, 2 blocks, LM head
+
+
+def collectives_per_step() -> dict[str, int]:
+    """All-gathers in forward and backward and reduce-scatters of one tiny_lm step (the
+    second: the first has no recorded order to prefetch by)."""
+    device = worker_state["device"]
+    wrapped = FSDP(tiny_lm().to(device))
+    tokens = torch.randint(512, (2, 16), device=device)
+    counts = dict.fromkeys(("forward", "backward", "reduce_scatter"), 0)
+    phase = "forward"
+    gather, scatter = fsdp_module.all_gather_flat, fsdp_module.reduce_scatter_flat
+
+    def counting_gather(*args, **kwargs):
+        counts[phase] += 1
+        return gather(*args, **kwargs)
+
+    def counting_scatter(*args, **kwargs):
+        counts["reduce_scatter"] += 1
+        return scatter(*args, **kwargs)
+
+    for step in range(2):
+        if step == 1:
+            fsdp_module.all_gather_flat = counting_gather
+            fsdp_module.reduce_scatter_flat = counting_scatter
+        try:
+            phase = "forward"
+            loss = wrapped(tokens).float().square().mean()
+            phase = "backward"
+            loss.backward()
+            wrapped.finish_gradient_synchronization()
+        finally:
+            fsdp_module.all_gather_flat, fsdp_module.reduce_scatter_flat = gather, scatter
+    return counts
+
+
+def test_one_collective_per_unit(run_on_ranks):
+    # 4 units (embedding, 2 blocks, LM head); backward re-gathers all but the embedding,
+    # whose backward needs only the token ids.
+    assert run_on_ranks(collectives_per_step) == [
+        {"forward": 4, "backward": 3, "reduce_scatter": 4}] * 2

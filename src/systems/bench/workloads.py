@@ -9,12 +9,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from systems.model import ModelConfig, TransformerLM, cross_entropy
-from systems.optim import AdamW
+from systems.optim import AdamW, MixedPrecisionAdamW
 from systems.profiling.nvtx import nvtx_range
 
 MODES = ("forward", "forward_backward", "train_step")
 COMPILE_SCOPES = ("model", "blocks")
-OPTIMIZERS = ("ours", "torch")
+OPTIMIZERS = ("ours", "torch", "mixed_precision")
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 # Backward costs two forwards (grads w.r.t. activations and weights); AdamW is negligible.
 _FLOP_MULTIPLIER = {"forward": 1, "forward_backward": 3, "train_step": 3}
@@ -58,8 +58,10 @@ class StepOptions:
     compile_scope: with `compiled`, "model" compiles the whole model's forward, "blocks"
     each Transformer block (short graphs, one compile shared by all blocks).
     compile_mode: passed to torch.compile (e.g. "max-autotune", or "reduce-overhead" for
-    CUDA graphs). optimizer: "ours" (`systems.optim.AdamW`) or "torch" (`torch.optim.AdamW`,
-    fused on CUDA, foreach elsewhere). fused_loss: LM head and cross-entropy in token
+    CUDA graphs). optimizer: "ours" (`systems.optim.AdamW`), "torch" (`torch.optim.AdamW`,
+    fused on CUDA, foreach elsewhere) or "mixed_precision" (`systems.optim.MixedPrecisionAdamW`:
+    the parameters become copies in the step's precision over fp32 masters, so autocast
+    casts nothing). fused_loss: LM head and cross-entropy in token
     chunks (`systems.model.fused_loss`). checkpoint_every: see `TransformerLM`.
     """
 
@@ -162,7 +164,8 @@ def build_model_workload(
             loss.backward()
         return loss
 
-    optimizer = _optimizer(model, options.optimizer, device) if mode == "train_step" else None
+    optimizer = (_optimizer(model, options.optimizer, precision, device)
+                 if mode == "train_step" else None)
 
     def train_step() -> torch.Tensor:
         loss = forward_backward()
@@ -189,9 +192,13 @@ def _compile(model: TransformerLM, options: StepOptions) -> torch.nn.Module:
     return model
 
 
-def _optimizer(model: torch.nn.Module, name: str, device: torch.device) -> torch.optim.Optimizer:
+def _optimizer(model: torch.nn.Module, name: str, precision: str,
+               device: torch.device) -> torch.optim.Optimizer:
     if name == "ours":
         return AdamW(model.parameters(), lr=1e-4)
+    if name == "mixed_precision":
+        return MixedPrecisionAdamW(model.parameters(), lr=1e-4,
+                                   compute_dtype=PRECISIONS[precision] or torch.float32)
     # One fused kernel over all parameters on CUDA; the multi-tensor path elsewhere.
     fused = device.type == "cuda"
     return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=fused,

@@ -2,15 +2,25 @@
 
 Every data-parallel variant is one configuration of `GradientSynchronizer`:
 
-- bucket size: 0 (one all-reduce per parameter, in place), a byte budget (parameters packed
-  in reverse registration order, which is roughly the order backward produces them), or
-  None (everything in one flat buffer);
+- bucket size: 0 (one all-reduce per parameter), a byte budget (parameters packed in
+  reverse registration order, which is roughly the order backward produces them), or None
+  (everything in one bucket);
 - overlap: launch each bucket from post-accumulate-grad hooks as soon as its last gradient
   is ready, or launch all buckets in `finish()` after backward.
 
-A parameter that gets no gradient in a step is left out of its bucket's all-reduce, so its
-`.grad` stays None as in single-process training. All ranks must agree on which parameters
-got gradients (as they do when the control flow does not depend on the local data).
+Gradients live in their bucket, so the all-reduce runs in place with no copy in or out: a
+bucket of several parameters owns one flat buffer (allocated once, like torch DDP's
+`gradient_as_bucket_view`) and each parameter's `.grad` is a view into it. Autograd adds
+into an existing `.grad` in place, so after `zero_grad(set_to_none=False)` gradients stay
+views from step to step. After `zero_grad(set_to_none=True)` autograd makes a fresh tensor;
+the launch copies it into its view once and points `.grad` at the view. A bucket of one
+parameter needs no buffer: its `.grad`, whichever tensor autograd made, is reduced in place.
+
+A parameter that gets no gradient in a step keeps `.grad` None as in single-process
+training; its part of the buffer is reduced along and never read. All ranks must agree on
+which parameters got gradients (as they do when the control flow does not depend on the
+local data). One backward per `finish()`: a second backward before it would add into
+gradients that are being reduced.
 """
 
 from __future__ import annotations
@@ -26,15 +36,22 @@ from torch import nn
 @dataclass(eq=False)
 class _Bucket:
     params: list[nn.Parameter]
+    buffer: torch.Tensor | None = None  # all gradients, flat; only with several params
+    views: list[torch.Tensor] = field(default_factory=list)  # params[i]'s part, shaped
     pending: int = 0  # gradients still to arrive this step
     launched: bool = False
     work: dist.Work | None = None
-    flat: torch.Tensor | None = None
-    grads: list[torch.Tensor] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.params) > 1:
+            first, sizes = self.params[0], [p.numel() for p in self.params]
+            self.buffer = torch.zeros(sum(sizes), dtype=first.dtype, device=first.device)
+            self.views = [view.view(p.shape) for view, p in
+                          zip(self.buffer.split(sizes), self.params, strict=True)]
+        self.reset()
 
     def reset(self) -> None:
-        self.pending, self.launched, self.work, self.flat, self.grads = (
-            len(self.params), False, None, None, [])
+        self.pending, self.launched, self.work = len(self.params), False, None
 
 
 def make_buckets(
@@ -43,7 +60,7 @@ def make_buckets(
     """Group `params` in reverse order into buckets of at most `bucket_bytes` bytes.
 
     A parameter larger than the budget gets a bucket of its own; a bucket never mixes
-    dtypes or devices (it is flattened into one tensor). None means a single bucket.
+    dtypes or devices (its gradients share one buffer). None means a single bucket.
     """
     buckets: list[list[nn.Parameter]] = []
     size = 0
@@ -67,10 +84,7 @@ class GradientSynchronizer:
 
     def __init__(self, params: list[nn.Parameter], bucket_bytes: float | None,
                  overlap: bool) -> None:
-        self.world_size = dist.get_world_size()
         self.buckets = [_Bucket(group) for group in make_buckets(params, bucket_bytes)]
-        for bucket in self.buckets:
-            bucket.reset()
         self._hooks = []
         if overlap:
             # Hooks live in C++ where the garbage collector cannot see cycles: they hold the
@@ -89,29 +103,27 @@ class GradientSynchronizer:
 
     def _launch(self, bucket: _Bucket) -> None:
         bucket.launched = True
-        bucket.grads = [p.grad for p in bucket.params if p.grad is not None]
-        if not bucket.grads:
+        grads = [p.grad for p in bucket.params if p.grad is not None]
+        if not grads:
             return
-        if len(bucket.grads) == 1:  # reduce in place: no copy in or out
-            bucket.flat = bucket.grads[0]
-        else:
-            bucket.flat = torch.cat([g.reshape(-1) for g in bucket.grads])
-        bucket.work = dist.all_reduce(bucket.flat, op=dist.ReduceOp.AVG, async_op=True)
+        flat = grads[0]
+        if bucket.buffer is not None:
+            for param, view in zip(bucket.params, bucket.views, strict=True):
+                if param.grad is not None and param.grad.data_ptr() != view.data_ptr():
+                    view.copy_(param.grad)  # a fresh gradient (its .grad was None)
+                    param.grad = view
+            flat = bucket.buffer
+        bucket.work = dist.all_reduce(flat, op=dist.ReduceOp.AVG, async_op=True)
 
     @torch.no_grad()
     def finish(self) -> None:
-        """Launch whatever has not been launched, wait for all, write averages to `.grad`."""
+        """Launch whatever has not been launched and wait for all: `.grad` holds averages."""
         for bucket in self.buckets:
             if not bucket.launched:
                 self._launch(bucket)
         for bucket in self.buckets:
             if bucket.work is not None:
                 bucket.work.wait()
-                if bucket.flat is not bucket.grads[0]:
-                    offset = 0
-                    for grad in bucket.grads:
-                        grad.copy_(bucket.flat[offset:offset + grad.numel()].view_as(grad))
-                        offset += grad.numel()
             bucket.reset()
 
     def remove_hooks(self) -> None:

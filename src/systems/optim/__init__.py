@@ -1,6 +1,7 @@
 """Optimizers."""
 
 from systems.optim.adamw import AdamW
+from systems.optim.mixed_precision import MixedPrecisionAdamW
 from systems.optim.sharded import ShardedOptimizer
 
-__all__ = ["AdamW", "ShardedOptimizer"]
+__all__ = ["AdamW", "MixedPrecisionAdamW", "ShardedOptimizer"]

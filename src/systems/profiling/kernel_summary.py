@@ -77,14 +77,14 @@ def collect_timed_ops(events: Sequence, on_gpu: bool) -> list[TimedOp]:
     regions = _ranges(cpu_events, ATTENTION_REGIONS)
     ops = []
     for event in cpu_events:
-        if event.name in _ANNOTATIONS:
-            continue
         start = event.time_range.start
         phase, region = phases.at(start) or "other", regions.at(start)
         if on_gpu:
+            # An annotation holds the kernels launched straight from Python inside it (a
+            # Triton kernel called without an aten op around it), so it is kept here.
             ops += [TimedOp(k.name, event.name, k.duration / 1e6, phase, region)
                     for k in event.kernels]
-        elif event.self_cpu_time_total > 0:
+        elif event.name not in _ANNOTATIONS and event.self_cpu_time_total > 0:
             ops.append(TimedOp(event.name, event.name, event.self_cpu_time_total / 1e6, phase,
                                region))
     return ops

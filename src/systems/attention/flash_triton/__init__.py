@@ -1,22 +1,16 @@
 """FlashAttention-2 forward and backward kernels in Triton.
 
-Without a CUDA build of PyTorch the kernels run in Triton's interpreter: TRITON_INTERPRET
-must be set before they are decorated, which is at this import.
+Without a CUDA build of PyTorch the kernels run in Triton's interpreter (see
+`systems.triton_runtime`, imported before the kernels are decorated).
 """
 
-import os
-
-import torch
-
-if torch.version.cuda is None and torch.version.hip is None:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from systems.attention.flash_triton.function import (  # noqa: E402
+import systems.triton_runtime  # noqa: F401 - sets TRITON_INTERPRET before the kernels exist
+from systems.attention.flash_triton.function import (
     FlashAttentionTriton,
     FlashAttentionTritonCompiledBackward,
     recompute_backward,
 )
-from systems.attention.flash_triton.launch import (  # noqa: E402
+from systems.attention.flash_triton.launch import (
     FlashConfig,
     TileConfig,
     default_config,

@@ -14,9 +14,8 @@ from systems.attention.flash_triton.kernels import (
     flash_forward_kernel,
 )
 from systems.attention.inputs import check_attention_inputs
+from systems.triton_runtime import INTERPRETED
 
-# Decided when the kernels were decorated (TRITON_INTERPRET=1 runs them on the CPU).
-INTERPRETED = bool(triton.knobs.runtime.interpret)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

@@ -1,0 +1,79 @@
+"""AdamW over fp32 master weights for a model that holds and computes in bf16/fp16."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from systems.optim.adamw import AdamW
+from systems.optim.adamw_kernel import fused_adamw_step_
+
+
+class MixedPrecisionAdamW(AdamW):
+    """AdamW whose updates happen on fp32 master copies; the parameters become
+    `compute_dtype` copies that the model computes with directly (no autocast casts).
+
+    At construction (and in `add_param_group`) each parameter's current values become its
+    fp32 master, and the parameter itself is cast in place to `compute_dtype`. Each step
+    runs one fused kernel per parameter (`adamw_kernel.fused_adamw_step_`) that updates the
+    master and the moments and writes the rounded master back into the parameter. The
+    update is `AdamW`'s, computed in fp32 from the low-precision gradient; `master(p)`
+    gives the fp32 weights.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        compute_dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        if not compute_dtype.is_floating_point:
+            raise ValueError(f"compute_dtype must be a floating dtype, got {compute_dtype}")
+        self.compute_dtype = compute_dtype  # add_param_group, called by __init__, needs it
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        for param in self.param_groups[-1]["params"]:
+            self._adopt(param)
+
+    @torch.no_grad()
+    def _adopt(self, param: torch.Tensor) -> None:
+        if not param.is_contiguous():
+            raise ValueError("MixedPrecisionAdamW needs contiguous parameters")
+        state = self.state[param]
+        state["step"] = 0
+        state["master"] = param.detach().to(torch.float32, copy=True)
+        state["exp_avg"] = torch.zeros_like(state["master"])
+        state["exp_avg_sq"] = torch.zeros_like(state["master"])
+        param.data = param.data.to(self.compute_dtype)
+
+    def master(self, param: torch.Tensor) -> torch.Tensor:
+        """The fp32 master weights of `param`."""
+        return self.state[param]["master"]
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001 - signature fixed by torch.optim.Optimizer
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                if param.grad.is_sparse:
+                    raise RuntimeError("MixedPrecisionAdamW does not support sparse gradients")
+                state = self.state[param]
+                state["step"] += 1
+                fused_adamw_step_(
+                    param, param.grad.contiguous(), state["master"], state["exp_avg"],
+                    state["exp_avg_sq"], step=state["step"], lr=group["lr"], beta1=beta1,
+                    beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
+        return loss
