@@ -19,6 +19,7 @@ from systems.report.tables import (
     collective_table,
     ddp_table,
     end_to_end_table,
+    recipes_table,
     speedup_table,
     warmup_study_table,
 )
@@ -119,6 +120,22 @@ def _attention_fixture() -> list[Result]:
                                       "peak_memory_bytes": int(scale * n * n * 100)}))
             for impl, scale in (("reference", 4.0), ("triton", 1.0))
             for n in (256, 1024, 4096)]
+
+
+def test_recipes_table_puts_the_three_recipes_side_by_side() -> None:
+    def recipe(name: str, size: str, mean: float) -> Result:
+        return _result(f"recipe-{size}-{name}", mean, size=size, context_length=512,
+                       mode="train_step", recipe=name, cold_start_s=mean * 100, mfu=0.25)
+
+    results = [recipe("eager", "2.7b", 0.3), recipe("pytorch_baseline", "2.7b", 0.15),
+               recipe("optimized", "2.7b", 0.12), recipe("optimized", "small", 0.05)]
+    assert {r.kind for r in results} == {"recipe"}
+    rows = recipes_table(results).splitlines()[2:]
+    assert len(rows) == 2 and rows[0].startswith("| small") and rows[1].startswith("| 2.7b")
+    # 2.7b: 150 / 120 ms against the baseline, 300 / 120 against eager; cold 15 s and 12 s.
+    assert "| 1.25x | 2.50x | 25.0% | 15.0 | 12.0 |" in rows[1]
+    assert "| - | - | 25.0% | - | 5.0 |" in rows[0]  # small: ours alone
+    assert not any(r.startswith("| 2.7b") for r in end_to_end_table(results).splitlines())
 
 
 def test_attention_tables_pair_implementations_and_plot(tmp_path) -> None:

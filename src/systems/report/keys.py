@@ -16,6 +16,11 @@ MFU = "mfu"
 TOKENS_PER_S = "tokens_per_s"
 PEAK_MEMORY = "peak_memory_bytes"
 
+# Training recipes (tests/perf/test_training_recipes.py): end-to-end steps plus the recipe
+# name and the first step's seconds (compilation included).
+RECIPE = "recipe"
+COLD_START_S = "cold_start_s"
+
 # Attention microbenchmarks (tests/perf/test_attention.py): q/k/v `shape` (..., seq, d) and
 # the pass in `mode`; `normalise` derives the sequence length, head dim and batch x heads.
 IMPLEMENTATION = "implementation"
@@ -68,7 +73,7 @@ def normalise(info: dict) -> dict:
 
 
 def kind(info: dict, name: str = "") -> str:
-    """'end_to_end', 'warmup_study', 'attention', 'collective', 'ddp' or 'other'."""
+    """'end_to_end', 'recipe', 'warmup_study', 'attention', 'collective', 'ddp' or 'other'."""
     if name.startswith(WARMUP_STUDY_TEST):
         return "warmup_study"
     if SIZE_BYTES in info and (ALGBW in info or BUSBW in info):
@@ -77,6 +82,8 @@ def kind(info: dict, name: str = "") -> str:
         return "ddp"
     if IMPLEMENTATION in info:
         return "attention"
+    if RECIPE in info:
+        return "recipe"
     if MODE in info and SIZE in info:
         return "end_to_end"
     return "other"

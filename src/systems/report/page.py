@@ -53,6 +53,11 @@ def device_section(device: str, runs: Sequence[Run], img_dir: Path, page_dir: Pa
                       tables.memory_prediction_table(results),
                       "Prediction: `systems.accounting.step_memory` (eager, reference "
                       "attention), a lower bound that ignores transients.\n")
+    lines += _section("Training recipes: eager vs PyTorch-only baseline vs ours",
+                      tables.recipes_table(results),
+                      "Train steps (forward, loss, backward, AdamW; batch 4, bf16) of the "
+                      "recipes in `systems.bench.recipes`; speedups are ratios of means; "
+                      "cold s: the first step alone, compilation and autotuning included.\n")
     lines += speedup_sections(results)
     lines += _section("Warm-up study", tables.warmup_study_table(results),
                       "Without warm-up the first steps (allocator growth, cuBLAS heuristics, "

@@ -78,12 +78,41 @@ def speedup_table(
                            f"{contender_name} peak GiB"], rows)
 
 
+def recipes_table(results: Sequence[Result], baseline: str = "pytorch_baseline",
+                  contender: str = "optimized", plain: str = "eager") -> str:
+    """Per model size and context: the three training recipes side by side, the speedups of
+    `contender` over `baseline` and over `plain`, and cold starts (first step, compiling)."""
+    by_workload: dict[tuple, dict[str, Result]] = {}
+    for r in results:
+        if r.kind == "recipe":
+            by_workload.setdefault((r.get(keys.SIZE), r.get(keys.CONTEXT)), {})[
+                str(r.get(keys.RECIPE))] = r
+    rows = []
+    for (size, context), recipes in sorted(
+            by_workload.items(), key=lambda item: (_SIZE_ORDER.get(item[0][0], 99), item[0])):
+        ours = recipes.get(contender)
+        if ours is None:
+            continue
+        base, eager = recipes.get(baseline), recipes.get(plain)
+        rows.append([
+            size, context, *(mean_std_ms(r) if r else "-" for r in (eager, base, ours)),
+            *(f"{r.mean / ours.mean:.2f}x" if r else "-" for r in (base, eager)),
+            fmt(ours.get(keys.MFU), ".1%"),
+            *(fmt(r.get(keys.COLD_START_S), ".1f") if r else "-" for r in (base, ours)),
+            _gib(ours.get(keys.PEAK_MEMORY)), ours.short_run])
+    return markdown_table(
+        ["size", "ctx", f"{plain} ms", f"{baseline} ms", f"{contender} ms",
+         f"vs {baseline}", f"vs {plain}", f"{contender} MFU", f"{baseline} cold s",
+         f"{contender} cold s", f"{contender} peak GiB", "run"], rows)
+
+
 # What makes two results the same workload (the measured numbers are left out).
 _IDENTITY_KEYS = {
     keys.SIZE, keys.CONTEXT, keys.BATCH, keys.MODE, keys.PRECISION, keys.COMPILED,
     keys.ATTENTION, keys.IMPLEMENTATION, keys.SEQ_LEN, keys.HEAD_DIM, keys.DTYPE, keys.PASS,
     keys.VARIANT, keys.BUCKET_MB, keys.WORLD_SIZE, keys.BACKEND, keys.SIZE_BYTES,
-    keys.CAUSAL, keys.BATCH_HEADS, "d_model", "d_ff", "num_layers", "num_heads", "vocab_size",
+    keys.CAUSAL, keys.BATCH_HEADS, keys.RECIPE, "d_model", "d_ff", "num_layers", "num_heads",
+    "vocab_size",
 }
 
 
