@@ -75,8 +75,7 @@ def test_groups_added_later_start_their_own_step_count() -> None:
     first, second = _params(4, "cpu")[:2], _params(5, "cpu")[2:]
     ref_first = [torch.nn.Parameter(p.detach().clone()) for p in first]
     ref_second = [torch.nn.Parameter(p.detach().clone()) for p in second]
-    ours = MixedPrecisionAdamW([{"params": first, "lr": 1e-2}], lr=1e-3,
-                               compute_dtype=torch.float32)
+    ours = MixedPrecisionAdamW([{"params": first, "lr": 1e-2}], lr=1e-3)
     theirs = torch.optim.AdamW([{"params": ref_first, "lr": 1e-2}], lr=1e-3, foreach=False)
     gen = torch.Generator().manual_seed(6)
     for step in range(20):
@@ -88,7 +87,7 @@ def test_groups_added_later_start_their_own_step_count() -> None:
         ours.zero_grad()
         _loss(live, gen).backward()
         for p, r in zip(live, ref_live, strict=True):
-            r.grad = p.grad.clone()
+            r.grad = p.grad.float()
         ours.step()
         theirs.step()
     for p, r in zip(first + second, ref_first + ref_second, strict=True):
@@ -113,9 +112,13 @@ def test_bad_input_is_refused() -> None:
     with pytest.raises(ValueError, match="contiguous"):
         MixedPrecisionAdamW([torch.nn.Parameter(torch.randn(4, 6).t())])
     p, state = torch.randn(10), torch.zeros(10)
+    hyper = dict(step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
     with pytest.raises(ValueError, match="float32"):
-        fused_adamw_step_(p, p, state.double(), state, state, step=1, lr=1e-3, beta1=0.9,
-                          beta2=0.999, eps=1e-8, weight_decay=0.0)
+        fused_adamw_step_([p], [p], [state.double()], [state], [state], **hyper)
     with pytest.raises(ValueError, match="shape"):
-        fused_adamw_step_(p, p[:5], state, state, state, step=1, lr=1e-3, beta1=0.9,
-                          beta2=0.999, eps=1e-8, weight_decay=0.0)
+        fused_adamw_step_([p], [p[:5]], [state], [state], [state], **hyper)
+    with pytest.raises(ValueError, match="1 master tensors for 2 parameters"):
+        fused_adamw_step_([p, p], [p, p], [state], [state, state], [state, state], **hyper)
+    with pytest.raises(ValueError, match="one parameter and one gradient dtype"):
+        fused_adamw_step_([p, p.half()], [p, p.half()], [state] * 2, [state] * 2, [state] * 2,
+                          **hyper)

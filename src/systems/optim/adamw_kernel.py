@@ -1,15 +1,22 @@
-"""One AdamW step of one tensor in one Triton kernel, over an fp32 master copy.
+"""AdamW over fp32 master weights for many tensors in one Triton kernel launch.
 
-The kernel reads the gradient (any float dtype), the fp32 master weight and both fp32
-moments once, and writes the master, the moments and the low-precision parameter the model
-computes with: 4 + 4 + 4 + g bytes read and 4 + 4 + 4 + p bytes written per element, the
-least an AdamW step over fp32 state can move. The math follows `torch.optim.AdamW` (see
-`systems.optim.AdamW`).
+Per element the kernel reads the gradient (any float dtype), the fp32 master weight and
+both fp32 moments once, and writes the master, the moments and the low-precision parameter
+the model computes with: the least an AdamW step over fp32 state can move. The math
+follows `torch.optim.AdamW` (see `systems.optim.AdamW`).
+
+One launch covers a whole list of tensors (one per tensor would cost more host time than
+GPU time on small tensors): every program handles BLOCK_SIZE elements of one tensor, found
+through a block table (tensor index, first element) built once per list of sizes, and the
+tensors' addresses come in int64 tables rebuilt each step, since gradients are new tensors
+every step.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -18,14 +25,27 @@ import triton.language as tl
 import systems.triton_runtime  # noqa: F401 - sets TRITON_INTERPRET before the kernel exists
 
 BLOCK_SIZE = 4096
+_TRITON_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16,
+                  torch.float16: tl.float16}
 
 
 @triton.jit
-def _adamw_kernel(param_ptr, grad_ptr, master_ptr, exp_avg_ptr, exp_avg_sq_ptr, numel,
+def _adamw_kernel(block_tensor, block_start, addresses, numels, num_tensors,
                   lr, beta1, beta2, eps, weight_decay, step_size, bias_correction2_sqrt,
+                  PARAM_DTYPE: tl.constexpr, GRAD_DTYPE: tl.constexpr,
                   BLOCK_SIZE: tl.constexpr):
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < numel
+    block = tl.program_id(0)
+    tensor = tl.load(block_tensor + block)
+    offsets = tl.load(block_start + block) + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < tl.load(numels + tensor)
+    # addresses: rows param, grad, master, exp_avg, exp_avg_sq; one column per tensor.
+    param_ptr = tl.load(addresses + tensor).to(tl.pointer_type(PARAM_DTYPE))
+    grad_ptr = tl.load(addresses + num_tensors + tensor).to(tl.pointer_type(GRAD_DTYPE))
+    master_ptr = tl.load(addresses + 2 * num_tensors + tensor).to(tl.pointer_type(tl.float32))
+    exp_avg_ptr = tl.load(addresses + 3 * num_tensors + tensor).to(tl.pointer_type(tl.float32))
+    exp_avg_sq_ptr = tl.load(addresses + 4 * num_tensors + tensor).to(
+        tl.pointer_type(tl.float32))
+
     grad = tl.load(grad_ptr + offsets, mask=mask).to(tl.float32)
     master = tl.load(master_ptr + offsets, mask=mask)
     exp_avg = tl.load(exp_avg_ptr + offsets, mask=mask)
@@ -38,28 +58,64 @@ def _adamw_kernel(param_ptr, grad_ptr, master_ptr, exp_avg_ptr, exp_avg_sq_ptr, 
     tl.store(master_ptr + offsets, master, mask=mask)
     tl.store(exp_avg_ptr + offsets, exp_avg, mask=mask)
     tl.store(exp_avg_sq_ptr + offsets, exp_avg_sq, mask=mask)
-    rounded = master.to(param_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
-    tl.store(param_ptr + offsets, rounded, mask=mask)
+    tl.store(param_ptr + offsets, master.to(PARAM_DTYPE, fp_downcast_rounding="rtne"),
+             mask=mask)
+
+
+@functools.lru_cache(maxsize=64)
+def _block_table(numels: tuple[int, ...], device: torch.device
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tensor index, first element) of every block, and the sizes, on `device`."""
+    sizes = torch.tensor(numels, dtype=torch.int64)
+    blocks = (sizes + BLOCK_SIZE - 1) // BLOCK_SIZE
+    block_tensor = torch.repeat_interleave(torch.arange(len(numels)), blocks)
+    first_block = torch.cumsum(blocks, 0) - blocks
+    block_start = (torch.arange(int(blocks.sum())) - first_block[block_tensor]) * BLOCK_SIZE
+    return (block_tensor.to(torch.int32).to(device), block_start.to(device), sizes.to(device))
+
+
+def _check(params: Sequence[torch.Tensor], tensors: dict[str, Sequence[torch.Tensor]]) -> None:
+    dtypes = {(p.dtype, g.dtype) for p, g in zip(params, tensors["grad"], strict=True)}
+    if len(dtypes) != 1:
+        raise ValueError(f"one launch takes one parameter and one gradient dtype, got {dtypes}")
+    for name, group in tensors.items():
+        if len(group) != len(params):
+            raise ValueError(f"{len(group)} {name} tensors for {len(params)} parameters")
+        for param, tensor in zip(params, group, strict=True):
+            if name != "grad" and tensor.dtype != torch.float32:
+                raise ValueError(f"{name} must be float32, got {tensor.dtype}")
+            if (tensor.shape != param.shape or not tensor.is_contiguous()
+                    or tensor.device != param.device):
+                raise ValueError(f"{name} must be contiguous, on {param.device}, with shape "
+                                 f"{tuple(param.shape)}")
+    for param in params:
+        if not param.is_contiguous():
+            raise ValueError("parameters must be contiguous")
 
 
 def fused_adamw_step_(
-    param: torch.Tensor, grad: torch.Tensor, master: torch.Tensor, exp_avg: torch.Tensor,
-    exp_avg_sq: torch.Tensor, *, step: int, lr: float, beta1: float, beta2: float,
-    eps: float, weight_decay: float,
+    params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+    masters: Sequence[torch.Tensor], exp_avgs: Sequence[torch.Tensor],
+    exp_avg_sqs: Sequence[torch.Tensor], *, step: int, lr: float, beta1: float,
+    beta2: float, eps: float, weight_decay: float,
 ) -> None:
-    """Update `master`, `exp_avg`, `exp_avg_sq` in place (step number `step`, from 1) and
-    write the new master, rounded, into `param`. All five must be contiguous and alike in
-    shape; the state tensors fp32."""
-    for name, state in (("master", master), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
-        if state.dtype != torch.float32:
-            raise ValueError(f"{name} must be float32, got {state.dtype}")
-    for name, tensor in (("param", param), ("grad", grad), ("master", master),
-                         ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
-        if tensor.shape != param.shape or not tensor.is_contiguous():
-            raise ValueError(f"{name} must be contiguous with shape {tuple(param.shape)}")
-    numel = param.numel()
-    _adamw_kernel[(triton.cdiv(numel, BLOCK_SIZE),)](
-        param, grad, master, exp_avg, exp_avg_sq, numel,
+    """AdamW step number `step` (from 1) for every tensor in the lists: update the fp32
+    `masters` and moments in place and write each new master, rounded, into its parameter.
+    All tensors contiguous and on one device; one parameter dtype and one gradient dtype."""
+    if not params:
+        return
+    _check(params, {"grad": grads, "master": masters, "exp_avg": exp_avgs,
+                    "exp_avg_sq": exp_avg_sqs})
+    device = params[0].device
+    block_tensor, block_start, numels = _block_table(tuple(p.numel() for p in params), device)
+    addresses = torch.tensor([t.data_ptr() for group in (params, grads, masters, exp_avgs,
+                                                         exp_avg_sqs) for t in group],
+                             dtype=torch.int64)
+    if device.type == "cuda":  # pinned, so the copy is queued without waiting for the GPU
+        addresses = addresses.pin_memory().to(device, non_blocking=True)
+    _adamw_kernel[(len(block_tensor),)](
+        block_tensor, block_start, addresses, numels, len(params),
         lr, beta1, beta2, eps, weight_decay, lr / (1.0 - beta1**step),
-        math.sqrt(1.0 - beta2**step), BLOCK_SIZE=BLOCK_SIZE, num_warps=8,
+        math.sqrt(1.0 - beta2**step), PARAM_DTYPE=_TRITON_DTYPES[params[0].dtype],
+        GRAD_DTYPE=_TRITON_DTYPES[grads[0].dtype], BLOCK_SIZE=BLOCK_SIZE, num_warps=8,
     )

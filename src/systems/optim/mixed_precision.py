@@ -17,8 +17,9 @@ class MixedPrecisionAdamW(AdamW):
 
     At construction (and in `add_param_group`) each parameter's current values become its
     fp32 master, and the parameter itself is cast in place to `compute_dtype`. Each step
-    runs one fused kernel per parameter (`adamw_kernel.fused_adamw_step_`) that updates the
-    master and the moments and writes the rounded master back into the parameter. The
+    runs one fused kernel launch over all parameters (`adamw_kernel.fused_adamw_step_`) that
+    updates the masters and the moments and writes the rounded masters back into the
+    parameters. The
     update is `AdamW`'s, computed in fp32 from the low-precision gradient; `master(p)`
     gives the fp32 weights.
     """
@@ -64,7 +65,9 @@ class MixedPrecisionAdamW(AdamW):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
+            # One launch per kind of tensor list: parameters added later count their own
+            # steps, and a launch takes one parameter and one gradient dtype.
+            launches: dict[tuple, list[torch.Tensor]] = {}
             for param in group["params"]:
                 if param.grad is None:
                     continue
@@ -72,8 +75,17 @@ class MixedPrecisionAdamW(AdamW):
                     raise RuntimeError("MixedPrecisionAdamW does not support sparse gradients")
                 state = self.state[param]
                 state["step"] += 1
-                fused_adamw_step_(
-                    param, param.grad.contiguous(), state["master"], state["exp_avg"],
-                    state["exp_avg_sq"], step=state["step"], lr=group["lr"], beta1=beta1,
-                    beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
+                key = (state["step"], param.dtype, param.grad.dtype)
+                launches.setdefault(key, []).append(param)
+            for (step, _, _), params in launches.items():
+                self._launch(group, step, params)
         return loss
+
+    def _launch(self, group: dict[str, Any], step: int, params: list[torch.Tensor]) -> None:
+        beta1, beta2 = group["betas"]
+        states = [self.state[p] for p in params]
+        fused_adamw_step_(
+            params, [p.grad.contiguous() for p in params], [s["master"] for s in states],
+            [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], step=step,
+            lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+            weight_decay=group["weight_decay"])
