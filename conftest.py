@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -120,8 +121,12 @@ class SynchronizedBenchmark:
         compilation happen there) as `extra_info["cold_start_s"]`, before the warm-up and
         before peak memory is reset."""
 
+        enqueue_seconds: list[float] = []
+
         def timed_round() -> None:
+            start = time.perf_counter()
             step()
+            enqueue_seconds.append(time.perf_counter() - start)
             synchronize(self.device)
 
         extra = self.benchmark.extra_info
@@ -144,6 +149,10 @@ class SynchronizedBenchmark:
                 raise
             release_device_memory()
             pytest.skip(out_of_memory_reason(error))
+        # Host time until step() returned, median over the timed rounds: near the round's
+        # time, the device waited on the host (launch-bound) rather than the other way round.
+        if len(enqueue_seconds) >= rounds:
+            extra["host_enqueue_s_median"] = statistics.median(enqueue_seconds[-rounds:])
         extra["peak_memory_bytes"] = peak_memory_bytes(self.device)
         extra["peak_memory_gib"] = (
             None if extra["peak_memory_bytes"] is None else extra["peak_memory_bytes"] / 2**30

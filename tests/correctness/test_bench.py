@@ -10,6 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from systems.bench import TimingStats, build_model_workload, time_steps
 from systems.bench.metrics import throughput_metrics
+from systems.bench.summary import throughput_table
 from systems.bench.workloads import forward_flops, workload_flops
 from systems.model import MODEL_CONFIGS, get_config
 
@@ -106,3 +107,15 @@ def test_throughput_metrics() -> None:
     assert metrics["mfu"] is None  # no nominal peak for a CPU
     with pytest.raises(ValueError):
         throughput_metrics(seconds=0.0, flops=1.0, tokens=1, precision="fp32", device="cpu")
+
+
+def test_throughput_table_shows_the_host_share_of_each_round() -> None:
+    table = throughput_table([
+        ("launch_bound", 0.010, {"host_enqueue_s_median": 0.0095, "tflops": 1.5}),
+        ("device_bound", 0.100, {"host_enqueue_s_median": 0.002}),
+        ("no_host_time", 0.050, {}),
+    ])
+    header, _, *rows = table.splitlines()
+    assert header.split()[-1] == "host"
+    assert [row.split()[-1] for row in rows] == ["2%", "95%", "-"]
+    assert rows[1].split()[2] == "1.5"

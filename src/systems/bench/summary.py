@@ -1,4 +1,5 @@
-"""A compact throughput table (time, TFLOP/s, MFU, tokens/s, memory) for finished benchmarks."""
+"""A compact throughput table (time, TFLOP/s, MFU, tokens/s, memory, host share) for
+finished benchmarks."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ def throughput_table(rows: Iterable[tuple[str, float, Mapping[str, object]]]) ->
         return ""
     width = max(len(name) for name, _, _ in rows)
     header = (f"{'benchmark':<{width}}  {'mean ms':>10}  {'TFLOP/s':>8}  {'MFU':>6}  "
-              f"{'tokens/s':>10}  {'peak GiB':>8}")
+              f"{'tokens/s':>10}  {'peak GiB':>8}  {'host':>5}")
     lines = [header, "-" * len(header)]
     for name, mean, info in rows:
+        # Host time until the step returned, as a share of the round: near 100% on a GPU
+        # means the device waited on launches.
+        enqueue = info.get("host_enqueue_s_median")
+        host = None if enqueue is None or not mean else enqueue / mean
         lines.append(
             f"{name:<{width}}  {mean * 1e3:>10.2f}  {fmt(info.get('tflops'), '.3g'):>8}  "
             f"{fmt(info.get('mfu'), '.1%'):>6}  {fmt(info.get('tokens_per_s'), ',.0f'):>10}  "
-            f"{fmt(info.get('peak_memory_gib'), '.2f'):>8}"
+            f"{fmt(info.get('peak_memory_gib'), '.2f'):>8}  {fmt(host, '.0%'):>5}"
         )
     return "\n".join(lines)
