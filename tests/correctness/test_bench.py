@@ -25,17 +25,20 @@ def test_time_steps_runs_warmup_untimed_then_times_each_step() -> None:
         time.sleep(0.01 if len(calls) > 2 else 0.2)  # slow warm-up must not be measured
 
     stats = time_steps(step, warmup=2, steps=4)
-    assert len(calls) == 6 and len(stats.times) == 4
+    assert len(calls) == 6 and len(stats.times) == 4 == len(stats.host_times)
     assert stats.min > 0.009 and stats.max < 0.15
+    assert all(0.009 < h <= t for h, t in zip(stats.host_times, stats.times, strict=True))
     assert stats.min <= stats.median <= stats.max
 
 
 def test_timing_stats_summary() -> None:
-    stats = TimingStats((1.0, 2.0, 3.0, 6.0))
+    stats = TimingStats((1.0, 2.0, 3.0, 6.0), host_times=(0.5, 0.5, 1.0, 2.0))
     assert stats.summary() == pytest.approx(
-        {"mean": 3.0, "std": 2.160247, "median": 2.5, "min": 1.0, "max": 6.0}, rel=1e-6
+        {"mean": 3.0, "std": 2.160247, "median": 2.5, "min": 1.0, "max": 6.0,
+         "host_median": 0.75}, rel=1e-6
     )
     assert TimingStats((4.0,)).std == 0.0
+    assert TimingStats((4.0,)).host_median is None
     with pytest.raises(ValueError):
         TimingStats(())
 

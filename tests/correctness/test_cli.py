@@ -29,6 +29,8 @@ def test_cli_prints_a_table_and_writes_json(tmp_path, capsys) -> None:
     for r in results:
         assert r["outcome"] == "ok" and r["precision"] == "bf16"
         assert len(r["timing"]["times"]) == 2 and r["timing"]["mean"] > 0
+        # The host time until a step returned; on the CPU the step is done by then.
+        assert 0 < r["timing"]["host_median"] <= r["timing"]["max"]
         assert r["tflops"] > 0 and r["tokens_per_s"] > 0
 
 
@@ -41,16 +43,37 @@ def test_cli_hyperparameter_overrides(tmp_path) -> None:
     assert (result["d_model"], result["num_heads"], result["num_layers"]) == (32, 2, 1)
 
 
+def test_cli_runs_a_recipe_with_changed_settings(tmp_path) -> None:
+    out = tmp_path / "r.json"
+    assert main(["--size", "tiny", "--context-length", "16", "--batch-size", "1",
+                 "--mode", "train_step", "--warmup", "0", "--steps", "1",
+                 "--recipe", "optimized", "--option", "precision=fp32",
+                 "--option", "compiled=false", "--option", "attention=sdpa",
+                 "--option", "checkpoint_every=1", "--json", str(out)]) == 0
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["recipe"] == "optimized" and result["outcome"] == "ok"
+    assert (result["precision"], result["compiled"], result["attention"]) == (
+        "fp32", False, "sdpa")
+    assert (result["optimizer"], result["fused_loss"], result["checkpoint_every"]) == (
+        "mixed_precision", True, 1)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        (["--recipe", "optimized", "--option", "warp_speed=9"], "unexpected keyword"),
+        (["--recipe", "optimized", "--option", "compiled"], "KEY=VALUE"),
+        (["--recipe", "optimized", "--precision", "fp32"], "with --recipe"),
+        (["--option", "compiled=false"], "--option needs --recipe"),
+        (["--recipe", "optimized", "--option", "compile_scope=everything"],
+         "unknown compile scope"),
         (["--size", "gigantic"], "unknown model size"),
         (["--size", "tiny", "--context-length", "100000"], "context_length"),
         (["--size", "tiny", "--d-model", "65"], "not divisible"),
     ],
 )
 def test_cli_bad_input_exits_with_a_message(args, message: str, capsys) -> None:
-    assert main([*args, "--steps", "1", "--warmup", "0"]) == 2
+    assert main(["--size", "tiny", *args, "--steps", "1", "--warmup", "0"]) == 2
     assert message in capsys.readouterr().err
 
 

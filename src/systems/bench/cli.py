@@ -1,4 +1,9 @@
-"""`python -m systems.bench`: time forward / forward+backward / train step of a model."""
+"""`python -m systems.bench`: time forward / forward+backward / train step of a model.
+
+`--recipe NAME` runs a training recipe of `systems.bench.recipes` instead of the flags'
+plain setup, with `--option KEY=VALUE` changing any of its settings, e.g.
+`--recipe optimized --option compile_mode=reduce-overhead --option fused_loss=false`.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from systems.bench.metrics import (
     reset_peak_memory,
     throughput_metrics,
 )
+from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe
 from systems.bench.timing import time_steps
 from systems.bench.workloads import MODES, PRECISIONS, build_model_workload
 from systems.model import MODEL_CONFIGS, get_config
@@ -36,9 +42,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--mode", action="append", choices=MODES,
                         help="repeatable; default: all three")
-    parser.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS))
-    parser.add_argument("--attention", default="reference", choices=sorted(ATTENTION_BACKENDS))
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), help="default fp32")
+    parser.add_argument("--attention", choices=sorted(ATTENTION_BACKENDS),
+                        help="default reference")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--recipe", choices=sorted(RECIPES),
+                        help="a training recipe's setup (precision, attention, compile, ...)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --recipe, repeatable: change one of its settings")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -59,18 +70,62 @@ def _config_from_args(args: argparse.Namespace):
     return config.with_overrides(**overrides) if overrides else config
 
 
+def _option_value(text: str) -> object:
+    """'true'/'false', 'none', integers, else the string itself."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _recipe_overrides(args: argparse.Namespace) -> dict[str, object]:
+    if args.recipe is None:
+        if args.option:
+            raise ValueError("--option needs --recipe")
+        return {}
+    if args.precision or args.attention or args.compile:
+        raise ValueError("with --recipe, change its precision, attention or compilation "
+                         "with --option precision=..., attention=..., compiled=...")
+    overrides = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option takes KEY=VALUE, got {item!r}")
+        overrides[key] = _option_value(value)
+    return overrides
+
+
 def run_benchmark(args: argparse.Namespace) -> list[dict[str, object]]:
     config = _config_from_args(args)
-    return [_run_mode(config, args, mode) for mode in args.mode or MODES]
+    overrides = _recipe_overrides(args)
+    return [_run_mode(config, args, mode, overrides) for mode in args.mode or MODES]
 
 
-def _run_mode(config, args: argparse.Namespace, mode: str) -> dict[str, object]:
-    workload = build_model_workload(
-        config, batch_size=args.batch_size, context_length=args.context_length, mode=mode,
-        precision=args.precision, compiled=args.compile, attention=args.attention,
-        device=args.device,
-    )
-    record: dict[str, object] = {"size": args.size, **workload.describe()}
+def _build(config, args: argparse.Namespace, mode: str, overrides: dict[str, object]):
+    if args.recipe is None:
+        return build_model_workload(
+            config, batch_size=args.batch_size, context_length=args.context_length, mode=mode,
+            precision=args.precision or "fp32", compiled=args.compile,
+            attention=args.attention or "reference", device=args.device)
+    try:
+        recipe = get_recipe(args.recipe, **overrides)
+    except TypeError as error:  # an unknown setting name
+        raise ValueError(f"--option: {error}") from error
+    return build_recipe_workload(config, recipe, batch_size=args.batch_size,
+                                 context_length=args.context_length, device=args.device,
+                                 mode=mode)
+
+
+def _run_mode(config, args: argparse.Namespace, mode: str,
+              overrides: dict[str, object]) -> dict[str, object]:
+    workload = _build(config, args, mode, overrides)
+    record: dict[str, object] = {"size": args.size, "recipe": args.recipe,
+                                 **workload.describe()}
     print(f"[{mode}] warm-up {args.warmup}, timing {args.steps} steps ...", file=sys.stderr)
     reset_peak_memory(workload.device)
     try:
@@ -84,24 +139,25 @@ def _run_mode(config, args: argparse.Namespace, mode: str) -> dict[str, object]:
         **record, "outcome": "ok", "timing": stats.to_dict(),
         "peak_memory_bytes": peak_memory_bytes(workload.device),
         **throughput_metrics(seconds=stats.mean, flops=workload.flops, tokens=workload.tokens,
-                             precision=args.precision, device=workload.device),
+                             precision=workload.precision, device=workload.device),
     }
 
 
 def format_table(results: list[dict[str, object]]) -> str:
     header = f"{'mode':<18}{'mean ms':>10}{'std ms':>9}{'median ms':>11}{'min ms':>9}" \
-             f"{'TFLOP/s':>9}{'MFU':>7}{'tok/s':>10}{'peak GiB':>10}  outcome"
+             f"{'host ms':>9}{'TFLOP/s':>9}{'MFU':>7}{'tok/s':>10}{'peak GiB':>10}  outcome"
     lines = [header, "-" * len(header)]
     for r in results:
         if r["outcome"] != "ok":
-            lines.append(f"{r['mode']:<18}{'-':>10}{'':>9}{'':>11}{'':>9}{'':>9}{'':>7}"
-                         f"{'':>10}{'':>10}  {r['outcome']}")
+            lines.append(f"{r['mode']:<18}{'-':>10}{'':>9}{'':>11}{'':>9}{'':>9}{'':>9}"
+                         f"{'':>7}{'':>10}{'':>10}  {r['outcome']}")
             continue
         t = r["timing"]
         mem = r["peak_memory_bytes"]
         lines.append(
             f"{r['mode']:<18}{t['mean'] * 1e3:>10.2f}{t['std'] * 1e3:>9.2f}"
-            f"{t['median'] * 1e3:>11.2f}{t['min'] * 1e3:>9.2f}{fmt(r['tflops'], '.1f'):>9}"
+            f"{t['median'] * 1e3:>11.2f}{t['min'] * 1e3:>9.2f}"
+            f"{fmt(t['host_median'], '.2f', 1e3):>9}{fmt(r['tflops'], '.1f'):>9}"
             f"{fmt(r['mfu'], '.1%'):>7}{fmt(r['tokens_per_s'], ',.0f'):>10}"
             f"{fmt(mem or None, '.2f', 2**-30):>10}  ok"
         )

@@ -54,11 +54,12 @@ def build_recipe_workload(
     context_length: int = 512,
     device: torch.device | str = "cpu",
     seed: int = 0,
+    mode: str = "train_step",
 ) -> ModelWorkload:
-    """A train step of `config` run the way `recipe` says; same seed, same weights and
-    batch whatever the recipe."""
+    """A step of `config` (a train step unless `mode` says otherwise) run the way `recipe`
+    says; same seed, same weights and batch whatever the recipe."""
     return build_model_workload(
-        config, batch_size=batch_size, context_length=context_length, mode="train_step",
+        config, batch_size=batch_size, context_length=context_length, mode=mode,
         precision=recipe.precision, compiled=recipe.compiled, attention=recipe.attention,
         device=device, seed=seed, options=recipe.options,
     )

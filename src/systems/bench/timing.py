@@ -18,9 +18,14 @@ def synchronize(device: torch.device | str) -> None:
 
 @dataclass(frozen=True)
 class TimingStats:
-    """Per-step wall times in seconds."""
+    """Per-step wall times in seconds, and the host time until each step() returned.
+
+    A host time close to the step time means the device waited on the host (launch-bound);
+    a much smaller one means the host ran ahead and the device was the limit.
+    """
 
     times: tuple[float, ...]
+    host_times: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.times:
@@ -46,8 +51,13 @@ class TimingStats:
     def max(self) -> float:
         return max(self.times)
 
-    def summary(self) -> dict[str, float]:
-        return {k: getattr(self, k) for k in ("mean", "std", "median", "min", "max")}
+    @property
+    def host_median(self) -> float | None:
+        return statistics.median(self.host_times) if self.host_times else None
+
+    def summary(self) -> dict[str, float | None]:
+        return {k: getattr(self, k)
+                for k in ("mean", "std", "median", "min", "max", "host_median")}
 
     def to_dict(self) -> dict[str, object]:
         return {**self.summary(), **asdict(self)}
@@ -63,7 +73,8 @@ def time_steps(
     """Run `step` `warmup` times untimed, then time `steps` calls one by one.
 
     On CUDA each step is bracketed by CUDA events (so host-side launch jitter between steps
-    does not count); elsewhere by `time.perf_counter` after a synchronize.
+    does not count); elsewhere by `time.perf_counter` after a synchronize. Either way the
+    host time until each `step()` returned is kept as `host_times`.
     """
     if warmup < 0 or steps < 1:
         raise ValueError(f"need warmup >= 0 and steps >= 1, got {warmup=} {steps=}")
@@ -71,24 +82,29 @@ def time_steps(
         step()
     synchronize(device)
     if torch.device(device).type == "cuda":
-        return TimingStats(tuple(_time_with_events(step, steps)))
-    times = []
+        return _time_with_events(step, steps)
+    times, host_times = [], []
     for _ in range(steps):
         start = time.perf_counter()
         step()
+        host_times.append(time.perf_counter() - start)
         synchronize(device)
         times.append(time.perf_counter() - start)
-    return TimingStats(tuple(times))
+    return TimingStats(tuple(times), tuple(host_times))
 
 
-def _time_with_events(step: Callable[[], object], steps: int) -> list[float]:
+def _time_with_events(step: Callable[[], object], steps: int) -> TimingStats:
     events = [
         (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         for _ in range(steps)
     ]
+    host_times = []
     for start, end in events:
         start.record()
+        host_start = time.perf_counter()
         step()
+        host_times.append(time.perf_counter() - host_start)
         end.record()
     torch.cuda.synchronize()
-    return [start.elapsed_time(end) / 1e3 for start, end in events]
+    return TimingStats(tuple(start.elapsed_time(end) / 1e3 for start, end in events),
+                       tuple(host_times))
