@@ -9,7 +9,8 @@ ranks of those per-rank times, the number a distributed step is gated by.
 
 Profiles: `smoke` is CPU/gloo with a tiny model (world size 2; all-reduce at 1 MB, world
 sizes 2, 4 and 6); `quick` and `full` use every visible GPU for the train steps (run with
-CUDA_VISIBLE_DEVICES=0,1 for world size 2) and world sizes 2, 4, ... for the all-reduce.
+CUDA_VISIBLE_DEVICES=0,1 for world size 2) and world sizes 2, 4, 6, 8 (then 16, 32, ...)
+for the all-reduce, as far as the GPUs go.
 """
 
 from __future__ import annotations
@@ -29,8 +30,11 @@ MB = 10**6
 
 
 def _world_sizes() -> list[int]:
-    sizes, n = [], 2
-    while n <= gpu_count():
+    """2, 4, 6 and 8 processes where the GPUs allow, then powers of two beyond 8."""
+    count = gpu_count()
+    sizes = [n for n in (2, 4, 6, 8) if n <= count]
+    n = 16
+    while n <= count:
         sizes.append(n)
         n *= 2
     return sizes
