@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from systems import triton_runtime
 from systems.optim import MixedPrecisionAdamW
 from systems.optim.adamw_kernel import BLOCK_SIZE, fused_adamw_step_
 
@@ -104,6 +105,16 @@ def test_parameters_without_gradients_are_left_alone() -> None:
     for p, b in zip(params[1:], before[1:], strict=True):
         assert torch.equal(p.detach(), b)
         assert optimizer.state[p]["step"] == 0
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch) -> None:
+    monkeypatch.setattr(triton_runtime, "INTERPRETED", False)
+    p, state = torch.randn(10), torch.zeros(10)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        fused_adamw_step_([p], [p], [state], [state], [state], step=1, lr=1e-3, beta1=0.9,
+                          beta2=0.999, eps=1e-8, weight_decay=0.0)
+    with pytest.raises(ValueError, match="needs CUDA parameters"):
+        MixedPrecisionAdamW(_params(12, "cpu"))
 
 
 def test_bad_input_is_refused() -> None:

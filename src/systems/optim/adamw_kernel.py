@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-import systems.triton_runtime  # noqa: F401 - sets TRITON_INTERPRET before the kernel exists
+from systems import triton_runtime  # sets TRITON_INTERPRET before the kernel exists
 
 BLOCK_SIZE = 4096
 _TRITON_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16,
@@ -91,6 +91,12 @@ def _check(params: Sequence[torch.Tensor], tensors: dict[str, Sequence[torch.Ten
     for param in params:
         if not param.is_contiguous():
             raise ValueError("parameters must be contiguous")
+    device = params[0].device
+    if device.type != "cuda" and not triton_runtime.INTERPRETED:
+        raise ValueError(f"the fused AdamW kernel needs CUDA tensors, got {device} (set "
+                         "TRITON_INTERPRET=1 before importing systems to run it on the CPU)")
+    if any(p.device != device for p in params):
+        raise ValueError("all parameters of one launch must be on one device")
 
 
 def fused_adamw_step_(
@@ -106,6 +112,18 @@ def fused_adamw_step_(
         return
     _check(params, {"grad": grads, "master": masters, "exp_avg": exp_avgs,
                     "exp_avg_sq": exp_avg_sqs})
+    launch_fused_adamw_(params, grads, masters, exp_avgs, exp_avg_sqs, step=step, lr=lr,
+                        beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+
+
+def launch_fused_adamw_(
+    params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+    masters: Sequence[torch.Tensor], exp_avgs: Sequence[torch.Tensor],
+    exp_avg_sqs: Sequence[torch.Tensor], *, step: int, lr: float, beta1: float,
+    beta2: float, eps: float, weight_decay: float,
+) -> None:
+    """`fused_adamw_step_` without its checks, for callers whose tensors are valid by
+    construction (the checks cost host time per tensor and step)."""
     device = params[0].device
     block_tensor, block_start, numels = _block_table(tuple(p.numel() for p in params), device)
     addresses = torch.tensor([t.data_ptr() for group in (params, grads, masters, exp_avgs,

@@ -7,8 +7,9 @@ from typing import Any
 
 import torch
 
+from systems import triton_runtime
 from systems.optim.adamw import AdamW
-from systems.optim.adamw_kernel import fused_adamw_step_
+from systems.optim.adamw_kernel import launch_fused_adamw_
 
 
 class MixedPrecisionAdamW(AdamW):
@@ -17,7 +18,7 @@ class MixedPrecisionAdamW(AdamW):
 
     At construction (and in `add_param_group`) each parameter's current values become its
     fp32 master, and the parameter itself is cast in place to `compute_dtype`. Each step
-    runs one fused kernel launch over all parameters (`adamw_kernel.fused_adamw_step_`) that
+    runs one fused kernel launch over all parameters (`adamw_kernel.launch_fused_adamw_`) that
     updates the masters and the moments and writes the rounded masters back into the
     parameters. The
     update is `AdamW`'s, computed in fp32 from the low-precision gradient; `master(p)`
@@ -47,6 +48,10 @@ class MixedPrecisionAdamW(AdamW):
     def _adopt(self, param: torch.Tensor) -> None:
         if not param.is_contiguous():
             raise ValueError("MixedPrecisionAdamW needs contiguous parameters")
+        if param.device.type != "cuda" and not triton_runtime.INTERPRETED:
+            raise ValueError(f"MixedPrecisionAdamW's kernel needs CUDA parameters, got "
+                             f"{param.device} (set TRITON_INTERPRET=1 before importing systems "
+                             "to run it on the CPU)")
         state = self.state[param]
         state["step"] = 0
         state["master"] = param.detach().to(torch.float32, copy=True)
@@ -82,9 +87,12 @@ class MixedPrecisionAdamW(AdamW):
         return loss
 
     def _launch(self, group: dict[str, Any], step: int, params: list[torch.Tensor]) -> None:
+        # Unchecked: the states were made from the parameters, autograd gives gradients the
+        # parameter's shape and device, `_adopt` checked contiguity and the launches are
+        # grouped by dtype.
         beta1, beta2 = group["betas"]
         states = [self.state[p] for p in params]
-        fused_adamw_step_(
+        launch_fused_adamw_(
             params, [p.grad.contiguous() for p in params], [s["master"] for s in states],
             [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], step=step,
             lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
