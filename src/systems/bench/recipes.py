@@ -29,7 +29,7 @@ RECIPES: dict[str, Recipe] = {
     # What a user gets from PyTorch alone: SDPA, the whole model compiled, fused AdamW.
     "pytorch_baseline": Recipe("sdpa", "bf16", True, StepOptions(optimizer="torch")),
     # Triton flash attention (a custom op inside the graph), the whole model compiled, bf16
-    # parameters over fp32 masters updated by one fused kernel per tensor, LM head +
+    # parameters over fp32 masters updated by one fused kernel launch, LM head +
     # cross-entropy without full logits.
     "optimized": Recipe("flash_triton", "bf16", True, StepOptions(
         optimizer="mixed_precision", fused_loss=True)),

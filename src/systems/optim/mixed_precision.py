@@ -18,11 +18,10 @@ class MixedPrecisionAdamW(AdamW):
 
     At construction (and in `add_param_group`) each parameter's current values become its
     fp32 master, and the parameter itself is cast in place to `compute_dtype`. Each step
-    runs one fused kernel launch over all parameters (`adamw_kernel.launch_fused_adamw_`) that
-    updates the masters and the moments and writes the rounded masters back into the
-    parameters. The
-    update is `AdamW`'s, computed in fp32 from the low-precision gradient; `master(p)`
-    gives the fp32 weights.
+    runs one fused kernel launch over all parameters (`adamw_kernel.launch_fused_adamw_`)
+    that updates the masters and the moments and writes the rounded masters back into the
+    parameters. The update is `AdamW`'s, computed in fp32 from the low-precision gradient;
+    `master(p)` gives the fp32 weights.
     """
 
     def __init__(
@@ -63,28 +62,20 @@ class MixedPrecisionAdamW(AdamW):
         """The fp32 master weights of `param`."""
         return self.state[param]["master"]
 
-    @torch.no_grad()
-    def step(self, closure=None):  # noqa: ANN001 - signature fixed by torch.optim.Optimizer
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            # One launch per kind of tensor list: parameters added later count their own
-            # steps, and a launch takes one parameter and one gradient dtype.
-            launches: dict[tuple, list[torch.Tensor]] = {}
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                if param.grad.is_sparse:
-                    raise RuntimeError("MixedPrecisionAdamW does not support sparse gradients")
-                state = self.state[param]
-                state["step"] += 1
-                key = (state["step"], param.dtype, param.grad.dtype)
-                launches.setdefault(key, []).append(param)
-            for (step, _, _), params in launches.items():
-                self._launch(group, step, params)
-        return loss
+    def _step_group(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
+        # `AdamW.step` hands over the group's parameters that have gradients. One launch per
+        # kind of tensor list: parameters added later count their own steps, and a launch
+        # takes one parameter and one gradient dtype.
+        launches: dict[tuple, list[torch.Tensor]] = {}
+        for param in params:
+            if param.grad.is_sparse:
+                raise RuntimeError("MixedPrecisionAdamW does not support sparse gradients")
+            state = self.state[param]
+            state["step"] += 1
+            key = (state["step"], param.dtype, param.grad.dtype)
+            launches.setdefault(key, []).append(param)
+        for (step, _, _), same_kind in launches.items():
+            self._launch(group, step, same_kind)
 
     def _launch(self, group: dict[str, Any], step: int, params: list[torch.Tensor]) -> None:
         # Unchecked: the states were made from the parameters, autograd gives gradients the

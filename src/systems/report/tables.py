@@ -111,8 +111,7 @@ _IDENTITY_KEYS = {
     keys.SIZE, keys.CONTEXT, keys.BATCH, keys.MODE, keys.PRECISION, keys.COMPILED,
     keys.ATTENTION, keys.IMPLEMENTATION, keys.SEQ_LEN, keys.HEAD_DIM, keys.DTYPE, keys.PASS,
     keys.VARIANT, keys.BUCKET_MB, keys.WORLD_SIZE, keys.BACKEND, keys.SIZE_BYTES,
-    keys.CAUSAL, keys.BATCH_HEADS, keys.RECIPE, "d_model", "d_ff", "num_layers", "num_heads",
-    "vocab_size",
+    keys.CAUSAL, keys.BATCH_HEADS, "d_model", "d_ff", "num_layers", "num_heads", "vocab_size",
 }
 
 
