@@ -49,7 +49,8 @@ def test_cli_runs_a_recipe_with_changed_settings(tmp_path) -> None:
                  "--mode", "train_step", "--warmup", "0", "--steps", "1",
                  "--recipe", "optimized", "--option", "precision=fp32",
                  "--option", "compiled=false", "--option", "attention=sdpa",
-                 "--option", "checkpoint_every=1", "--json", str(out)]) == 0
+                 "--option", "checkpoint_every=1", "--option", "cuda_graph=false",
+                 "--json", str(out)]) == 0
     (result,) = json.loads(out.read_text())["results"]
     assert result["recipe"] == "optimized" and result["outcome"] == "ok"
     assert (result["precision"], result["compiled"], result["attention"]) == (
@@ -65,6 +66,8 @@ def test_cli_runs_a_recipe_with_changed_settings(tmp_path) -> None:
         (["--recipe", "optimized", "--option", "compiled"], "KEY=VALUE"),
         (["--recipe", "optimized", "--precision", "fp32"], "with --recipe"),
         (["--option", "compiled=false"], "--option needs --recipe"),
+        (["--size", "tiny", "--context-length", "16", "--recipe", "optimized", "--device",
+          "cpu"], "cuda_graph needs a CUDA device"),
         (["--recipe", "optimized", "--option", "compile_scope=everything"],
          "unknown compile scope"),
         (["--size", "gigantic"], "unknown model size"),

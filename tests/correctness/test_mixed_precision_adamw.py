@@ -126,6 +126,8 @@ def test_bad_input_is_refused() -> None:
     hyper = dict(step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
     with pytest.raises(ValueError, match="float32"):
         fused_adamw_step_([p], [p], [state.double()], [state], [state], **hyper)
+    with pytest.raises(ValueError, match="counts from 1"):
+        fused_adamw_step_([p], [p], [state], [state], [state], **{**hyper, "step": 0})
     with pytest.raises(ValueError, match="shape"):
         fused_adamw_step_([p], [p[:5]], [state], [state], [state], **hyper)
     with pytest.raises(ValueError, match="1 master tensors for 2 parameters"):

@@ -7,6 +7,7 @@ import torch
 
 from systems import accounting as acc
 from systems.bench.recipes import RECIPES, build_recipe_workload, fit_to_device, get_recipe
+from systems.bench.workloads import CUDA_GRAPH_WARMUP
 from systems.model import MODEL_CONFIGS, TransformerLM, cross_entropy
 from systems.profiling.activations import saved_tensor_bytes
 
@@ -53,7 +54,8 @@ def _assert_close(got, expected, tol: float) -> None:
 def test_optimized_matches_plain_in_fp32(overrides) -> None:
     device = torch.device("cpu")
     plain = _one_step("eager", device, precision="fp32")
-    _assert_close(_one_step("optimized", device, precision="fp32", **overrides), plain, 1e-4)
+    _assert_close(_one_step("optimized", device, precision="fp32", cuda_graph=False,
+                            **overrides), plain, 1e-4)
 
 
 def test_bf16_optimized_is_as_close_to_fp32_as_the_plain_bf16_step() -> None:
@@ -62,7 +64,7 @@ def test_bf16_optimized_is_as_close_to_fp32_as_the_plain_bf16_step() -> None:
     device = torch.device("cpu")
     exact = _one_step("eager", device, precision="fp32")
     plain = _max_errors(_one_step("eager", device), exact)
-    fused = _one_step("optimized", device, attention="sdpa", compiled=False)
+    fused = _one_step("optimized", device, attention="sdpa", compiled=False, cuda_graph=False)
     _assert_as_close_as_plain(fused, exact, plain, slack=1e-6)
 
 
@@ -76,11 +78,43 @@ def test_recipe_on_gpu_is_as_close_to_fp32_as_the_plain_bf16_step(name: str) -> 
     _assert_as_close_as_plain(_one_step(name, device, config), exact, plain, slack=1e-5)
 
 
+@pytest.mark.gpu
+def test_cuda_graph_replays_compute_what_ordinary_steps_do() -> None:
+    """Steps replayed from the captured graph follow the same trajectory as ordinary steps:
+    a step count or bias correction frozen at capture would move the weights differently."""
+    config = TINY.with_overrides(d_model=256, num_heads=4, d_ff=512)
+    runs = {}
+    for graphed in (False, True):
+        workload = build_recipe_workload(config, get_recipe("optimized", cuda_graph=graphed),
+                                         batch_size=2, context_length=64, device="cuda")
+        losses = torch.stack([workload.step().clone() for _ in range(CUDA_GRAPH_WARMUP + 4)])
+        optimizer_state = [p.detach().clone() for p in workload.model.parameters()]
+        runs[graphed] = (losses, optimizer_state)
+        if graphed:
+            assert workload.step.graph is not None
+    (plain_losses, plain_params), (graph_losses, graph_params) = runs[False], runs[True]
+    assert plain_losses[-1] < plain_losses[0]
+    torch.testing.assert_close(graph_losses, plain_losses, rtol=1e-3, atol=0)
+    for got, expected in zip(graph_params, plain_params, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+
+
+def test_cuda_graph_needs_cuda_and_a_capturable_optimizer() -> None:
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        build_recipe_workload(TINY, get_recipe("optimized"), context_length=16, device="cpu")
+    with pytest.raises(ValueError, match="counts steps on the GPU"):
+        build_recipe_workload(TINY, get_recipe("optimized", optimizer="ours"),
+                              context_length=16, device="cuda")
+    with pytest.raises(ValueError, match="reduce-overhead"):
+        get_recipe("optimized", compile_mode="reduce-overhead")
+
+
 def test_thirty_steps_decrease_the_loss_alike() -> None:
     losses = {}
     for name in ("eager", "optimized"):
         workload = build_recipe_workload(
-            TINY, get_recipe(name, precision="fp32", compiled=False), batch_size=1,
+            TINY, get_recipe(name, precision="fp32", compiled=False, cuda_graph=False),
+            batch_size=1,
             context_length=32)
         losses[name] = torch.tensor([workload.step().item() for _ in range(30)])
     plain, optimized = losses["eager"], losses["optimized"]

@@ -50,7 +50,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a training recipe's setup (precision, attention, compile, ...)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="with --recipe, repeatable: change one of its settings")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="untimed steps first (a cuda_graph step is captured in the third)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", type=Path, help="write results to this file")

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from systems.bench.cuda_graph import CapturedStep
 from systems.model import ModelConfig, TransformerLM, cross_entropy
 from systems.optim import AdamW, MixedPrecisionAdamW
 from systems.profiling.nvtx import nvtx_range
@@ -17,6 +18,9 @@ COMPILE_SCOPES = ("model", "blocks")
 OPTIMIZERS = ("ours", "torch", "mixed_precision")
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 # Backward costs two forwards (grads w.r.t. activations and weights); AdamW is negligible.
+# Ordinary steps before a step is captured (`StepOptions.cuda_graph`): compiled graphs and
+# optimizer state settle in the first.
+CUDA_GRAPH_WARMUP = 2
 _FLOP_MULTIPLIER = {"forward": 1, "forward_backward": 3, "train_step": 3}
 
 
@@ -63,6 +67,9 @@ class StepOptions:
     the parameters become copies in the step's precision over fp32 masters, so autocast
     casts nothing). fused_loss: LM head and cross-entropy in token
     chunks (`systems.model.fused_loss`). checkpoint_every: see `TransformerLM`.
+    cuda_graph: after `CUDA_GRAPH_WARMUP` ordinary steps, capture one step in a CUDA graph
+    and replay it from then on (`systems.bench.cuda_graph.CapturedStep`); CUDA only, with an
+    optimizer that counts steps on the GPU ("mixed_precision" or "torch").
     """
 
     compile_scope: str = "model"
@@ -70,10 +77,14 @@ class StepOptions:
     optimizer: str = "ours"
     fused_loss: bool = False
     checkpoint_every: int = 0
+    cuda_graph: bool = False
 
     def __post_init__(self) -> None:
         check_choice("compile scope", self.compile_scope, COMPILE_SCOPES)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        if self.cuda_graph and self.compile_mode == "reduce-overhead":
+            raise ValueError("cuda_graph captures the whole step already; compile_mode="
+                             "'reduce-overhead' would capture graphs inside it")
 
 
 @dataclass
@@ -140,6 +151,12 @@ def build_model_workload(
             "(the model's context_length)"
         )
     device = torch.device(device)
+    if options.cuda_graph and mode == "train_step" and options.optimizer == "ours":
+        raise ValueError("cuda_graph needs an optimizer that counts steps on the GPU: "
+                         "optimizer='mixed_precision' or 'torch'")
+    if options.cuda_graph and device.type != "cuda":
+        raise ValueError(f"cuda_graph needs a CUDA device, got {device} (turn it off with "
+                         "cuda_graph=False)")
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     with device:  # initialise on the device: a CPU init of 2.7B parameters takes minutes
@@ -164,7 +181,7 @@ def build_model_workload(
             loss.backward()
         return loss
 
-    optimizer = (_optimizer(model, options.optimizer, precision, device)
+    optimizer = (_optimizer(model, options, precision, device)
                  if mode == "train_step" else None)
 
     def train_step() -> torch.Tensor:
@@ -173,11 +190,14 @@ def build_model_workload(
             optimizer.step()
         return loss
 
-    step = {"forward": forward, "forward_backward": forward_backward, "train_step": train_step}
+    step = {"forward": forward, "forward_backward": forward_backward,
+            "train_step": train_step}[mode]
+    if options.cuda_graph:
+        step = CapturedStep(step, warmup=CUDA_GRAPH_WARMUP)
     return ModelWorkload(
         config=config, batch_size=batch_size, context_length=context_length, mode=mode,
         precision=precision, compiled=compiled, attention=attention, device=device,
-        options=options, model=model, step=step[mode],
+        options=options, model=model, step=step,
     )
 
 
@@ -192,8 +212,9 @@ def _compile(model: TransformerLM, options: StepOptions) -> torch.nn.Module:
     return model
 
 
-def _optimizer(model: torch.nn.Module, name: str, precision: str,
+def _optimizer(model: torch.nn.Module, options: StepOptions, precision: str,
                device: torch.device) -> torch.optim.Optimizer:
+    name = options.optimizer
     if name == "ours":
         return AdamW(model.parameters(), lr=1e-4)
     if name == "mixed_precision":
@@ -202,4 +223,4 @@ def _optimizer(model: torch.nn.Module, name: str, precision: str,
     # One fused kernel over all parameters on CUDA; the multi-tensor path elsewhere.
     fused = device.type == "cuda"
     return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=fused,
-                             foreach=not fused)
+                             foreach=not fused, capturable=options.cuda_graph)

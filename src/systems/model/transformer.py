@@ -66,7 +66,10 @@ class TransformerLM(nn.Module):
         for start in range(0, len(self.layers), step):
             segment = self.layers[start:start + step]
             if self.checkpoint_every and torch.is_grad_enabled():
-                x = checkpoint(_run_segment, segment, x, positions, use_reentrant=False)
+                # The model draws no random numbers, so there is no RNG state to replay (and
+                # reading it is not allowed while a CUDA graph is being captured).
+                x = checkpoint(_run_segment, segment, x, positions, use_reentrant=False,
+                               preserve_rng_state=False)
             else:
                 x = _run_segment(segment, x, positions)
         return x

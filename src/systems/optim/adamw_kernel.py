@@ -10,12 +10,15 @@ GPU time on small tensors): every program handles BLOCK_SIZE elements of one ten
 through a block table (tensor index, first element) built once per list of sizes, and the
 tensors' addresses come in int64 tables rebuilt each step, since gradients are new tensors
 every step.
+
+Step counts are tensors on the device and the bias corrections are computed there, so a
+step can be captured in a CUDA graph: each replay advances the counts and uses the new
+corrections, where host-side numbers would be frozen at capture.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Sequence
 
 import torch
@@ -30,8 +33,8 @@ _TRITON_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16,
 
 
 @triton.jit
-def _adamw_kernel(block_tensor, block_start, addresses, numels, num_tensors,
-                  lr, beta1, beta2, eps, weight_decay, step_size, bias_correction2_sqrt,
+def _adamw_kernel(block_tensor, block_start, addresses, numels, num_tensors, corrections,
+                  lr, beta1, beta2, eps, weight_decay,
                   PARAM_DTYPE: tl.constexpr, GRAD_DTYPE: tl.constexpr,
                   BLOCK_SIZE: tl.constexpr):
     block = tl.program_id(0)
@@ -45,6 +48,9 @@ def _adamw_kernel(block_tensor, block_start, addresses, numels, num_tensors,
     exp_avg_ptr = tl.load(addresses + 3 * num_tensors + tensor).to(tl.pointer_type(tl.float32))
     exp_avg_sq_ptr = tl.load(addresses + 4 * num_tensors + tensor).to(
         tl.pointer_type(tl.float32))
+    # corrections: rows lr / (1 - beta1^t) and sqrt(1 - beta2^t); one column per tensor.
+    step_size = tl.load(corrections + tensor)
+    bias_correction2_sqrt = tl.load(corrections + num_tensors + tensor)
 
     grad = tl.load(grad_ptr + offsets, mask=mask).to(tl.float32)
     master = tl.load(master_ptr + offsets, mask=mask)
@@ -72,6 +78,30 @@ def _block_table(numels: tuple[int, ...], device: torch.device
     first_block = torch.cumsum(blocks, 0) - blocks
     block_start = (torch.arange(int(blocks.sum())) - first_block[block_tensor]) * BLOCK_SIZE
     return (block_tensor.to(torch.int32).to(device), block_start.to(device), sizes.to(device))
+
+
+# Address tables copied while a CUDA graph was being captured: every replay of that graph
+# copies from the same pinned host memory again, so it must never be freed or reused.
+_CAPTURED_ADDRESS_TABLES: list[torch.Tensor] = []
+
+
+def _address_table(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    addresses = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+    if device.type != "cuda":
+        return addresses
+    addresses = addresses.pin_memory()  # pinned: the copy is queued without waiting
+    if torch.cuda.is_current_stream_capturing():
+        _CAPTURED_ADDRESS_TABLES.append(addresses)
+    return addresses.to(device, non_blocking=True)
+
+
+def _bias_corrections(steps: torch.Tensor, lr: float, beta1: float,
+                      beta2: float) -> torch.Tensor:
+    """(2, tensors) float32: lr / (1 - beta1^t) and sqrt(1 - beta2^t), computed in float64
+    from the float64 `steps` and rounded once, as a Python float argument would be."""
+    step_size = lr / (1.0 - torch.pow(beta1, steps))
+    bias_correction2_sqrt = torch.sqrt(1.0 - torch.pow(beta2, steps))
+    return torch.stack((step_size, bias_correction2_sqrt)).to(torch.float32)
 
 
 def _check(params: Sequence[torch.Tensor], tensors: dict[str, Sequence[torch.Tensor]]) -> None:
@@ -105,35 +135,37 @@ def fused_adamw_step_(
     exp_avg_sqs: Sequence[torch.Tensor], *, step: int, lr: float, beta1: float,
     beta2: float, eps: float, weight_decay: float,
 ) -> None:
-    """AdamW step number `step` (from 1) for every tensor in the lists: update the fp32
+    """AdamW step number `step` (from 1) of every tensor in the lists: update the fp32
     `masters` and moments in place and write each new master, rounded, into its parameter.
     All tensors contiguous and on one device; one parameter dtype and one gradient dtype."""
     if not params:
         return
     _check(params, {"grad": grads, "master": masters, "exp_avg": exp_avgs,
                     "exp_avg_sq": exp_avg_sqs})
-    launch_fused_adamw_(params, grads, masters, exp_avgs, exp_avg_sqs, step=step, lr=lr,
+    if step < 1:
+        raise ValueError(f"step counts from 1, got {step}")
+    steps = torch.full((len(params),), float(step), dtype=torch.float64,
+                       device=params[0].device)
+    launch_fused_adamw_(params, grads, masters, exp_avgs, exp_avg_sqs, steps=steps, lr=lr,
                         beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
 
 
 def launch_fused_adamw_(
     params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
     masters: Sequence[torch.Tensor], exp_avgs: Sequence[torch.Tensor],
-    exp_avg_sqs: Sequence[torch.Tensor], *, step: int, lr: float, beta1: float,
+    exp_avg_sqs: Sequence[torch.Tensor], *, steps: torch.Tensor, lr: float, beta1: float,
     beta2: float, eps: float, weight_decay: float,
 ) -> None:
     """`fused_adamw_step_` without its checks, for callers whose tensors are valid by
-    construction (the checks cost host time per tensor and step)."""
+    construction (the checks cost host time per tensor and step). `steps`: each tensor's
+    step number (from 1), float64 on the parameters' device."""
     device = params[0].device
     block_tensor, block_start, numels = _block_table(tuple(p.numel() for p in params), device)
-    addresses = torch.tensor([t.data_ptr() for group in (params, grads, masters, exp_avgs,
-                                                         exp_avg_sqs) for t in group],
-                             dtype=torch.int64)
-    if device.type == "cuda":  # pinned, so the copy is queued without waiting for the GPU
-        addresses = addresses.pin_memory().to(device, non_blocking=True)
+    addresses = _address_table([t for group in (params, grads, masters, exp_avgs, exp_avg_sqs)
+                                for t in group], device)
     _adamw_kernel[(len(block_tensor),)](
         block_tensor, block_start, addresses, numels, len(params),
-        lr, beta1, beta2, eps, weight_decay, lr / (1.0 - beta1**step),
-        math.sqrt(1.0 - beta2**step), PARAM_DTYPE=_TRITON_DTYPES[params[0].dtype],
+        _bias_corrections(steps, lr, beta1, beta2), lr, beta1, beta2, eps, weight_decay,
+        PARAM_DTYPE=_TRITON_DTYPES[params[0].dtype],
         GRAD_DTYPE=_TRITON_DTYPES[grads[0].dtype], BLOCK_SIZE=BLOCK_SIZE, num_warps=8,
     )

@@ -22,6 +22,10 @@ class MixedPrecisionAdamW(AdamW):
     that updates the masters and the moments and writes the rounded masters back into the
     parameters. The update is `AdamW`'s, computed in fp32 from the low-precision gradient;
     `master(p)` gives the fp32 weights.
+
+    The step can be captured in a CUDA graph (see `systems.bench.cuda_graph`): step counts
+    live on the device. Hyperparameters (lr, betas, ...) are read when a step is launched,
+    so a replayed graph keeps those of its capture.
     """
 
     def __init__(
@@ -52,7 +56,9 @@ class MixedPrecisionAdamW(AdamW):
                              f"{param.device} (set TRITON_INTERPRET=1 before importing systems "
                              "to run it on the CPU)")
         state = self.state[param]
-        state["step"] = 0
+        # On the device (float64, exact for any realistic count), so that a step captured
+        # in a CUDA graph counts on at every replay.
+        state["step"] = torch.zeros((), dtype=torch.float64, device=param.device)
         state["master"] = param.detach().to(torch.float32, copy=True)
         state["exp_avg"] = torch.zeros_like(state["master"])
         state["exp_avg_sq"] = torch.zeros_like(state["master"])
@@ -63,28 +69,26 @@ class MixedPrecisionAdamW(AdamW):
         return self.state[param]["master"]
 
     def _step_group(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
-        # `AdamW.step` hands over the group's parameters that have gradients. One launch per
-        # kind of tensor list: parameters added later count their own steps, and a launch
-        # takes one parameter and one gradient dtype.
-        launches: dict[tuple, list[torch.Tensor]] = {}
+        # `AdamW.step` hands over the group's parameters that have gradients. A launch takes
+        # one parameter and one gradient dtype; step counts may differ within it.
+        launches: dict[tuple[torch.dtype, torch.dtype], list[torch.Tensor]] = {}
         for param in params:
             if param.grad.is_sparse:
                 raise RuntimeError("MixedPrecisionAdamW does not support sparse gradients")
-            state = self.state[param]
-            state["step"] += 1
-            key = (state["step"], param.dtype, param.grad.dtype)
-            launches.setdefault(key, []).append(param)
-        for (step, _, _), same_kind in launches.items():
-            self._launch(group, step, same_kind)
+            launches.setdefault((param.dtype, param.grad.dtype), []).append(param)
+        for same_kind in launches.values():
+            self._launch(group, same_kind)
 
-    def _launch(self, group: dict[str, Any], step: int, params: list[torch.Tensor]) -> None:
+    def _launch(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
         # Unchecked: the states were made from the parameters, autograd gives gradients the
         # parameter's shape and device, `_adopt` checked contiguity and the launches are
         # grouped by dtype.
         beta1, beta2 = group["betas"]
         states = [self.state[p] for p in params]
+        step_counts = [s["step"] for s in states]
+        torch._foreach_add_(step_counts, 1.0)
         launch_fused_adamw_(
             params, [p.grad.contiguous() for p in params], [s["master"] for s in states],
-            [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], step=step,
-            lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-            weight_decay=group["weight_decay"])
+            [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+            steps=torch.stack(step_counts), lr=group["lr"], beta1=beta1, beta2=beta2,
+            eps=group["eps"], weight_decay=group["weight_decay"])
