@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from systems import triton_runtime
 from systems.bench.hardware import device_slug, gpu_count, machine_description
 from systems.bench.metrics import (
     allocated_memory_bytes,
@@ -80,6 +81,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("needs a CUDA GPU")
     if item.get_closest_marker("multigpu") and gpus < 2:
         pytest.skip(f"needs 2+ CUDA GPUs, found {gpus}")
+    if item.get_closest_marker("interpreter") and not triton_runtime.INTERPRETED:
+        pytest.skip("runs Triton kernels on the CPU: needs Triton's interpreter (a CPU-only "
+                    "torch, or TRITON_INTERPRET=1 for the whole run)")
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,8 @@ from systems.optim.adamw_kernel import BLOCK_SIZE, fused_adamw_step_
 
 # One tensor over several kernel blocks with a ragged end, and small awkward ones.
 SHAPES = [(3, BLOCK_SIZE + 17), (5,), (3, 4, 2), (1,)]
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+DEVICES = [pytest.param("cpu", marks=pytest.mark.interpreter),
+           pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def _params(seed: int, device: str) -> list[torch.nn.Parameter]:
@@ -62,6 +63,7 @@ def test_masters_follow_torch_adamw_and_params_are_their_rounding(dtype, kwargs,
             assert torch.all(error <= torch.finfo(dtype).eps * master.abs())
 
 
+@pytest.mark.interpreter
 def test_construction_casts_in_place_and_keeps_the_exact_fp32_values() -> None:
     params = _params(3, "cpu")
     originals = [p.detach().clone() for p in params]
@@ -72,6 +74,7 @@ def test_construction_casts_in_place_and_keeps_the_exact_fp32_values() -> None:
         assert torch.equal(optimizer.master(p), original)
 
 
+@pytest.mark.interpreter
 def test_groups_added_later_start_their_own_step_count() -> None:
     first, second = _params(4, "cpu")[:2], _params(5, "cpu")[2:]
     ref_first = [torch.nn.Parameter(p.detach().clone()) for p in first]
@@ -95,6 +98,7 @@ def test_groups_added_later_start_their_own_step_count() -> None:
         torch.testing.assert_close(ours.master(p), r.detach(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.interpreter
 def test_parameters_without_gradients_are_left_alone() -> None:
     params = _params(7, "cpu")
     optimizer = MixedPrecisionAdamW(params)

@@ -51,6 +51,7 @@ def _assert_close(got, expected, tol: float) -> None:
     {"compiled": False, "checkpoint_every": 1},
     pytest.param({}, marks=pytest.mark.slow, id="compiled"),  # the one CPU compile (~15 s)
 ], ids=["eager", "checkpointed", "compiled"])
+@pytest.mark.interpreter
 def test_optimized_matches_plain_in_fp32(overrides) -> None:
     device = torch.device("cpu")
     plain = _one_step("eager", device, precision="fp32")
@@ -58,6 +59,7 @@ def test_optimized_matches_plain_in_fp32(overrides) -> None:
                             **overrides), plain, 1e-4)
 
 
+@pytest.mark.interpreter
 def test_bf16_optimized_is_as_close_to_fp32_as_the_plain_bf16_step() -> None:
     # Triton's interpreter cannot run bf16 dots: SDPA stands in for the flash kernels here;
     # the GPU test below runs the real recipe.
@@ -109,6 +111,7 @@ def test_cuda_graph_needs_cuda_and_a_capturable_optimizer() -> None:
         get_recipe("optimized", compile_mode="reduce-overhead")
 
 
+@pytest.mark.interpreter
 def test_thirty_steps_decrease_the_loss_alike() -> None:
     losses = {}
     for name in ("eager", "optimized"):

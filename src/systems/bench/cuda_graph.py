@@ -58,7 +58,9 @@ class CapturedStep:
         return output
 
     def _capture(self) -> None:
+        # Captured on the warm-up stream: autograd's gradient accumulators remember the
+        # stream they were created on and would otherwise synchronise across streams.
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=self._side_stream):
             self._output = self._step()
         self.graph = graph

@@ -140,10 +140,10 @@ def fused_adamw_step_(
     All tensors contiguous and on one device; one parameter dtype and one gradient dtype."""
     if not params:
         return
-    _check(params, {"grad": grads, "master": masters, "exp_avg": exp_avgs,
-                    "exp_avg_sq": exp_avg_sqs})
     if step < 1:
         raise ValueError(f"step counts from 1, got {step}")
+    _check(params, {"grad": grads, "master": masters, "exp_avg": exp_avgs,
+                    "exp_avg_sq": exp_avg_sqs})
     steps = torch.full((len(params),), float(step), dtype=torch.float64,
                        device=params[0].device)
     launch_fused_adamw_(params, grads, masters, exp_avgs, exp_avg_sqs, steps=steps, lr=lr,
