@@ -9,9 +9,11 @@ import weakref
 import pytest
 import torch
 from distributed_cases import SEQ, VOCAB, ToyModel, make_wrapper, train_and_compare
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from systems.distributed import DDPBucketed
+from systems.distributed.grad_sync import make_buckets
 from systems.distributed.launch import worker_state
 
 VARIANTS = [
@@ -120,3 +122,15 @@ def wrapper_is_freed(variant: str, options: dict) -> bool:
                          [*VARIANTS, ("fsdp", {})], ids=[*(v for v, _ in VARIANTS), "fsdp"])
 def test_dropped_wrapper_is_freed(run_on_ranks, variant, options):
     assert all(run_on_ranks(wrapper_is_freed, variant, options))
+
+
+def test_buckets_shrink_towards_the_end_of_backward():
+    mib = 2**20
+    params = [nn.Parameter(torch.empty(4 * mib, device="meta")) for _ in range(40)]  # 16 MiB
+    buckets = make_buckets(params, 256 * mib)
+    assert [p for bucket in buckets for p in bucket] == params[::-1]
+    sizes = [sum(p.numel() * p.element_size() for p in bucket) // mib for bucket in buckets]
+    # Filled from the end of backward: 64, 128, then 256 MiB budgets; the rest comes first.
+    assert sizes == [192, 256, 128, 64]
+    assert len(make_buckets(params, None)) == 1
+    assert [len(b) for b in make_buckets(params, 8 * mib)] == [1] * 40

@@ -54,29 +54,43 @@ class _Bucket:
         self.pending, self.launched, self.work = len(self.params), False, None
 
 
+# The bucket launched last, when backward has finished, has nothing left to hide its
+# all-reduce behind: it holds at most this much, and each bucket before it at most twice
+# the next one's budget, up to the bucket size asked for.
+TAIL_BUCKET_BYTES = 64 * 2**20
+
+
 def make_buckets(
     params: list[nn.Parameter], bucket_bytes: float | None
 ) -> list[list[nn.Parameter]]:
-    """Group `params` in reverse order into buckets of at most `bucket_bytes` bytes.
+    """Group `params` into buckets of consecutive parameters in reverse order (the order
+    backward produces their gradients), each of at most `bucket_bytes` bytes.
 
-    A parameter larger than the budget gets a bucket of its own; a bucket never mixes
-    dtypes or devices (its gradients share one buffer). None means a single bucket.
+    Budgets shrink towards the end of backward: the last bucket holds at most
+    `TAIL_BUCKET_BYTES`, each earlier one at most twice the next, so the communication
+    still queued when backward finishes is small. A parameter larger than its budget gets
+    a bucket of its own; a bucket never mixes dtypes or devices (its gradients share one
+    buffer). None means a single bucket.
     """
+    # Filled from the end of backward (forward order), then put in backward order.
     buckets: list[list[nn.Parameter]] = []
     size = 0
-    for param in reversed(params):
+    budget = None if bucket_bytes is None else min(bucket_bytes, TAIL_BUCKET_BYTES)
+    for param in params:
         nbytes = param.numel() * param.element_size()
         current = buckets[-1] if buckets else None
-        fits = current is not None and (bucket_bytes is None or size + nbytes <= bucket_bytes)
+        fits = current is not None and (budget is None or size + nbytes <= budget)
         same_kind = current is not None and (current[0].dtype, current[0].device) == (
             param.dtype, param.device)
         if fits and same_kind:
             current.append(param)
             size += nbytes
-        else:
-            buckets.append([param])
-            size = nbytes
-    return buckets
+            continue
+        if current is not None and budget is not None:
+            budget = min(2 * budget, bucket_bytes)
+        buckets.append([param])
+        size = nbytes
+    return [bucket[::-1] for bucket in reversed(buckets)]
 
 
 class GradientSynchronizer:
