@@ -67,7 +67,8 @@ class DDPIndividualParameters(_DataParallel):
 
 
 class DDPBucketed(_DataParallel):
-    """Gradients packed into buckets of at most `bucket_size_mb` MiB (None: one bucket),
+    """Gradients packed into buckets of at most `bucket_size_mb` MiB (None: one bucket;
+    smaller towards the end of backward, see `grad_sync.make_buckets`),
     in reverse parameter order; a bucket is all-reduced as soon as all its gradients exist.
     """
 
