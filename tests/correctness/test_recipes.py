@@ -90,8 +90,8 @@ def test_cuda_graph_replays_compute_what_ordinary_steps_do() -> None:
         workload = build_recipe_workload(config, get_recipe("optimized", cuda_graph=graphed),
                                          batch_size=2, context_length=64, device="cuda")
         losses = torch.stack([workload.step().clone() for _ in range(CUDA_GRAPH_WARMUP + 4)])
-        optimizer_state = [p.detach().clone() for p in workload.model.parameters()]
-        runs[graphed] = (losses, optimizer_state)
+        params = [p.detach().clone() for p in workload.model.parameters()]
+        runs[graphed] = (losses, params)
         if graphed:
             assert workload.step.graph is not None
     (plain_losses, plain_params), (graph_losses, graph_params) = runs[False], runs[True]

@@ -24,7 +24,12 @@ from systems.bench.metrics import (
 )
 from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe
 from systems.bench.timing import time_steps
-from systems.bench.workloads import MODES, PRECISIONS, build_model_workload
+from systems.bench.workloads import (
+    CUDA_GRAPH_WARMUP,
+    MODES,
+    PRECISIONS,
+    build_model_workload,
+)
 from systems.model import MODEL_CONFIGS, get_config
 from systems.report.markdown import fmt
 
@@ -50,8 +55,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a training recipe's setup (precision, attention, compile, ...)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="with --recipe, repeatable: change one of its settings")
-    parser.add_argument("--warmup", type=int, default=3,
-                        help="untimed steps first (a cuda_graph step is captured in the third)")
+    parser.add_argument("--warmup", type=int, default=CUDA_GRAPH_WARMUP + 1,
+                        help="untimed steps first (by default up to and including the one a "
+                             "cuda_graph step is captured in)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", type=Path, help="write results to this file")
