@@ -1,8 +1,14 @@
 """FlashAttention-2 kernels: forward, dQ (which also writes D) and dK/dV.
 
 Layout: q, o, do are (BH, n_q, HEAD_DIM) and k, v are (BH, n_k, HEAD_DIM), contiguous, so a
-row's stride is HEAD_DIM. A head dim that is not a power of two is padded to BLOCK_D with
-masked loads. Scores live in the log2 domain (scale folded into one multiply, exp2 instead
+row's stride is HEAD_DIM. A head dim that is not a power of two is padded to BLOCK_D.
+
+Tiles that a loop walks over come through TMA tensor descriptors (`*_tiles`, 3-D views of
+shape (BH, seq, HEAD_DIM) whose block is one matrix's [1, rows, BLOCK_D]): the copy engine
+fetches them, and rows past the end of a matrix and pad columns arrive as zeros. Tiles a
+program reads once use plain pointer loads.
+
+Scores live in the log2 domain (scale folded into one multiply, exp2 instead
 of exp); the saved log-sum-exp L is in natural log, as the PyTorch reference keeps it.
 
 The softmax scale is a compile-time constant (one per head dim): a runtime float would
@@ -24,29 +30,23 @@ MASKED_SCORE: tl.constexpr = tl.constexpr(-1.0e6)
 
 
 @triton.jit
-def _load_tile(base, rows, cols, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-               CHECK_ROWS: tl.constexpr):
+def _load_rows(base, rows, cols, n_rows, HEAD_DIM: tl.constexpr):
     """Rows `rows` of a (n_rows, HEAD_DIM) matrix; out-of-range rows and pad columns read 0."""
     ptrs = base + rows[:, None] * HEAD_DIM + cols[None, :]
-    if CHECK_ROWS:
-        if BLOCK_D == HEAD_DIM:
-            tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
-        else:
-            tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM),
-                           other=0.0)
-    else:
-        if BLOCK_D == HEAD_DIM:
-            tile = tl.load(ptrs)
-        else:
-            tile = tl.load(ptrs, mask=cols[None, :] < HEAD_DIM, other=0.0)
-    return tile
+    return tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM), other=0.0)
 
 
 @triton.jit
-def _store_tile(base, tile, rows, cols, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+def _store_rows(base, tile, rows, cols, n_rows, HEAD_DIM: tl.constexpr):
     ptrs = base + rows[:, None] * HEAD_DIM + cols[None, :]
     tl.store(ptrs, tile.to(base.dtype.element_ty),
              mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _next_tile(tiles, bh, start, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows [start, start + ROWS) of matrix bh through its descriptor, as (ROWS, BLOCK_D)."""
+    return tiles.load([bh, start, 0]).reshape(ROWS, BLOCK_D)
 
 
 @triton.jit
@@ -76,15 +76,15 @@ def _query_stages(k_start, n_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def _forward_stage(acc, m_i, l_i, q, K, V, rows, offs_n, cols_d, n_k, qk_scale, lo, hi,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                   CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, bh, rows, offs_n, n_k, qk_scale, lo, hi,
+                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                   MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for k_start in range(lo, hi, BLOCK_N):
-        keys = k_start + offs_n
-        k = _load_tile(K, keys, cols_d, n_k, HEAD_DIM, BLOCK_D, MASKED)
-        v = _load_tile(V, keys, cols_d, n_k, HEAD_DIM, BLOCK_D, MASKED)
+        k = _next_tile(k_tiles, bh, k_start, BLOCK_N, BLOCK_D)
+        v = _next_tile(v_tiles, bh, k_start, BLOCK_N, BLOCK_D)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if MASKED:
+            keys = k_start + offs_n
             keep = keys[None, :] < n_k
             if CAUSAL:
                 keep = keep & (rows[:, None] >= keys[None, :])
@@ -105,51 +105,47 @@ def _forward_stage(acc, m_i, l_i, q, K, V, rows, offs_n, cols_d, n_k, qk_scale, 
 
 @triton.jit
 def flash_forward_kernel(
-    Q, K, V, Out, L, n_q, n_k, SM_SCALE: tl.constexpr,
+    Q, k_tiles, v_tiles, Out, L, n_q, n_k, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). O = softmax(Q K^T * scale) V, L = logsumexp of each row."""
-    bh = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(0)
+    offset = bh.to(tl.int64) * n_q * HEAD_DIM
     qk_scale = SM_SCALE * LOG2E
     # Causal query tiles at the end of the sequence do the most work: start them first.
     q_start = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
-    Q += bh * n_q * HEAD_DIM
-    Out += bh * n_q * HEAD_DIM
-    K += bh * n_k * HEAD_DIM
-    V += bh * n_k * HEAD_DIM
-    L += bh * n_q
-
     rows = q_start + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     cols_d = tl.arange(0, BLOCK_D)
-    q = _load_tile(Q, rows, cols_d, n_q, HEAD_DIM, BLOCK_D, True)
+    q = _load_rows(Q + offset, rows, cols_d, n_q, HEAD_DIM)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
+    offs_n = tl.arange(0, BLOCK_N)
     full_end, end = _key_stages(q_start, n_k, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, m_i, l_i = _forward_stage(acc, m_i, l_i, q, K, V, rows, offs_n, cols_d, n_k, qk_scale,
-                                   0, full_end, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False,
+    acc, m_i, l_i = _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, bh, rows, offs_n, n_k,
+                                   qk_scale, 0, full_end, BLOCK_D, BLOCK_N, CAUSAL, False,
                                    DOT_PRECISION)
-    acc, m_i, l_i = _forward_stage(acc, m_i, l_i, q, K, V, rows, offs_n, cols_d, n_k, qk_scale,
-                                   full_end, end, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True,
+    acc, m_i, l_i = _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, bh, rows, offs_n, n_k,
+                                   qk_scale, full_end, end, BLOCK_D, BLOCK_N, CAUSAL, True,
                                    DOT_PRECISION)
-    _store_tile(Out, acc / l_i[:, None], rows, cols_d, n_q, HEAD_DIM, BLOCK_D)
-    tl.store(L + rows, (m_i + tl.log2(l_i)) * LN2, mask=rows < n_q)
+    _store_rows(Out + offset, acc / l_i[:, None], rows, cols_d, n_q, HEAD_DIM)
+    tl.store(L + bh.to(tl.int64) * n_q + rows, (m_i + tl.log2(l_i)) * LN2,
+             mask=rows < n_q)
 
 
 @triton.jit
-def _dq_stage(dq, q, do, lse2, delta, K, V, rows, offs_n, cols_d, n_k, qk_scale, lo, hi,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, bh, rows, offs_n, n_k, qk_scale, lo, hi,
+              BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+              MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for k_start in range(lo, hi, BLOCK_N):
-        keys = k_start + offs_n
-        k = _load_tile(K, keys, cols_d, n_k, HEAD_DIM, BLOCK_D, MASKED)
-        v = _load_tile(V, keys, cols_d, n_k, HEAD_DIM, BLOCK_D, MASKED)
+        k = _next_tile(k_tiles, bh, k_start, BLOCK_N, BLOCK_D)
+        v = _next_tile(v_tiles, bh, k_start, BLOCK_N, BLOCK_D)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         p = tl.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
+            keys = k_start + offs_n
             keep = keys[None, :] < n_k
             if CAUSAL:
                 keep = keep & (rows[:, None] >= keys[None, :])
@@ -162,52 +158,46 @@ def _dq_stage(dq, q, do, lse2, delta, K, V, rows, offs_n, cols_d, n_k, qk_scale,
 
 @triton.jit
 def flash_backward_dq_kernel(
-    Q, K, V, Out, dO, L, Delta, dQ, n_q, n_k, SM_SCALE: tl.constexpr,
+    Q, k_tiles, v_tiles, Out, dO, L, Delta, dQ, n_q, n_k, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). dQ = scale * dS K, and Delta = rowsum(O * dO) for dK/dV."""
-    bh = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(0)
+    offset = bh.to(tl.int64) * n_q * HEAD_DIM
     qk_scale = SM_SCALE * LOG2E
     q_start = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
-    Q += bh * n_q * HEAD_DIM
-    Out += bh * n_q * HEAD_DIM
-    dO += bh * n_q * HEAD_DIM
-    dQ += bh * n_q * HEAD_DIM
-    K += bh * n_k * HEAD_DIM
-    V += bh * n_k * HEAD_DIM
-    L += bh * n_q
-    Delta += bh * n_q
-
     rows = q_start + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     cols_d = tl.arange(0, BLOCK_D)
-    q = _load_tile(Q, rows, cols_d, n_q, HEAD_DIM, BLOCK_D, True)
-    do = _load_tile(dO, rows, cols_d, n_q, HEAD_DIM, BLOCK_D, True)
-    o = _load_tile(Out, rows, cols_d, n_q, HEAD_DIM, BLOCK_D, True)
+    q = _load_rows(Q + offset, rows, cols_d, n_q, HEAD_DIM)
+    do = _load_rows(dO + offset, rows, cols_d, n_q, HEAD_DIM)
+    o = _load_rows(Out + offset, rows, cols_d, n_q, HEAD_DIM)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    L += bh.to(tl.int64) * n_q
+    Delta += bh.to(tl.int64) * n_q
     tl.store(Delta + rows, delta, mask=rows < n_q)
     lse2 = tl.load(L + rows, mask=rows < n_q, other=0.0) * LOG2E
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
+    offs_n = tl.arange(0, BLOCK_N)
     full_end, end = _key_stages(q_start, n_k, BLOCK_M, BLOCK_N, CAUSAL)
-    dq = _dq_stage(dq, q, do, lse2, delta, K, V, rows, offs_n, cols_d, n_k, qk_scale,
-                   0, full_end, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False, DOT_PRECISION)
-    dq = _dq_stage(dq, q, do, lse2, delta, K, V, rows, offs_n, cols_d, n_k, qk_scale,
-                   full_end, end, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, DOT_PRECISION)
-    _store_tile(dQ, dq * SM_SCALE, rows, cols_d, n_q, HEAD_DIM, BLOCK_D)
+    dq = _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, bh, rows, offs_n, n_k, qk_scale,
+                   0, full_end, BLOCK_D, BLOCK_N, CAUSAL, False, DOT_PRECISION)
+    dq = _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, bh, rows, offs_n, n_k, qk_scale,
+                   full_end, end, BLOCK_D, BLOCK_N, CAUSAL, True, DOT_PRECISION)
+    _store_rows(dQ + offset, dq * SM_SCALE, rows, cols_d, n_q, HEAD_DIM)
 
 
 @triton.jit
-def _dkdv_stage(dk, dv, k, v, Q, dO, L, Delta, keys, offs_m, cols_d, n_q, qk_scale, lo, hi,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                CHECK_ROWS: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _dkdv_stage(dk, dv, k, v, q_tiles, do_tiles, L, Delta, bh, keys, offs_m, n_q, qk_scale, lo,
+                hi, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, CHECK_ROWS: tl.constexpr,
+                MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # Tiles are transposed (keys x queries) so dK and dV come out of plain dots. MASKED is
     # the causal diagonal: the end of the sequence is handled by CHECK_ROWS and L = +inf.
     for q_start in range(lo, hi, BLOCK_M):
         rows = q_start + offs_m
-        q = _load_tile(Q, rows, cols_d, n_q, HEAD_DIM, BLOCK_D, CHECK_ROWS)
-        do = _load_tile(dO, rows, cols_d, n_q, HEAD_DIM, BLOCK_D, CHECK_ROWS)
+        q = _next_tile(q_tiles, bh, q_start, BLOCK_M, BLOCK_D)
+        do = _next_tile(do_tiles, bh, q_start, BLOCK_M, BLOCK_D)
         if CHECK_ROWS:
             # L = +inf turns rows past the end into P = 0.
             lse2 = tl.load(L + rows, mask=rows < n_q, other=float("inf")) * LOG2E
@@ -228,40 +218,34 @@ def _dkdv_stage(dk, dv, k, v, Q, dO, L, Delta, keys, offs_m, cols_d, n_q, qk_sca
 
 @triton.jit
 def flash_backward_dkdv_kernel(
-    Q, K, V, dO, L, Delta, dK, dV, n_q, n_k, SM_SCALE: tl.constexpr,
+    q_tiles, K, V, do_tiles, L, Delta, dK, dV, n_q, n_k, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, CHECK_Q_ROWS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, key tiles). dV = P^T dO and dK = scale * dS^T Q, summed over query tiles."""
-    bh = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(0)
+    offset = bh.to(tl.int64) * n_k * HEAD_DIM
     qk_scale = SM_SCALE * LOG2E
     # Causal key tiles at the start of the sequence are seen by the most queries: they are
     # already first in launch order.
     k_start = tl.program_id(1) * BLOCK_N
-    Q += bh * n_q * HEAD_DIM
-    dO += bh * n_q * HEAD_DIM
-    K += bh * n_k * HEAD_DIM
-    V += bh * n_k * HEAD_DIM
-    dK += bh * n_k * HEAD_DIM
-    dV += bh * n_k * HEAD_DIM
-    L += bh * n_q
-    Delta += bh * n_q
-
     keys = k_start + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
     cols_d = tl.arange(0, BLOCK_D)
-    k = _load_tile(K, keys, cols_d, n_k, HEAD_DIM, BLOCK_D, True)
-    v = _load_tile(V, keys, cols_d, n_k, HEAD_DIM, BLOCK_D, True)
+    k = _load_rows(K + offset, keys, cols_d, n_k, HEAD_DIM)
+    v = _load_rows(V + offset, keys, cols_d, n_k, HEAD_DIM)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    L += bh.to(tl.int64) * n_q
+    Delta += bh.to(tl.int64) * n_q
 
+    offs_m = tl.arange(0, BLOCK_M)
     start, full_start = _query_stages(k_start, n_q, BLOCK_M, BLOCK_N, CAUSAL)
-    dk, dv = _dkdv_stage(dk, dv, k, v, Q, dO, L, Delta, keys, offs_m, cols_d, n_q, qk_scale,
-                         start, full_start, HEAD_DIM, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, True,
+    dk, dv = _dkdv_stage(dk, dv, k, v, q_tiles, do_tiles, L, Delta, bh, keys, offs_m, n_q,
+                         qk_scale, start, full_start, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, True,
                          DOT_PRECISION)
-    dk, dv = _dkdv_stage(dk, dv, k, v, Q, dO, L, Delta, keys, offs_m, cols_d, n_q, qk_scale,
-                         full_start, n_q, HEAD_DIM, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, False,
+    dk, dv = _dkdv_stage(dk, dv, k, v, q_tiles, do_tiles, L, Delta, bh, keys, offs_m, n_q,
+                         qk_scale, full_start, n_q, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, False,
                          DOT_PRECISION)
-    _store_tile(dK, dk * SM_SCALE, keys, cols_d, n_k, HEAD_DIM, BLOCK_D)
-    _store_tile(dV, dv, keys, cols_d, n_k, HEAD_DIM, BLOCK_D)
+    _store_rows(dK + offset, dk * SM_SCALE, keys, cols_d, n_k, HEAD_DIM)
+    _store_rows(dV + offset, dv, keys, cols_d, n_k, HEAD_DIM)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from systems.attention.flash_triton.kernels import (
     flash_backward_dkdv_kernel,
@@ -46,9 +47,9 @@ def _tiles(forward: tuple[int, ...], dq: tuple[int, ...], dkdv: tuple[int, ...])
 # H100 80GB HBM3 (bf16, causal, 16 x 16384 x d, d = 64 and 128); fp16 shares them, and
 # d = 16 and 32 take d = 64's.
 _HALF_CONFIGS: dict[int, FlashConfig] = {
-    16: _tiles((128, 64, 8, 3), (64, 64, 4, 3), (32, 128, 4, 5)),
-    32: _tiles((128, 64, 8, 3), (64, 64, 4, 3), (32, 128, 4, 5)),
-    64: _tiles((128, 64, 8, 3), (64, 64, 4, 3), (32, 128, 4, 5)),
+    16: _tiles((128, 128, 4, 3), (128, 64, 8, 3), (32, 128, 4, 5)),
+    32: _tiles((128, 128, 4, 3), (128, 64, 8, 3), (32, 128, 4, 5)),
+    64: _tiles((128, 128, 4, 3), (128, 64, 8, 3), (32, 128, 4, 5)),
     128: _tiles((128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3)),
 }
 # fp32 (not tuned): smaller tiles, since fp32 tiles take twice the registers and shared
@@ -96,10 +97,36 @@ def _empty(shape: torch.Size | tuple[int, ...], like: torch.Tensor,
     return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
 
 
-def _common(q: torch.Tensor) -> dict[str, object]:
-    d = q.shape[-1]
-    return {"HEAD_DIM": d, "BLOCK_D": triton.next_power_of_2(d),
-            "DOT_PRECISION": dot_precision(q.dtype)}
+def _descriptor_head_dim(d: int, dtype: torch.dtype) -> int:
+    """d rounded up so that a row is a multiple of 16 bytes, as TMA descriptors need."""
+    per_16_bytes = 16 // dtype.itemsize
+    return -(-d // per_16_bytes) * per_16_bytes
+
+
+def _for_descriptors(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """t itself when TMA can read it; else a 16-byte-aligned copy zero-padded to head_dim
+    (pad columns add 0 to every score and produce output columns that are cut off)."""
+    if t.shape[-1] == head_dim and t.data_ptr() % 16 == 0:
+        return t
+    padded = t.new_zeros(*t.shape[:-1], head_dim)
+    padded[..., :t.shape[-1]] = t
+    return padded
+
+
+def _tiles_of(t: torch.Tensor, rows: int, block_d: int) -> TensorDescriptor:
+    """A descriptor reading `rows` x block_d tiles of t's matrices (t as (BH, seq, d))."""
+    return TensorDescriptor.from_tensor(t.view(-1, t.shape[-2], t.shape[-1]),
+                                        [1, rows, block_d])
+
+
+def _cut_to(t: torch.Tensor, d: int) -> torch.Tensor:
+    """t without the pad columns `_for_descriptors` added."""
+    return t if t.shape[-1] == d else t[..., :d].contiguous()
+
+
+def _common(head_dim: int, dtype: torch.dtype) -> dict[str, object]:
+    return {"HEAD_DIM": head_dim, "BLOCK_D": triton.next_power_of_2(head_dim),
+            "DOT_PRECISION": dot_precision(dtype)}
 
 
 def _rows(t: torch.Tensor) -> int:
@@ -114,15 +141,18 @@ def flash_forward(
     """(o, L) for checked inputs; L is the natural-log log-sum-exp, fp32, (..., n_queries)."""
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     tiles = (config or default_config(d, q.dtype)).forward
+    padded_d = _descriptor_head_dim(d, q.dtype)
+    q, k, v = (_for_descriptors(t, padded_d) for t in (q, k, v))
+    common = _common(padded_d, q.dtype)
     o = _empty(q.shape, q)
     lse = _empty(q.shape[:-1], q, torch.float32)
-    grid = (_rows(q), triton.cdiv(n_q, tiles.block_m))
-    flash_forward_kernel[grid](
-        q, k, v, o, lse, n_q, n_k, d ** -0.5,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=is_causal, **_common(q),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    block_d = common["BLOCK_D"]
+    flash_forward_kernel[(_rows(q), triton.cdiv(n_q, tiles.block_m))](
+        q, _tiles_of(k, tiles.block_n, block_d), _tiles_of(v, tiles.block_n, block_d), o, lse,
+        n_q, n_k, d ** -0.5, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=is_causal,
+        **common, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
-    return o, lse
+    return _cut_to(o, d), lse
 
 
 def flash_backward(
@@ -143,13 +173,16 @@ def backward_dq(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dq, D) where D = rowsum(o * do), fp32, shaped like L."""
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    padded_d = _descriptor_head_dim(d, q.dtype)
+    q, k, v, o, do = (_for_descriptors(t, padded_d) for t in (q, k, v, o, do))
+    common = _common(padded_d, q.dtype)
     dq, delta = _empty(q.shape, q), _empty(lse.shape, lse)
     flash_backward_dq_kernel[(_rows(q), triton.cdiv(n_q, tiles.block_m))](
-        q, k, v, o, do, lse, delta, dq, n_q, n_k, d ** -0.5,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=is_causal, **_common(q),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        q, *(_tiles_of(t, tiles.block_n, common["BLOCK_D"]) for t in (k, v)), o, do, lse, delta,
+        dq, n_q, n_k, d ** -0.5, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+        CAUSAL=is_causal, **common, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
-    return dq, delta
+    return _cut_to(dq, d), delta
 
 
 def backward_dkdv(
@@ -157,11 +190,15 @@ def backward_dkdv(
     delta: torch.Tensor, is_causal: bool, tiles: TileConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    padded_d = _descriptor_head_dim(d, q.dtype)
+    q, k, v, do = (_for_descriptors(t, padded_d) for t in (q, k, v, do))
+    common = _common(padded_d, q.dtype)
     dk, dv = _empty(k.shape, k), _empty(v.shape, v)
+    q_tiles, do_tiles = (_tiles_of(t, tiles.block_m, common["BLOCK_D"]) for t in (q, do))
     flash_backward_dkdv_kernel[(_rows(q), triton.cdiv(n_k, tiles.block_n))](
-        q, k, v, do, lse, delta, dk, dv, n_q, n_k, d ** -0.5,
+        q_tiles, k, v, do_tiles, lse, delta, dk, dv, n_q, n_k, d ** -0.5,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=is_causal,
-        CHECK_Q_ROWS=n_q % tiles.block_m != 0, **_common(q),
+        CHECK_Q_ROWS=n_q % tiles.block_m != 0, **common,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
-    return dk, dv
+    return _cut_to(dk, d), _cut_to(dv, d)
