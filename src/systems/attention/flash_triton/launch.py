@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -62,9 +63,33 @@ _FP32_CONFIGS: dict[int, FlashConfig] = {
 }
 
 
-def default_config(head_dim: int, dtype: torch.dtype) -> FlashConfig:
-    table = _FP32_CONFIGS if dtype == torch.float32 else _HALF_CONFIGS
-    return table[triton.next_power_of_2(head_dim)]
+# Half precision when the problem is too small to fill the GPU with the tiles above (see
+# `default_config`): 64-row query tiles and 64-key dK/dV tiles double the programs, and
+# halve the longest one's work under the causal mask.
+_HALF_FEW_PROGRAM_CONFIG = _tiles((64, 64, 4, 3), (64, 64, 4, 3), (32, 64, 4, 3))
+# Fewer (matrices x 128-row query tiles) than this many per SM count as a small problem.
+_PROGRAMS_PER_SM = 2
+
+
+def default_config(head_dim: int, dtype: torch.dtype, programs: int | None = None,
+                   device: torch.device | None = None) -> FlashConfig:
+    """The tiles for this head dim and dtype. `programs`, the number of (matrix x 128-row
+    query tile) pairs, picks smaller half-precision tiles when it would leave SMs idle."""
+    if dtype == torch.float32:
+        return _FP32_CONFIGS[triton.next_power_of_2(head_dim)]
+    on_gpu = programs is not None and device is not None and device.type == "cuda"
+    if on_gpu and programs < _PROGRAMS_PER_SM * _sm_count(device):
+        return _HALF_FEW_PROGRAM_CONFIG
+    return _HALF_CONFIGS[triton.next_power_of_2(head_dim)]
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _programs(q: torch.Tensor) -> int:
+    return _rows(q) * triton.cdiv(q.shape[-2], 128)
 
 
 def check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -140,7 +165,7 @@ def flash_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, L) for checked inputs; L is the natural-log log-sum-exp, fp32, (..., n_queries)."""
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    tiles = (config or default_config(d, q.dtype)).forward
+    tiles = (config or default_config(d, q.dtype, _programs(q), q.device)).forward
     padded_d = _descriptor_head_dim(d, q.dtype)
     q, k, v = (_for_descriptors(t, padded_d) for t in (q, k, v))
     common = _common(padded_d, q.dtype)
@@ -160,7 +185,7 @@ def flash_backward(
     do: torch.Tensor, is_causal: bool = False, config: FlashConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv): a dQ pass over query tiles (it also writes D), then a dK/dV pass."""
-    config = config or default_config(q.shape[-1], q.dtype)
+    config = config or default_config(q.shape[-1], q.dtype, _programs(q), q.device)
     do = do.contiguous()  # autograd may hand over an expanded or strided gradient
     dq, delta = backward_dq(q, k, v, o, lse, do, is_causal, config.backward_dq)
     dk, dv = backward_dkdv(q, k, v, do, lse, delta, is_causal, config.backward_dkdv)
