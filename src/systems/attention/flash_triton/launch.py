@@ -67,20 +67,23 @@ _FP32_CONFIGS: dict[int, FlashConfig] = {
 # `default_config`): 64-row query tiles and 64-key dK/dV tiles double the programs, and
 # halve the longest one's work under the causal mask.
 _HALF_FEW_PROGRAM_CONFIG = _tiles((64, 64, 4, 3), (64, 64, 4, 3), (32, 64, 4, 3))
-# Fewer (matrices x 128-row query tiles) than this many per SM count as a small problem.
-_PROGRAMS_PER_SM = 2
+# Fewer (matrices x 128-row query tiles) than this many per SM count as a small problem,
+# keyed by the padded head dim (measured on an H100 at batch 1, seq 4096..65536: at d = 128
+# the default tiles win again from 2 programs per SM).
+_FEW_PROGRAMS_PER_SM = {16: 2, 32: 2, 64: 2, 128: 1}
 
 
 def default_config(head_dim: int, dtype: torch.dtype, programs: int | None = None,
                    device: torch.device | None = None) -> FlashConfig:
     """The tiles for this head dim and dtype. `programs`, the number of (matrix x 128-row
     query tile) pairs, picks smaller half-precision tiles when it would leave SMs idle."""
+    padded = triton.next_power_of_2(head_dim)
     if dtype == torch.float32:
-        return _FP32_CONFIGS[triton.next_power_of_2(head_dim)]
+        return _FP32_CONFIGS[padded]
     on_gpu = programs is not None and device is not None and device.type == "cuda"
-    if on_gpu and programs < _PROGRAMS_PER_SM * _sm_count(device):
+    if on_gpu and programs < _FEW_PROGRAMS_PER_SM[padded] * _sm_count(device):
         return _HALF_FEW_PROGRAM_CONFIG
-    return _HALF_CONFIGS[triton.next_power_of_2(head_dim)]
+    return _HALF_CONFIGS[padded]
 
 
 @functools.cache
