@@ -243,6 +243,16 @@ def test_under_torch_compile(variant, dtype_name, device):
     check_against_reference(problem, attention, dtype)
 
 
+@pytest.mark.gpu
+def test_compiled_apply_serves_a_second_head_dim(device):
+    """One compiled apply, called with d = 64 and then d = 128 (Dynamo retraces the second
+    call with dynamic shapes)."""
+    attention = torch.compile(FlashAttentionTriton.apply)
+    for d in (64, 128):
+        problem = Problem.random(((2,), 256, 256, d), torch.bfloat16, device, causal=True)
+        check_against_reference(problem, attention, torch.bfloat16)
+
+
 @pytest.mark.parametrize("attention", ["flash_pytorch", "flash_triton"])
 def test_model_with_flash_backend_matches_reference(attention, device):
     from systems.model import MODEL_CONFIGS, TransformerLM
