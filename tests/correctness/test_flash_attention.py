@@ -153,6 +153,26 @@ def test_triton_long_sequences(shape, dtype_name, causal, device, poisoned_outpu
     check_against_reference(problem, FlashAttentionTriton.apply, DTYPES[dtype_name])
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(("d", "dtype_name", "offset"),
+                         [(20, "fp16", 0), (17, "fp32", 0), (32, "fp32", 1)],
+                         ids=["fp16-d20", "fp32-d17", "fp32-misaligned-view"])
+def test_triton_rows_tma_cannot_read(d, dtype_name, offset, causal, device, poisoned_outputs):
+    """Rows that are not 16-byte multiples, or a view starting off a 16-byte boundary, run
+    on a zero-padded copy and still give PyTorch's answer."""
+    dtype = DTYPES[dtype_name]
+    problem = Problem.random(((2,), 70, 90, d), dtype, device, causal)
+    if offset:
+        def shifted(t: torch.Tensor) -> torch.Tensor:
+            storage = torch.empty(t.numel() + offset, dtype=dtype, device=device)
+            view = storage[offset:].view(t.shape)
+            view.copy_(t)
+            return view
+        problem.q, problem.k, problem.v = (shifted(t) for t in (problem.q, problem.k, problem.v))
+        assert problem.q.data_ptr() % 16 != 0
+    check_against_reference(problem, FlashAttentionTriton.apply, dtype)
+
+
 @pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_saves_only_logsumexp_besides_inputs_and_output(impl, causal, device):
