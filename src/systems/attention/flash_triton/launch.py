@@ -152,9 +152,15 @@ def _cut_to(t: torch.Tensor, d: int) -> torch.Tensor:
     return t if t.shape[-1] == d else t[..., :d].contiguous()
 
 
-def _common(head_dim: int, dtype: torch.dtype) -> dict[str, object]:
-    return {"HEAD_DIM": head_dim, "BLOCK_D": triton.next_power_of_2(head_dim),
-            "DOT_PRECISION": dot_precision(dtype)}
+def _for_kernels(d: int, *tensors: torch.Tensor
+                 ) -> tuple[list[torch.Tensor], dict[str, object]]:
+    """The tensors as the kernels read them (`_for_descriptors`), and the compile-time
+    constants for their head dim once padded to 16-byte rows."""
+    dtype = tensors[0].dtype
+    head_dim = _descriptor_head_dim(d, dtype)
+    common = {"HEAD_DIM": head_dim, "BLOCK_D": triton.next_power_of_2(head_dim),
+              "DOT_PRECISION": dot_precision(dtype)}
+    return [_for_descriptors(t, head_dim) for t in tensors], common
 
 
 def _rows(t: torch.Tensor) -> int:
@@ -169,9 +175,7 @@ def flash_forward(
     """(o, L) for checked inputs; L is the natural-log log-sum-exp, fp32, (..., n_queries)."""
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     tiles = (config or default_config(d, q.dtype, _programs(q), q.device)).forward
-    padded_d = _descriptor_head_dim(d, q.dtype)
-    q, k, v = (_for_descriptors(t, padded_d) for t in (q, k, v))
-    common = _common(padded_d, q.dtype)
+    (q, k, v), common = _for_kernels(d, q, k, v)
     o = _empty(q.shape, q)
     lse = _empty(q.shape[:-1], q, torch.float32)
     block_d = common["BLOCK_D"]
@@ -201,9 +205,7 @@ def backward_dq(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dq, D) where D = rowsum(o * do), fp32, shaped like L."""
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    padded_d = _descriptor_head_dim(d, q.dtype)
-    q, k, v, o, do = (_for_descriptors(t, padded_d) for t in (q, k, v, o, do))
-    common = _common(padded_d, q.dtype)
+    (q, k, v, o, do), common = _for_kernels(d, q, k, v, o, do)
     dq, delta = _empty(q.shape, q), _empty(lse.shape, lse)
     flash_backward_dq_kernel[(_rows(q), triton.cdiv(n_q, tiles.block_m))](
         q, *(_tiles_of(t, tiles.block_n, common["BLOCK_D"]) for t in (k, v)), o, do, lse, delta,
@@ -218,9 +220,7 @@ def backward_dkdv(
     delta: torch.Tensor, is_causal: bool, tiles: TileConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    padded_d = _descriptor_head_dim(d, q.dtype)
-    q, k, v, do = (_for_descriptors(t, padded_d) for t in (q, k, v, do))
-    common = _common(padded_d, q.dtype)
+    (q, k, v, do), common = _for_kernels(d, q, k, v, do)
     dk, dv = _empty(k.shape, k), _empty(v.shape, v)
     q_tiles, do_tiles = (_tiles_of(t, tiles.block_m, common["BLOCK_D"]) for t in (q, do))
     flash_backward_dkdv_kernel[(_rows(q), triton.cdiv(n_k, tiles.block_n))](
