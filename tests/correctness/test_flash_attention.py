@@ -264,13 +264,27 @@ def test_under_torch_compile(variant, dtype_name, device):
 
 
 @pytest.mark.gpu
-def test_compiled_apply_serves_a_second_head_dim(device):
-    """One compiled apply, called with d = 64 and then d = 128 (Dynamo retraces the second
-    call with dynamic shapes)."""
+def test_compiled_apply_serves_new_lengths_and_head_dims(device):
+    """One compiled apply over changing shapes: Dynamo retraces with the sequence length
+    symbolic, then the head dim, which the kernels need as a constant."""
+    torch._dynamo.reset()
     attention = torch.compile(FlashAttentionTriton.apply)
-    for d in (64, 128):
-        problem = Problem.random(((2,), 256, 256, d), torch.bfloat16, device, causal=True)
+    for n, d in ((256, 64), (320, 64), (320, 128), (384, 96)):
+        problem = Problem.random(((2,), n, n, d), torch.bfloat16, device, causal=True)
         check_against_reference(problem, attention, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_cached_launches_tell_specialisations_apart(device, poisoned_outputs):
+    """Repeat launches skip Triton's argument binding (`CachedLauncher`). Shapes that share
+    tiles but differ in what a kernel is specialised on (the softmax scale of d = 60 and
+    d = 64, both padded to 64; lengths 256 and 250) must each run their own kernel, also
+    the second time round, when every launch comes from the cache."""
+    shapes = [((2,), 256, 256, 64), ((2,), 256, 256, 60), ((2,), 250, 250, 64)]
+    for _ in range(2):
+        for shape in shapes:
+            problem = Problem.random(shape, torch.float16, device, causal=True)
+            check_against_reference(problem, FlashAttentionTriton.apply, torch.float16)
 
 
 @pytest.mark.parametrize("attention", ["flash_pytorch", "flash_triton"])

@@ -7,7 +7,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from systems.attention.flash_triton.kernels import (
@@ -16,10 +15,24 @@ from systems.attention.flash_triton.kernels import (
     flash_forward_kernel,
 )
 from systems.attention.inputs import check_attention_inputs
+from systems.triton_launcher import CachedLauncher
 from systems.triton_runtime import INTERPRETED
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
+_launch_forward = CachedLauncher(flash_forward_kernel)
+_launch_dq = CachedLauncher(flash_backward_dq_kernel)
+_launch_dkdv = CachedLauncher(flash_backward_dkdv_kernel)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# Plain-int helpers: triton.cdiv and triton.next_power_of_2 are constexpr functions whose
+# host-side calls cost microseconds each, several times per attention call.
+def _cdiv(n: int, block: int) -> int:
+    return -(-n // block)
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -77,7 +90,7 @@ def default_config(head_dim: int, dtype: torch.dtype, programs: int | None = Non
                    device: torch.device | None = None) -> FlashConfig:
     """The tiles for this head dim and dtype. `programs`, the number of (matrix x 128-row
     query tile) pairs, picks smaller half-precision tiles when it would leave SMs idle."""
-    padded = triton.next_power_of_2(head_dim)
+    padded = _next_power_of_2(head_dim)
     if dtype == torch.float32:
         return _FP32_CONFIGS[padded]
     on_gpu = programs is not None and device is not None and device.type == "cuda"
@@ -92,7 +105,7 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _programs(q: torch.Tensor) -> int:
-    return _rows(q) * triton.cdiv(q.shape[-2], 128)
+    return _rows(q) * _cdiv(q.shape[-2], 128)
 
 
 def check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -158,9 +171,21 @@ def _for_kernels(d: int, *tensors: torch.Tensor
     constants for their head dim once padded to 16-byte rows."""
     dtype = tensors[0].dtype
     head_dim = _descriptor_head_dim(d, dtype)
-    common = {"HEAD_DIM": head_dim, "BLOCK_D": triton.next_power_of_2(head_dim),
+    common = {"HEAD_DIM": head_dim, "BLOCK_D": _next_power_of_2(head_dim),
               "DOT_PRECISION": dot_precision(dtype)}
     return [_for_descriptors(t, head_dim) for t in tensors], common
+
+
+def _head_dim(t: torch.Tensor) -> int:
+    """t's head dim as an int. Under torch.compile a dim that changed between calls arrives
+    symbolic (and int() keeps it so), but the kernels take it as a compile-time constant:
+    branching on its value makes Dynamo guard on it and hand back a plain int."""
+    d = t.shape[-1]
+    if torch.compiler.is_compiling():
+        for value in range(MIN_HEAD_DIM, MAX_HEAD_DIM + 1):
+            if d == value:
+                return value
+    return d
 
 
 def _rows(t: torch.Tensor) -> int:
@@ -173,13 +198,14 @@ def flash_forward(
     config: FlashConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, L) for checked inputs; L is the natural-log log-sum-exp, fp32, (..., n_queries)."""
-    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    n_q, n_k, d = q.shape[-2], k.shape[-2], _head_dim(q)
     tiles = (config or default_config(d, q.dtype, _programs(q), q.device)).forward
     (q, k, v), common = _for_kernels(d, q, k, v)
     o = _empty(q.shape, q)
     lse = _empty(q.shape[:-1], q, torch.float32)
     block_d = common["BLOCK_D"]
-    flash_forward_kernel[(_rows(q), triton.cdiv(n_q, tiles.block_m))](
+    _launch_forward(
+        (_rows(q), _cdiv(n_q, tiles.block_m)),
         q, _tiles_of(k, tiles.block_n, block_d), _tiles_of(v, tiles.block_n, block_d), o, lse,
         n_q, n_k, d ** -0.5, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=is_causal,
         **common, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
@@ -192,7 +218,7 @@ def flash_backward(
     do: torch.Tensor, is_causal: bool = False, config: FlashConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv): a dQ pass over query tiles (it also writes D), then a dK/dV pass."""
-    config = config or default_config(q.shape[-1], q.dtype, _programs(q), q.device)
+    config = config or default_config(_head_dim(q), q.dtype, _programs(q), q.device)
     do = do.contiguous()  # autograd may hand over an expanded or strided gradient
     dq, delta = backward_dq(q, k, v, o, lse, do, is_causal, config.backward_dq)
     dk, dv = backward_dkdv(q, k, v, do, lse, delta, is_causal, config.backward_dkdv)
@@ -204,10 +230,11 @@ def backward_dq(
     do: torch.Tensor, is_causal: bool, tiles: TileConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dq, D) where D = rowsum(o * do), fp32, shaped like L."""
-    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    n_q, n_k, d = q.shape[-2], k.shape[-2], _head_dim(q)
     (q, k, v, o, do), common = _for_kernels(d, q, k, v, o, do)
     dq, delta = _empty(q.shape, q), _empty(lse.shape, lse)
-    flash_backward_dq_kernel[(_rows(q), triton.cdiv(n_q, tiles.block_m))](
+    _launch_dq(
+        (_rows(q), _cdiv(n_q, tiles.block_m)),
         q, *(_tiles_of(t, tiles.block_n, common["BLOCK_D"]) for t in (k, v)), o, do, lse, delta,
         dq, n_q, n_k, d ** -0.5, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         CAUSAL=is_causal, **common, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
@@ -219,14 +246,15 @@ def backward_dkdv(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
     delta: torch.Tensor, is_causal: bool, tiles: TileConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    n_q, n_k, d = q.shape[-2], k.shape[-2], _head_dim(q)
     (q, k, v, do), common = _for_kernels(d, q, k, v, do)
     dk, dv = _empty(k.shape, k), _empty(v.shape, v)
     q_tiles, do_tiles = (_tiles_of(t, tiles.block_m, common["BLOCK_D"]) for t in (q, do))
-    flash_backward_dkdv_kernel[(_rows(q), triton.cdiv(n_k, tiles.block_n))](
+    _launch_dkdv(
+        (_rows(q), _cdiv(n_k, tiles.block_n)),
         q_tiles, k, v, do_tiles, lse, delta, dk, dv, n_q, n_k, d ** -0.5,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=is_causal,
-        CHECK_Q_ROWS=n_q % tiles.block_m != 0, **common,
+        CHECK_Q_ROWS=bool(n_q % tiles.block_m != 0), **common,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     return _cut_to(dk, d), _cut_to(dv, d)
