@@ -147,7 +147,13 @@ def _descriptor_head_dim(d: int, dtype: torch.dtype) -> int:
 def _for_descriptors(t: torch.Tensor, head_dim: int) -> torch.Tensor:
     """t itself when TMA can read it; else a 16-byte-aligned copy zero-padded to head_dim
     (pad columns add 0 to every score and produce output columns that are cut off)."""
-    if t.shape[-1] == head_dim and t.data_ptr() % 16 == 0:
+    if torch.compiler.is_compiling():
+        # A traced tensor has no address. Its offset decides: compiled graphs copy inputs
+        # that arrive misaligned where tracing saw an aligned offset.
+        aligned = t.storage_offset() * t.element_size() % 16 == 0
+    else:
+        aligned = t.data_ptr() % 16 == 0
+    if t.shape[-1] == head_dim and aligned:
         return t
     padded = t.new_zeros(*t.shape[:-1], head_dim)
     padded[..., :t.shape[-1]] = t
