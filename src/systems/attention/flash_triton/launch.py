@@ -147,9 +147,10 @@ def _descriptor_head_dim(d: int, dtype: torch.dtype) -> int:
 def _for_descriptors(t: torch.Tensor, head_dim: int) -> torch.Tensor:
     """t itself when TMA can read it; else a 16-byte-aligned copy zero-padded to head_dim
     (pad columns add 0 to every score and produce output columns that are cut off)."""
-    # A tensor traced by torch.compile has neither an address nor a traceable offset: it is
-    # taken as aligned (compiled graphs allocate their own buffers aligned; a misaligned
-    # input view makes the TMA descriptor fail loudly at launch, never compute wrongly).
+    # A tensor traced by torch.compile has neither an address nor a traceable offset, so it
+    # is taken as aligned: compiled graphs allocate their own buffers aligned, and a view
+    # starting off a 16-byte boundary is unsupported there (untested: the TMA descriptor
+    # encoding is expected to reject its address).
     aligned = torch.compiler.is_compiling() or t.data_ptr() % 16 == 0
     if t.shape[-1] == head_dim and aligned:
         return t
