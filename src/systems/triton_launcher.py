@@ -34,7 +34,10 @@ def specialization_key(arg: object) -> object:
     if isinstance(arg, torch.Tensor):
         return ("tensor", arg.dtype, arg.data_ptr() % 16 == 0)
     if isinstance(arg, TensorDescriptor):
-        return ("descriptor", arg.base.dtype, tuple(arg.block_shape), arg.padding)
+        # Block shape and dtype are what Triton types a descriptor by; the divisibility of
+        # its base, shape and strides is kept too, in case a version specialises on them.
+        return ("descriptor", arg.base.dtype, tuple(arg.block_shape), arg.padding,
+                arg.base.data_ptr() % 16 == 0, *(n % 16 == 0 for n in (*arg.shape, *arg.strides)))
     if isinstance(arg, bool) or arg is None:
         return ("value", arg)
     if isinstance(arg, int):

@@ -34,6 +34,8 @@ def test_descriptor_block_shape_and_dtype_are_told_apart():
     assert key != specialization_key(TensorDescriptor.from_tensor(t, [1, 128, 64]))
     assert key != specialization_key(TensorDescriptor.from_tensor(t.float(), [1, 64, 64]))
     assert key == specialization_key(TensorDescriptor.from_tensor(t.clone(), [1, 64, 64]))
+    shorter = torch.zeros(2, 120, 64, dtype=torch.float16)
+    assert key != specialization_key(TensorDescriptor.from_tensor(shorter, [1, 64, 64]))
 
 
 def test_unknown_argument_kinds_are_refused():

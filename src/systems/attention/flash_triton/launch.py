@@ -19,10 +19,11 @@ from systems.triton_launcher import CachedLauncher
 from systems.triton_runtime import INTERPRETED
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
 _launch_forward = CachedLauncher(flash_forward_kernel)
 _launch_dq = CachedLauncher(flash_backward_dq_kernel)
 _launch_dkdv = CachedLauncher(flash_backward_dkdv_kernel)
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 # Plain-int helpers: triton.cdiv and triton.next_power_of_2 are constexpr functions whose
