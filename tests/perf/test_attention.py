@@ -12,6 +12,11 @@ Three studies:
   flex_attention on the same shape; the `triton.testing.do_bench` median goes into
   extra_info beside pytest-benchmark's own numbers.
 
+- `test_attention_device_time`: the batch-1 forward + backward of the rivals (SDPA flash and
+  cuDNN, compiled flex_attention, the Triton kernels) captured in a CUDA graph and timed by
+  replay. Up to seq 8192 the eager rounds above time the host queuing kernels; replay
+  leaves only the GPU's work, so the kernels themselves are compared.
+
 Every case records the first call's time (compilation and JIT included) as
 `cold_start_s`. Profiles: `smoke` (CPU-sized), `quick` (the d = 64 and 128 bf16 forward +
 backward comparisons from seq 1024 up, one seq with every implementation and pass, the
@@ -31,6 +36,7 @@ from systems.bench.attention import (
     UnsupportedWorkload,
     build_attention_workload,
 )
+from systems.bench.cuda_graph import CapturedStep
 from systems.bench.metrics import is_out_of_memory, out_of_memory_reason
 
 SWEEP_IMPLEMENTATIONS = ("reference", "reference_compiled", "sdpa_flash", "sdpa_cudnn",
@@ -182,3 +188,38 @@ def test_attention_leaderboard(perf_case: AttentionCase, device, synced_benchmar
 
 
 test_attention_leaderboard.perf_cases = leaderboard_cases
+
+
+def device_time_cases(profile: str) -> list[AttentionCase]:
+    if profile == "smoke":
+        return []
+    return [_sweep_case(impl, seq, d, "bf16", "forward_backward")
+            for d, seq, impl in itertools.product((64, 128), SWEEP_SEQS[3:], RIVALS)]
+
+
+@pytest.mark.gpu
+def test_attention_device_time(perf_case: AttentionCase, device, synced_benchmark) -> None:
+    """Forward + backward replayed from a CUDA graph: GPU time without host queuing."""
+    synced_benchmark.benchmark.group = f"{perf_case.group}-graph-replay"
+    try:
+        workload = build_attention_workload(perf_case.impl, shape=perf_case.shape,
+                                            dtype=DTYPES[perf_case.dtype], mode=perf_case.mode,
+                                            causal=perf_case.causal, device=device)
+    except UnsupportedWorkload as reason:
+        pytest.skip(f"unsupported: {reason}")
+    eager_grads = workload.step()
+    replay = CapturedStep(workload.step, warmup=2)
+    for _ in range(3):  # two warm-up calls, then capture and a first replay
+        graph_grads = replay()
+    # A replay must recompute every gradient: poison the graph's outputs, replay, compare.
+    for grad in graph_grads:
+        grad.fill_(float("nan"))
+    replay()
+    for eager, graphed in zip(eager_grads, graph_grads, strict=True):
+        torch.testing.assert_close(graphed, eager, atol=2e-2, rtol=2e-2)
+    info = {**workload.info, "mode": "forward_backward (CUDA graph replay)"}
+    synced_benchmark(replay, warmup=perf_case.warmup, rounds=perf_case.rounds,
+                     precision=perf_case.dtype, flops=workload.flops, info=info)
+
+
+test_attention_device_time.perf_cases = device_time_cases
