@@ -148,8 +148,8 @@ def build_attention_workload(
         with torch.no_grad():
             attend(*inputs)
 
-    def forward_backward() -> None:
-        torch.autograd.grad(attend(*inputs), inputs, do)
+    def forward_backward() -> tuple[torch.Tensor, ...]:
+        return torch.autograd.grad(attend(*inputs), inputs, do)
 
     if mode == "forward":
         step: Callable[[], object] = forward
