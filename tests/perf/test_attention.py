@@ -1,8 +1,8 @@
 """Attention benchmarks: implementations x sequence x head dim x dtype x pass.
 
 Three studies:
-- `test_attention`: batch 1, one head, causal; forward, backward and forward+backward timed
-  separately for every implementation (SDPA's flash and cuDNN backends, compiled
+- `test_attention`: batch 1, one head, causal (plus the leaderboard's 16 x 16384 x 64 one
+  pass at a time); forward, backward and forward+backward timed separately for every implementation (SDPA's flash and cuDNN backends, compiled
   flex_attention, the PyTorch reference eager and compiled, the tiled PyTorch
   FlashAttention-2, and the Triton kernels with a compiled PyTorch backward or their own).
 - `test_attention_handout_sweep`: batch 8, no heads, not causal, fp32, d 16..128 and
@@ -20,7 +20,8 @@ Three studies:
 Every case records the first call's time (compilation and JIT included) as
 `cold_start_s`. Profiles: `smoke` (CPU-sized), `quick` (the d = 64 and 128 bf16 forward +
 backward comparisons from seq 1024 up, one seq with every implementation and pass, the
-handout sweep at d = 64, and the leaderboard), `full` (everything; select with -k).
+rivals' forward and backward at the leaderboard shape, the handout sweep at d = 64, the
+device-time study and the leaderboard), `full` (everything; select with -k).
 """
 
 from __future__ import annotations
@@ -90,8 +91,12 @@ def perf_cases(profile: str) -> list[AttentionCase]:
                       SWEEP_IMPLEMENTATIONS, ("bf16",), ATTENTION_MODES)]
     fp32 = [_sweep_case(impl, 4096, 64, "fp32", "forward_backward")
             for impl in ("reference", "reference_compiled", "triton")]
+    # The leaderboard's shape one pass at a time: where the rivals gain or lose.
+    leaderboard_passes = [AttentionCase(impl, (16, 1, 16384, 64), "bf16", mode, causal=True)
+                          for impl, mode in itertools.product(RIVALS, ("forward", "backward"))]
     # The sweep and the every-implementation study share cases at seq 4096: run each once.
-    return list({case.id: case for case in must_beat + every_impl + fp32}.values())
+    cases = must_beat + every_impl + fp32 + leaderboard_passes
+    return list({case.id: case for case in cases}.values())
 
 
 def run_attention_case(case: AttentionCase, device: torch.device, synced_benchmark) -> None:
