@@ -1,17 +1,17 @@
 """Attention benchmarks: implementations x sequence x head dim x dtype x pass.
 
-Three studies:
-- `test_attention`: batch 1, one head, causal (plus the leaderboard's 16 x 16384 x 64 one
-  pass at a time); forward, backward and forward+backward timed separately for every implementation (SDPA's flash and cuDNN backends, compiled
-  flex_attention, the PyTorch reference eager and compiled, the tiled PyTorch
-  FlashAttention-2, and the Triton kernels with a compiled PyTorch backward or their own).
+Four studies:
+- `test_attention`: batch 1, one head, causal (plus the leaderboard's 16 x 16384 x 64, one
+  pass at a time); forward, backward and forward+backward timed separately for every
+  implementation (SDPA's flash and cuDNN backends, compiled flex_attention, the PyTorch
+  reference eager and compiled, the tiled PyTorch FlashAttention-2, and the Triton kernels
+  with a compiled PyTorch backward or their own).
 - `test_attention_handout_sweep`: batch 8, no heads, not causal, fp32, d 16..128 and
   seq 256..16384: forward and backward timed, memory in use before backward recorded.
 - `test_attention_leaderboard`: q, k, v of shape (16, 16384, 64), bf16, causal, forward +
   o.sum().backward() through `torch.compile(FlashAttentionTriton.apply)`, with SDPA and
   flex_attention on the same shape; the `triton.testing.do_bench` median goes into
   extra_info beside pytest-benchmark's own numbers.
-
 - `test_attention_device_time`: the batch-1 forward + backward of the rivals (SDPA flash and
   cuDNN, compiled flex_attention, the Triton kernels) captured in a CUDA graph and timed by
   replay. Up to seq 8192 the eager rounds above time the host queuing kernels; replay
