@@ -41,6 +41,10 @@ def attention_scaling(results: Sequence[Result], path: Path) -> Path | None:
     rows = [r for r in rows
             if tuple(r.get(f) for f in facet) == (dtype, head_dim, causal, batch_heads)]
     passes = sorted({str(r.get(keys.PASS, "-")) for r in rows})
+    # One colour per implementation in every panel, so lines can be followed across passes.
+    implementations = sorted({str(r.get(keys.IMPLEMENTATION)) for r in rows})
+    palette = plt.get_cmap("tab10")
+    colour = {impl: palette(i % 10) for i, impl in enumerate(implementations)}
     panels = 2 if any(r.get(keys.PEAK_MEMORY) for r in rows) else 1  # CPU runs have none
     fig, axes = plt.subplots(panels, len(passes), figsize=(5 * len(passes), 3.5 * panels),
                              squeeze=False)
@@ -52,13 +56,14 @@ def attention_scaling(results: Sequence[Result], path: Path) -> Path | None:
         for impl, points in sorted(lines.items()):
             points.sort(key=lambda r: r.get(keys.SEQ_LEN))
             seq = [r.get(keys.SEQ_LEN) for r in points]
-            axes[0, col].plot(seq, [r.mean * 1e3 for r in points], marker="o", label=impl)
+            axes[0, col].plot(seq, [r.mean * 1e3 for r in points], marker="o", label=impl,
+                              color=colour[impl])
             memory = [(r.get(keys.SEQ_LEN), r.get(keys.PEAK_MEMORY)) for r in points
                       if r.get(keys.PEAK_MEMORY)]
             if memory and panels == 2:
                 axes[1, col].plot(*zip(*[(s, m / 2**20) for s, m in memory], strict=True),
-                                  marker="o", label=impl)
-        axes[0, col].set_title(f"{pass_name}: {dtype}, d={head_dim}, "
+                                  marker="o", label=impl, color=colour[impl])
+        axes[0, col].set_title(f"{pass_name}\n{dtype}, d={head_dim}, "
                                f"{'causal, ' if causal else ''}batch x heads {batch_heads}",
                                fontsize=10)
         axes[0, col].set_ylabel("time (ms)")
