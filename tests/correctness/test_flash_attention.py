@@ -141,14 +141,7 @@ def test_matches_float64_reference(impl, shape, dtype_name, causal, device, pois
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=_shape_id)
-def test_triton_long_sequences(shape, dtype_name, causal, device, poisoned_outputs, request):
-    if dtype_name == "fp32" and causal and shape[1] == 2048:
-        # Measured on an H100: dK 4.11e-6 against a 4.0e-6 bound (PyTorch's 1.47e-6 x 2 plus
-        # slack). Backward rebuilds P from L through the log2 domain, and the rounding of
-        # L * log2(e) (L ~ 10 here) costs a few ulps per P; the fix is open.
-        request.applymarker(pytest.mark.xfail(
-            reason="fp32 dK at 2048 keys is 2.8x PyTorch's error, over the 2x bound",
-            strict=False))
+def test_triton_long_sequences(shape, dtype_name, causal, device, poisoned_outputs):
     problem = Problem.random(shape, DTYPES[dtype_name], device, causal)
     check_against_reference(problem, FlashAttentionTriton.apply, DTYPES[dtype_name])
 

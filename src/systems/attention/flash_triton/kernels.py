@@ -17,6 +17,9 @@ arrive as fp64 when torch.compile launches the kernels and promote the accumulat
 Each loop over tiles runs in two stages: tiles every row sees whole (no masking at all),
 then the few tiles cut by the causal diagonal or by the end of the sequence (masked).
 Masked scores become -1e6 (never -inf), so a row never sees exp(-inf - -inf).
+
+With fp32 inputs, dK and dV sum their per-query-tile products with Kahan compensation
+(`_accumulate_dot`); half-precision inputs accumulate plainly in fp32.
 """
 
 from __future__ import annotations
@@ -189,9 +192,24 @@ def flash_backward_dq_kernel(
 
 
 @triton.jit
-def _dkdv_stage(dk, dv, k, v, q_tiles, do_tiles, L, Delta, bh, keys, offs_m, n_q, qk_scale, lo,
-                hi, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, CHECK_ROWS: tl.constexpr,
-                MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _accumulate_dot(total, carry, a, b, DOT_PRECISION: tl.constexpr):
+    """(total + a @ b, carry). fp32 inputs sum with Kahan compensation held in `carry`: dK
+    and dV add one product per query tile, and a plain fp32 running sum over 2048 queries
+    was 2.5-4.5x PyTorch's error. Half-precision inputs round far above that drift."""
+    if DOT_PRECISION == "ieee":
+        term = tl.dot(a, b, input_precision=DOT_PRECISION) - carry
+        new_total = total + term
+        carry = (new_total - total) - term
+        total = new_total
+    else:
+        total = tl.dot(a, b, total, input_precision=DOT_PRECISION)
+    return total, carry
+
+
+@triton.jit
+def _dkdv_stage(dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, bh, keys,
+                offs_m, n_q, qk_scale, lo, hi, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                CHECK_ROWS: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # Tiles are transposed (keys x queries) so dK and dV come out of plain dots. MASKED is
     # the causal diagonal: the end of the sequence is handled by CHECK_ROWS and L = +inf.
     for q_start in range(lo, hi, BLOCK_M):
@@ -209,11 +227,11 @@ def _dkdv_stage(dk, dv, k, v, q_tiles, do_tiles, L, Delta, bh, keys, offs_m, n_q
         p_t = tl.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
             p_t = tl.where(rows[None, :] >= keys[:, None], p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        dv, dv_carry = _accumulate_dot(dv, dv_carry, p_t.to(do.dtype), do, DOT_PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
-    return dk, dv
+        dk, dk_carry = _accumulate_dot(dk, dk_carry, ds_t.to(q.dtype), q, DOT_PRECISION)
+    return dk, dv, dk_carry, dv_carry
 
 
 @triton.jit
@@ -236,16 +254,18 @@ def flash_backward_dkdv_kernel(
     v = _load_rows(V + offset, keys, cols_d, n_k, HEAD_DIM)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dk_carry = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv_carry = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     L += bh.to(tl.int64) * n_q
     Delta += bh.to(tl.int64) * n_q
 
     offs_m = tl.arange(0, BLOCK_M)
     start, full_start = _query_stages(k_start, n_q, BLOCK_M, BLOCK_N, CAUSAL)
-    dk, dv = _dkdv_stage(dk, dv, k, v, q_tiles, do_tiles, L, Delta, bh, keys, offs_m, n_q,
-                         qk_scale, start, full_start, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, True,
-                         DOT_PRECISION)
-    dk, dv = _dkdv_stage(dk, dv, k, v, q_tiles, do_tiles, L, Delta, bh, keys, offs_m, n_q,
-                         qk_scale, full_start, n_q, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, False,
-                         DOT_PRECISION)
+    dk, dv, dk_carry, dv_carry = _dkdv_stage(
+        dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, bh, keys, offs_m, n_q,
+        qk_scale, start, full_start, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, True, DOT_PRECISION)
+    dk, dv, dk_carry, dv_carry = _dkdv_stage(
+        dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, bh, keys, offs_m, n_q,
+        qk_scale, full_start, n_q, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, False, DOT_PRECISION)
     _store_rows(dK + offset, dk * SM_SCALE, keys, cols_d, n_k, HEAD_DIM)
     _store_rows(dV + offset, dv, keys, cols_d, n_k, HEAD_DIM)
