@@ -196,7 +196,7 @@ def _accumulate_dot(total, carry, a, b, DOT_PRECISION: tl.constexpr):
     """(total + a @ b, carry). fp32 inputs sum with Kahan compensation held in `carry`: dK
     and dV add one product per query tile, and a plain fp32 running sum over 2048 queries
     was 2.5-4.5x PyTorch's error. Half-precision inputs round far above that drift."""
-    if DOT_PRECISION == "ieee":
+    if a.dtype == tl.float32:
         term = tl.dot(a, b, input_precision=DOT_PRECISION) - carry
         new_total = total + term
         carry = (new_total - total) - term
