@@ -68,13 +68,15 @@ _HALF_CONFIGS: dict[int, FlashConfig] = {
     64: _tiles((128, 128, 4, 3), (128, 64, 4, 3), (32, 128, 4, 5)),
     128: _tiles((128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3)),
 }
-# fp32 (not tuned): smaller tiles, since fp32 tiles take twice the registers and shared
-# memory; these dots run without tensor cores.
+# fp32 runs its dots as three TF32 products (`dot_precision`), whose operand splits take
+# several times the shared memory of a half-precision tile: at d = 128 only small tiles
+# fit. Chosen with the tune module on an H100 (fp32, full mask, 8 x 4096 x d).
+_FP32_LARGE_TILES = _tiles((128, 64, 8, 3), (128, 64, 8, 3), (64, 128, 8, 2))
 _FP32_CONFIGS: dict[int, FlashConfig] = {
-    16: _tiles((64, 64, 4, 2), (64, 64, 4, 2), (64, 64, 4, 2)),
-    32: _tiles((64, 64, 4, 2), (64, 64, 4, 2), (64, 64, 4, 2)),
-    64: _tiles((64, 32, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2)),
-    128: _tiles((64, 32, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2)),
+    16: _FP32_LARGE_TILES,
+    32: _FP32_LARGE_TILES,
+    64: _FP32_LARGE_TILES,
+    128: _tiles((128, 32, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3)),
 }
 
 
