@@ -76,7 +76,7 @@ _FP32_CONFIGS: dict[int, FlashConfig] = {
     16: _FP32_LARGE_TILES,
     32: _FP32_LARGE_TILES,
     64: _FP32_LARGE_TILES,
-    128: _tiles((128, 32, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3)),
+    128: _tiles((128, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
 }
 
 
