@@ -34,6 +34,7 @@ import torch
 
 from systems.bench.attention import (
     ATTENTION_MODES,
+    AttentionWorkload,
     UnsupportedWorkload,
     build_attention_workload,
 )
@@ -99,19 +100,23 @@ def perf_cases(profile: str) -> list[AttentionCase]:
     return list({case.id: case for case in cases}.values())
 
 
-def run_attention_case(case: AttentionCase, device: torch.device, synced_benchmark) -> None:
-    """Build, time the first call (compilation included), then benchmark the case."""
-    synced_benchmark.benchmark.group = case.group
+def build_case_workload(case: AttentionCase, device: torch.device) -> AttentionWorkload:
+    """The case's workload; an unsupported one or one that runs out of memory is a skip."""
     try:
-        workload = build_attention_workload(case.impl, shape=case.shape,
-                                            dtype=DTYPES[case.dtype], mode=case.mode,
-                                            causal=case.causal, device=device)
+        return build_attention_workload(case.impl, shape=case.shape, dtype=DTYPES[case.dtype],
+                                        mode=case.mode, causal=case.causal, device=device)
     except UnsupportedWorkload as reason:
         pytest.skip(f"unsupported: {reason}")
     except Exception as error:
         if not is_out_of_memory(error):
             raise
         pytest.skip(out_of_memory_reason(error))
+
+
+def run_attention_case(case: AttentionCase, device: torch.device, synced_benchmark) -> None:
+    """Build, time the first call (compilation included), then benchmark the case."""
+    synced_benchmark.benchmark.group = case.group
+    workload = build_case_workload(case, device)
     synced_benchmark(
         workload.step, warmup=case.warmup, rounds=case.rounds,
         precision=case.dtype, flops=workload.flops, info=workload.info, cold_start=True,
@@ -206,12 +211,7 @@ def device_time_cases(profile: str) -> list[AttentionCase]:
 def test_attention_device_time(perf_case: AttentionCase, device, synced_benchmark) -> None:
     """Forward + backward replayed from a CUDA graph: GPU time without host queuing."""
     synced_benchmark.benchmark.group = f"{perf_case.group}-graph-replay"
-    try:
-        workload = build_attention_workload(perf_case.impl, shape=perf_case.shape,
-                                            dtype=DTYPES[perf_case.dtype], mode=perf_case.mode,
-                                            causal=perf_case.causal, device=device)
-    except UnsupportedWorkload as reason:
-        pytest.skip(f"unsupported: {reason}")
+    workload = build_case_workload(perf_case, device)
     eager_grads = workload.step()
     replay = CapturedStep(workload.step, warmup=2)
     for _ in range(3):  # two warm-up calls, then capture and a first replay
