@@ -45,6 +45,18 @@ class ToyModel(nn.Module):
         return self.head(x)
 
 
+class BranchToyModel(ToyModel):
+    """ToyModel whose `unused` layer is a residual branch taken only when asked: ranks
+    that pass different `branch` flags disagree on which parameters get gradients."""
+
+    def forward(self, tokens: torch.Tensor, branch: bool = False) -> torch.Tensor:
+        x = torch.relu(self.frozen(self.embed(tokens)))
+        x = torch.relu(self.norm(self.up(x)))
+        if branch:
+            x = x + torch.relu(self.unused(x))
+        return self.head(self.down(x))
+
+
 def dyadic_(model: nn.Module) -> None:
     """Set every parameter to small dyadic values (k/4, |k| <= 2), in place: with the loss
     linear in the logits (see loss_fn) the models below get exact fp32 gradients, so any
