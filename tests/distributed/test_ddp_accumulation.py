@@ -62,7 +62,7 @@ def assert_grads_match(model: nn.Module, expected: dict[str, torch.Tensor | None
 
 
 def accumulate_and_compare(variant: str, options: dict, schedule: str, microbatches: int,
-                           steps: int = 2) -> float:
+                           steps: int = 3) -> float:
     """Per step: microbatches - 1 backwards inside no_sync(), one outside, then sync; the
     gradients must equal the single-process gradients of the summed losses."""
     device = worker_state["device"]
@@ -77,7 +77,7 @@ def accumulate_and_compare(variant: str, options: dict, schedule: str, microbatc
     for step in range(steps):
         tokens = torch.randint(VOCAB, (world, microbatches, 2, SEQ + 1),
                                generator=generator).to(device)
-        set_to_none = step % 2 == 0
+        set_to_none = step < 2  # the third step accumulates into zeroed gradients
         wrapped.zero_grad(set_to_none=set_to_none)
         reference.zero_grad(set_to_none=set_to_none)
         total = sum(microbatch_loss(reference, tokens[r, m], takes_branch(r, m, microbatches))

@@ -16,11 +16,25 @@ views from step to step. After `zero_grad(set_to_none=True)` autograd makes a fr
 the launch copies it into its view once and points `.grad` at the view. A bucket of one
 parameter needs no buffer: its `.grad`, whichever tensor autograd made, is reduced in place.
 
-A parameter that gets no gradient in a step keeps `.grad` None as in single-process
-training; its part of the buffer is reduced along and never read. All ranks must agree on
-which parameters got gradients (as they do when the control flow does not depend on the
-local data). One backward per `finish()`: a second backward before it would add into
-gradients that are being reduced.
+Buckets launch strictly in order (a ready bucket waits for the ones before it), so every
+rank issues the same sequence of all-reduces whatever order its gradients arrive in. The
+price: a bucket with a parameter that gets no gradient in this backward holds back the
+buckets after it until `finish()`.
+
+Which parameters got gradients may differ between ranks (control flow that depends on
+the local data). At each `finish()` the ranks sum, over a separate gloo group, a count per
+parameter of the ranks that got its gradient (one all-reduce of one int32 per parameter,
+on the host). A gradient some rank got is averaged on every rank, entering as zeros where
+it is missing (what torch DDP's find_unused_parameters does); a parameter no rank used
+keeps `.grad` as it was (None after zero_grad(set_to_none=True)), and a bucket holding
+only such parameters is not communicated.
+
+Accumulation: with `require_sync` False (the wrappers' `no_sync()`) backwards only record
+which gradients arrived and add into `.grad` locally; the next backward with it True
+launches buckets as usual, and `finish()` launches the rest. Before `finish()`, a second
+gradient for a parameter from synchronizing backwards, or any gradient from an
+accumulating backward after a synchronizing one, raises: it could land in a bucket that is
+already being reduced.
 """
 
 from __future__ import annotations
@@ -38,8 +52,8 @@ class _Bucket:
     params: list[nn.Parameter]
     buffer: torch.Tensor | None = None  # all gradients, flat; only with several params
     views: list[torch.Tensor] = field(default_factory=list)  # params[i]'s part, shaped
-    pending: int = 0  # gradients still to arrive this step
-    launched: bool = False
+    first: int = 0  # index of params[0] among all the synchronizer's parameters
+    pending: int = 0  # gradients still to arrive in this step's synchronizing backward
     work: dist.Work | None = None
 
     def __post_init__(self) -> None:
@@ -51,7 +65,7 @@ class _Bucket:
         self.reset()
 
     def reset(self) -> None:
-        self.pending, self.launched, self.work = len(self.params), False, None
+        self.pending, self.work = len(self.params), None
 
 
 # The bucket launched last, when backward has finished, has nothing left to hide its
@@ -93,52 +107,126 @@ def make_buckets(
     return [bucket[::-1] for bucket in reversed(buckets)]
 
 
+SECOND_BACKWARD = (
+    "a backward reached gradients that a previous backward already started averaging over "
+    "ranks: call finish_gradient_synchronization() (and optimizer.step()) after each "
+    "backward, or run every backward but the last of an accumulation inside no_sync()")
+
+
+_USAGE_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _usage_group() -> dist.ProcessGroup:
+    """A gloo group beside the default one, for the usage count at each sync.
+
+    Its collective is ordered apart from the gradient all-reduces, of which ranks that
+    disagree on used parameters have launched different numbers by then; and it runs on
+    the host, so it never waits for the device. One per default group, made once.
+    """
+    world = dist.group.WORLD
+    if world not in _USAGE_GROUPS:
+        _USAGE_GROUPS[world] = dist.new_group(backend="gloo")
+    return _USAGE_GROUPS[world]
+
+
 class GradientSynchronizer:
-    """Averages the `.grad` of `params` over the default process group."""
+    """Averages the `.grad` of `params` over the default process group.
+
+    `require_sync` False (the wrappers' no_sync()) makes backwards only record which
+    gradients arrived; the next backward with it True launches buckets, and `finish()`
+    completes the step.
+    """
 
     def __init__(self, params: list[nn.Parameter], bucket_bytes: float | None,
                  overlap: bool) -> None:
         self.buckets = [_Bucket(group) for group in make_buckets(params, bucket_bytes)]
+        self.overlap = overlap
+        self.require_sync = True
+        count = sum(len(bucket.params) for bucket in self.buckets)
+        self._usage_group = _usage_group()
+        # Per parameter, in bucket order: got a gradient since the last finish(), and got
+        # one in a synchronizing backward.
+        self._used = [False] * count
+        self._synced = [False] * count
+        self._syncing = False  # a synchronizing backward has begun since the last finish()
+        self._next = 0  # buckets launch in order, so every rank issues the same sequence
+        # Hooks live in C++ where the garbage collector cannot see cycles: they hold the
+        # synchronizer weakly, or a dropped model would never be freed.
+        this = weakref.ref(self)
         self._hooks = []
-        if overlap:
-            # Hooks live in C++ where the garbage collector cannot see cycles: they hold the
-            # synchronizer weakly, or a dropped model would never be freed.
-            this = weakref.ref(self)
-            for index, bucket in enumerate(self.buckets):
-                for param in bucket.params:
-                    self._hooks.append(param.register_post_accumulate_grad_hook(
-                        lambda _p, index=index: this()._grad_ready(index)))
+        index = 0
+        for bucket in self.buckets:
+            bucket.first = index
+            for param in bucket.params:
+                self._hooks.append(param.register_post_accumulate_grad_hook(
+                    lambda _p, index=index, bucket=bucket: this()._grad_ready(index, bucket)))
+                index += 1
 
-    def _grad_ready(self, index: int) -> None:
-        bucket = self.buckets[index]
-        bucket.pending -= 1
-        if bucket.pending == 0:
-            self._launch(bucket)
-
-    def _launch(self, bucket: _Bucket) -> None:
-        bucket.launched = True
-        grads = [p.grad for p in bucket.params if p.grad is not None]
-        if not grads:
+    def _grad_ready(self, index: int, bucket: _Bucket) -> None:
+        if self._synced[index] or (self._syncing and not self.require_sync):
+            raise RuntimeError(SECOND_BACKWARD)
+        self._used[index] = True
+        if not self.require_sync:
             return
-        flat = grads[0]
-        if bucket.buffer is not None:
-            for param, view in zip(bucket.params, bucket.views, strict=True):
-                if param.grad is not None and param.grad.data_ptr() != view.data_ptr():
+        self._synced[index] = self._syncing = True
+        bucket.pending -= 1
+        if self.overlap:
+            self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        """Launch, in order, the buckets whose gradients have all arrived in this backward
+        (nothing adds to them any more)."""
+        while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
+            bucket = self.buckets[self._next]
+            self._launch(bucket, [True] * len(bucket.params))
+            self._next += 1
+
+    def _launch(self, bucket: _Bucket, needed: list[bool]) -> None:
+        """All-reduce `bucket`; a needed gradient this rank lacks enters as zeros."""
+        if bucket.buffer is None:
+            (param,) = bucket.params
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            flat = param.grad
+        else:
+            for param, view, need in zip(bucket.params, bucket.views, needed, strict=True):
+                if param.grad is None:
+                    if need:  # used on another rank only
+                        view.zero_()
+                        param.grad = view
+                elif param.grad.data_ptr() != view.data_ptr():
                     view.copy_(param.grad)  # a fresh gradient (its .grad was None)
                     param.grad = view
             flat = bucket.buffer
         bucket.work = dist.all_reduce(flat, op=dist.ReduceOp.AVG, async_op=True)
 
+    def _used_on_any_rank(self) -> list[bool]:
+        """Which parameters got a gradient on at least one rank since the last finish()."""
+        if not self._used:
+            return []
+        counts = torch.tensor(self._used, dtype=torch.int32)
+        dist.all_reduce(counts, group=self._usage_group)
+        return (counts > 0).tolist()
+
     @torch.no_grad()
     def finish(self) -> None:
-        """Launch whatever has not been launched and wait for all: `.grad` holds averages."""
-        for bucket in self.buckets:
-            if not bucket.launched:
-                self._launch(bucket)
+        """Launch whatever has not been launched and wait for all: `.grad` holds averages.
+
+        A gradient some rank got is averaged on all, as zeros where missing; one no rank
+        got stays as it is (None after zero_grad(set_to_none=True)).
+        """
+        needed = self._used_on_any_rank()
+        for bucket in self.buckets[self._next:]:
+            bucket_needed = needed[bucket.first:bucket.first + len(bucket.params)]
+            if any(bucket_needed):
+                self._launch(bucket, bucket_needed)
         for bucket in self.buckets:
             if bucket.work is not None:
                 bucket.work.wait()
             bucket.reset()
+        self._used = [False] * len(self._used)
+        self._synced = [False] * len(self._synced)
+        self._syncing, self._next = False, 0
 
     def remove_hooks(self) -> None:
         for hook in self._hooks:
