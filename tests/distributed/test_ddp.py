@@ -108,14 +108,15 @@ def test_gradients_are_views_of_the_bucket(run_on_ranks, backend, set_to_none):
 
 def wrapper_is_freed(variant: str, options: dict) -> bool:
     # Post-accumulate-grad hooks live in C++, out of the garbage collector's sight: a hook
-    # that held its wrapper strongly would keep every dropped model alive.
+    # that held its wrapper (or anything holding the parameters) strongly would keep every
+    # dropped model alive.
     wrapped = make_wrapper(variant, ToyModel(), **options)
     wrapped(torch.randint(5, (2, 3))).sum().backward()
     wrapped.finish_gradient_synchronization()
-    ref = weakref.ref(wrapped)
+    refs = [weakref.ref(wrapped), *(weakref.ref(p) for p in wrapped.parameters())]
     del wrapped
     gc.collect()
-    return ref() is None
+    return all(ref() is None for ref in refs)
 
 
 @pytest.mark.parametrize(("variant", "options"),

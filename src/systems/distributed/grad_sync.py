@@ -146,30 +146,32 @@ class GradientSynchronizer:
         self._usage_group = _usage_group()
         # Per parameter, in bucket order: got a gradient since the last finish(), and got
         # one in a synchronizing backward.
-        self._used = [False] * count
-        self._synced = [False] * count
+        self._used = bytearray(count)
+        self._synced = bytearray(count)
         self._syncing = False  # a synchronizing backward has begun since the last finish()
         self._next = 0  # buckets launch in order, so every rank issues the same sequence
         # Hooks live in C++ where the garbage collector cannot see cycles: they hold the
-        # synchronizer weakly, or a dropped model would never be freed.
+        # synchronizer weakly (and no bucket, which holds the parameters), or a dropped
+        # model would never be freed.
         this = weakref.ref(self)
         self._hooks = []
         index = 0
-        for bucket in self.buckets:
+        for number, bucket in enumerate(self.buckets):
             bucket.first = index
             for param in bucket.params:
                 self._hooks.append(param.register_post_accumulate_grad_hook(
-                    lambda _p, index=index, bucket=bucket: this()._grad_ready(index, bucket)))
+                    lambda _p, index=index, number=number: this()._grad_ready(index, number)))
                 index += 1
 
-    def _grad_ready(self, index: int, bucket: _Bucket) -> None:
+    def _grad_ready(self, index: int, bucket_number: int) -> None:
         if self._synced[index] or (self._syncing and not self.require_sync):
             raise RuntimeError(SECOND_BACKWARD)
-        self._used[index] = True
+        self._used[index] = 1
         if not self.require_sync:
             return
-        self._synced[index] = self._syncing = True
-        bucket.pending -= 1
+        self._synced[index] = 1
+        self._syncing = True
+        self.buckets[bucket_number].pending -= 1
         if self.overlap:
             self._launch_ready()
 
@@ -204,7 +206,7 @@ class GradientSynchronizer:
         """Which parameters got a gradient on at least one rank since the last finish()."""
         if not self._used:
             return []
-        counts = torch.tensor(self._used, dtype=torch.int32)
+        counts = torch.frombuffer(self._used, dtype=torch.uint8).to(torch.int32)
         dist.all_reduce(counts, group=self._usage_group)
         return (counts > 0).tolist()
 
@@ -224,8 +226,8 @@ class GradientSynchronizer:
             if bucket.work is not None:
                 bucket.work.wait()
             bucket.reset()
-        self._used = [False] * len(self._used)
-        self._synced = [False] * len(self._synced)
+        self._used = bytearray(len(self._used))
+        self._synced = bytearray(len(self._synced))
         self._syncing, self._next = False, 0
 
     def remove_hooks(self) -> None:
