@@ -44,15 +44,17 @@ def microbatch_loss(model: nn.Module, tokens: torch.Tensor, branch: bool) -> tor
 
 
 def assert_grads_match(model: nn.Module, expected: dict[str, torch.Tensor | None],
-                       what: str) -> float:
-    """Every gradient close to `expected` (float64); None where expected is None."""
+                       what: str, zeros_for_none: bool = False) -> float:
+    """Every gradient close to `expected` (float64); None where expected is None (or, with
+    `zeros_for_none`, zeros)."""
     worst = 0.0
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         want = expected[name]
         if want is None:
-            assert param.grad is None or not param.grad.any(), f"{what}: {name} got a gradient"
+            zeros = zeros_for_none and param.grad is not None and not param.grad.any()
+            assert param.grad is None or zeros, f"{what}: {name} got a gradient"
             continue
         assert param.grad is not None, f"{what}: {name} has no gradient"
         torch.testing.assert_close(param.grad, want, rtol=1e-10, atol=1e-12,
@@ -95,7 +97,8 @@ def accumulate_and_compare(variant: str, options: dict, schedule: str, microbatc
                 local = torch.autograd.grad(microbatch_loss(reference, tokens[rank, 0], branch),
                                             [p for _, p in named], allow_unused=True)
                 own = {n: g for (n, _), g in zip(named, local, strict=True)}
-                assert_grads_match(wrapped.module, own, f"step {step}, inside no_sync")
+                assert_grads_match(wrapped.module, own, f"step {step}, inside no_sync",
+                                   zeros_for_none=True)  # zero_grad(set_to_none=False)
         wrapped.finish_gradient_synchronization()
         worst = max(worst, assert_grads_match(wrapped.module, expected, f"step {step}"))
 
@@ -157,3 +160,42 @@ def test_second_backward_before_sync_raises(run_on_ranks, backend, variant, opti
     for message in messages:
         assert message is not None, "a second backward before the sync went unnoticed"
         assert "no_sync()" in message and "finish_gradient_synchronization()" in message
+
+
+def collectives_per_step(variant: str, options: dict) -> list[tuple[int, int]]:
+    """(gradient all-reduces, other all-reduces) in each of two plain steps of ToyModel,
+    whose `unused` layer no rank uses."""
+    device = worker_state["device"]
+    wrapped = make_wrapper(variant, BranchToyModel().to(device), **options)
+    tokens = torch.randint(VOCAB, (2, SEQ + 1), device=device)
+    calls: list[dist.ProcessGroup | None] = []
+    original = dist.all_reduce
+
+    def counting_all_reduce(tensor, *args, **kwargs):
+        calls.append(kwargs.get("group"))
+        return original(tensor, *args, **kwargs)
+
+    counts = []
+    dist.all_reduce = counting_all_reduce
+    try:
+        for _ in range(2):
+            calls.clear()
+            wrapped.zero_grad()
+            microbatch_loss(wrapped, tokens, branch=False).backward()
+            wrapped.finish_gradient_synchronization()
+            counts.append((calls.count(None), len(calls) - calls.count(None)))
+    finally:
+        dist.all_reduce = original
+    return counts
+
+
+@pytest.mark.parametrize(("variant", "options", "gradient_all_reduces"), [
+    ("naive", {}, 6), ("flat", {}, 1), ("individual", {}, 6),
+    ("bucketed", {"bucket_size_mb": None}, 1),
+], ids=["naive", "flat", "individual", "bucketed"])
+def test_one_usage_count_per_step_and_nothing_for_unused(run_on_ranks, backend, variant,
+                                                          options, gradient_all_reduces):
+    # Six of ToyModel's eight trainable tensors get gradients: a parameter no rank used
+    # is not communicated, and the only extra collective is the usage count at the sync.
+    counts = run_on_ranks(collectives_per_step, variant, options)
+    assert counts == [[(gradient_all_reduces, 1)] * 2] * 2
