@@ -8,11 +8,10 @@ arithmetic wherever it runs.
 
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
 import torch.distributed as dist
+from checkpoint_cases import through_a_file
 
 from systems.distributed.launch import worker_state
 from systems.optim import AdamW, ShardedOptimizer
@@ -42,14 +41,6 @@ def train(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], steps: r
         for param in params:
             param.grad = torch.randn(param.shape, generator=generator).to(param.device)
         optimizer.step()
-
-
-def through_a_file(state: dict) -> dict:
-    """What a checkpoint file gives back: copies, on the CPU."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, map_location="cpu")
 
 
 def uninterrupted_params(device: torch.device) -> list[torch.Tensor]:
@@ -153,7 +144,7 @@ def resume_from_full(saved: dict, sharded: bool) -> None:
     """Finish the run from a consolidated state with a ShardedOptimizer at this world size
     or a plain AdamW: bitwise equal to an uninterrupted run."""
     device = worker_state["device"]
-    saved = through_a_file(saved)  # tensors passed to a rank share memory with the others
+    saved = through_a_file(saved)
     params = [p.to(device).requires_grad_() for p in saved["params"]]
     optimizer = (ShardedOptimizer(groups_of(params), AdamW, **HYPER) if sharded
                  else AdamW(groups_of(params), **HYPER))
