@@ -59,6 +59,7 @@ from systems.distributed.process_group import (
     broadcast_module_state,
     reduce_scatter_flat,
 )
+from systems.state_dicts import cpu_copy, hyperparameters
 
 
 class _Slot(NamedTuple):
@@ -161,10 +162,6 @@ def _check_compute_dtype(compute_dtype: Any) -> None:
     if not compute_dtype.is_floating_point:  # an integer dtype would truncate the weights
         raise ValueError(f"compute_dtype must be a floating-point dtype (e.g. "
                          f"torch.bfloat16), got {compute_dtype}")
-
-
-def _cpu_copy(value: Any) -> Any:
-    return value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
 
 
 def _cast(param: nn.Parameter, dtype: torch.dtype) -> torch.Tensor:
@@ -386,8 +383,8 @@ class FSDP(nn.Module):
         "optimizer" (with `optimizer`): its state in torch's format with parameter names in
         place of indices}, as CPU copies on every rank (a collective). Loads at any world
         size with load_full_state_dict."""
-        model = {name: _cpu_copy(tensor) for name, tensor in self.gather_full_params().items()}
-        model.update({name: _cpu_copy(b) for name, b in self._persistent_buffers().items()})
+        model = {name: cpu_copy(tensor) for name, tensor in self.gather_full_params().items()}
+        model.update({name: cpu_copy(b) for name, b in self._persistent_buffers().items()})
         if optimizer is None:
             return {"model": model}
         return {"model": model, "optimizer": self._full_optimizer_state(optimizer)}
@@ -406,7 +403,7 @@ class FSDP(nn.Module):
                 names += self._names(param)
                 if index in saved["state"]:
                     state.update(self._full_param_state(param, saved["state"][index]))
-            groups.append({**_hyperparameters(saved_group), "params": names})
+            groups.append({**hyperparameters(saved_group), "params": names})
         return {"state": state, "param_groups": groups}
 
     def _full_param_state(self, param: nn.Parameter, param_state: dict[str, Any],
@@ -422,7 +419,7 @@ class FSDP(nn.Module):
             else:
                 pieces = [value] * len(names)
             for name, piece in zip(names, pieces, strict=True):
-                full[name][key] = _cpu_copy(piece)
+                full[name][key] = cpu_copy(piece)
         return full
 
     @torch.no_grad()
@@ -477,7 +474,7 @@ class FSDP(nn.Module):
                                      "they share one shard")
                 indices.append(index)
                 index += 1
-            groups.append({**_hyperparameters(saved_group), "params": indices})
+            groups.append({**hyperparameters(saved_group), "params": indices})
         return {"state": state, "param_groups": groups}
 
     def _shard_param_state(self, param: nn.Parameter, states: list[dict[str, Any]],
@@ -503,10 +500,6 @@ class FSDP(nn.Module):
                 raise ValueError(f"optimizer state {key!r} of {names} is neither shaped like "
                                  "each weight nor the same for all: they share one shard")
         return shard_state
-
-
-def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in group.items() if key != "params"}
 
 
 def _equal(a: Any, b: Any) -> bool:

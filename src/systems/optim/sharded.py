@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from systems.state_dicts import cpu_copy, hyperparameters
+
 
 class ShardedOptimizer(torch.optim.Optimizer):
     """Wraps `optimizer_cls(local_params, **optimizer_kwargs)`; a torch.optim.Optimizer."""
@@ -62,7 +64,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # Hyperparameters set on our groups (e.g. by an LR scheduler) apply to the shard.
         for group, local_group in zip(self.param_groups, self.local_optimizer.param_groups,
                                       strict=True):
-            local_group.update({k: v for k, v in group.items() if k != "params"})
+            local_group.update(hyperparameters(group))
         loss = self.local_optimizer.step(closure)
         self._synchronize_parameters()
         return loss
@@ -78,7 +80,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def consolidated_state_dict(self, to_rank: int | None = 0) -> dict[str, Any] | None:
         """The full optimizer state in torch's format, as CPU copies: on rank `to_rank` (None
         elsewhere), or on every rank with `to_rank=None`. A collective: call it on all ranks."""
-        shard = {index: {key: _cpu_copy(value) for key, value in state.items()}
+        shard = {index: {key: cpu_copy(value) for key, value in state.items()}
                  for index, state in self._local_state().items()}
         if to_rank is None:
             shards: list[Any] = [None] * self.world_size
@@ -120,7 +122,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for group, local_group, saved in zip(self.param_groups,
                                              self.local_optimizer.param_groups, saved_groups,
                                              strict=True):
-            hyper = {k: v for k, v in saved.items() if k != "params"}
+            hyper = hyperparameters(saved)
             group.update(hyper)
             local_groups.append({**hyper,
                                  "params": [local_index[p] for p in local_group["params"]]})
@@ -147,7 +149,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         entries, start = [], 0
         for group, local_group in zip(self.param_groups, self.local_optimizer.param_groups,
                                       strict=True):
-            hyper = {k: v for k, v in {**local_group, **group}.items() if k != "params"}
+            hyper = hyperparameters({**local_group, **group})
             entries.append({**hyper, "params": list(range(start, start + len(group["params"])))})
             start += len(group["params"])
         return entries
@@ -168,7 +170,3 @@ class ShardedOptimizer(torch.optim.Optimizer):
                  for param in self._params()]
         for work in works:
             work.wait()
-
-
-def _cpu_copy(value: Any) -> Any:
-    return value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
