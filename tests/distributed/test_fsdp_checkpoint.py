@@ -9,13 +9,30 @@ import pytest
 import torch
 import torch.distributed as dist
 from checkpoint_cases import through_a_file
-from distributed_cases import MODELS, global_batches, loss_fn, vocab_of
+from distributed_cases import MODELS, ToyModel, global_batches, loss_fn, vocab_of
 
 from systems.distributed import FSDP
 from systems.distributed.launch import worker_state
 from systems.optim import AdamW
 
 GLOBAL_BATCH, STEPS, SAVED_AT = 4, 4, 2
+
+
+class CountingToyModel(ToyModel):
+    """ToyModel with a persistent buffer that forward changes (a checkpoint must carry it)
+    and a non-persistent one (a checkpoint must leave it out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("scratch", torch.ones(3), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(tokens)
+
+
+CHECKPOINT_MODELS = {**MODELS, "counting_toy": CountingToyModel}
 OPTIMIZERS = {
     "adamw": lambda params: AdamW(params, lr=1e-2, weight_decay=0.1),
     # Across world sizes gradients differ in rounding; SGD's update is proportional to the
@@ -39,7 +56,7 @@ def assert_same_state(got, want, where: str = "state") -> None:
 def wrapped_model(model_name: str, optimizer_name: str, compute_dtype: torch.dtype | None = None,
                   ) -> tuple[FSDP, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    wrapped = FSDP(MODELS[model_name]().to(worker_state["device"]), compute_dtype)
+    wrapped = FSDP(CHECKPOINT_MODELS[model_name]().to(worker_state["device"]), compute_dtype)
     optimizer = OPTIMIZERS[optimizer_name]([p for p in wrapped.parameters() if p.requires_grad])
     return wrapped, optimizer
 
@@ -75,8 +92,8 @@ def train_fsdp(model_name: str, optimizer_name: str, steps: range,
 
 
 @pytest.mark.parametrize(("model_name", "compute_dtype"), [
-    ("toy", None), ("exact_stack", None), ("toy", torch.bfloat16)], ids=["toy", "exact_stack",
-                                                                        "toy-bf16"])
+    ("counting_toy", None), ("exact_stack", None), ("tiny_lm", None), ("toy", torch.bfloat16),
+], ids=["counting_toy", "exact_stack", "tiny_lm", "toy-bf16"])
 def test_full_checkpoint_resumes_bitwise_at_the_same_world_size(run_on_ranks, backend,
                                                                 model_name, compute_dtype):
     run = functools.partial(run_on_ranks, train_fsdp, model_name, "adamw",
@@ -86,6 +103,9 @@ def test_full_checkpoint_resumes_bitwise_at_the_same_world_size(run_on_ranks, ba
     saved = run(range(SAVED_AT))[0]
     resumed = run(range(SAVED_AT, STEPS), saved)[0]
     assert_same_state(resumed, uninterrupted[0])
+    if model_name == "counting_toy":
+        assert saved["model"]["calls"] == SAVED_AT and resumed["model"]["calls"] == STEPS
+        assert "scratch" not in saved["model"]
 
 
 def max_difference(got: dict, want: dict) -> float:
