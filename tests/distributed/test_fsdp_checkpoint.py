@@ -15,7 +15,7 @@ from systems.distributed import FSDP
 from systems.distributed.launch import worker_state
 from systems.optim import AdamW
 
-GLOBAL_BATCH, STEPS, SAVED_AT = 4, 4, 2
+GLOBAL_BATCH, STEPS, SAVED_AT = 12, 4, 2  # every world size tested divides the batch
 
 
 class CountingToyModel(ToyModel):
@@ -77,6 +77,7 @@ def train_fsdp(model_name: str, optimizer_name: str, steps: range,
         # Re-sharding at this world size loses nothing.
         assert_same_state(wrapped.full_state_dict(optimizer if with_optimizer else None),
                           checkpoint)
+    assert GLOBAL_BATCH % world == 0, "each rank must get an equal slice of each batch"
     per_rank = GLOBAL_BATCH // world
     mine = slice(rank * per_rank, (rank + 1) * per_rank)
     batches = global_batches(vocab_of(wrapped.module), GLOBAL_BATCH, STEPS, seed=0)
@@ -112,32 +113,40 @@ def max_difference(got: dict, want: dict) -> float:
     return max((got[name] - want[name]).abs().max().item() for name in want)
 
 
+def worst_scaled_error(got: dict, want: dict) -> float:
+    """The largest difference of a tensor relative to its largest magnitude: a sum computed
+    in another order is off by rounding relative to its terms, not to its result."""
+    return max(((got[name] - want[name]).abs().max() / want[name].abs().max().clamp_min(1e-30))
+               .item() for name in want)
+
+
 @pytest.mark.parametrize("model_name", ["toy", "exact_stack"])
-@pytest.mark.parametrize("world_size", [1, 4])
+@pytest.mark.parametrize("world_size", [1, 3, 4])
 def test_full_checkpoint_resumes_at_another_world_size(run_on_ranks, backend, model_name,
                                                        world_size):
+    if backend == "gloo" and world_size == 1:
+        pytest.skip("a forked one-rank gloo pool runs multithreaded and hangs in its first "
+                    "matmul once the test process has used its OpenMP threads (RankPool)")
     uninterrupted = run_on_ranks(train_fsdp, model_name, "sgd", range(STEPS))[0]
     saved = run_on_ranks(train_fsdp, model_name, "sgd", range(SAVED_AT))[0]
     resumed = run_on_ranks(train_fsdp, model_name, "sgd", range(SAVED_AT, STEPS), saved,
                            world_size=world_size)[0]
     # After the resume each gradient is reduced over another number of ranks: the same
     # sums in another order, so results agree to rounding (as FSDP and single-process
-    # training do in test_fsdp.py), not bitwise. Seen: at most 1.2e-7 absolute (a few ulps
-    # of values ~1); without the optimizer state the parameters end 0.5-1.0 away.
-    for part in ("model", "optimizer"):
-        assert resumed[part].keys() == uninterrupted[part].keys()
-    torch.testing.assert_close(resumed["model"], uninterrupted["model"], rtol=1e-5, atol=1e-6)
-    momentum = {name: state["momentum_buffer"]
-                for name, state in uninterrupted["optimizer"]["state"].items()}
-    torch.testing.assert_close({name: state["momentum_buffer"]
-                                for name, state in resumed["optimizer"]["state"].items()},
-                               momentum, rtol=1e-5, atol=1e-6)
+    # training do in test_fsdp.py), not bitwise. Seen: at most 7.6e-7 of a tensor's
+    # largest magnitude; without the optimizer state the parameters end 0.09-0.74 away.
     assert resumed["optimizer"]["param_groups"] == uninterrupted["optimizer"]["param_groups"]
+    assert resumed["model"].keys() == uninterrupted["model"].keys()
+    assert worst_scaled_error(resumed["model"], uninterrupted["model"]) <= 1e-5
+    momentum = [{name: state["momentum_buffer"] for name, state in run["optimizer"]["state"]
+                 .items()} for run in (resumed, uninterrupted)]
+    assert momentum[0].keys() == momentum[1].keys()
+    assert worst_scaled_error(*momentum) <= 1e-5
     # The check has teeth: without the optimizer state (momentum restarts) the run ends
     # far outside that tolerance.
     model_only = run_on_ranks(train_fsdp, model_name, "sgd", range(SAVED_AT, STEPS),
                               {"model": saved["model"]}, world_size=world_size)[0]
-    assert max_difference(model_only["model"], uninterrupted["model"]) > 1e-3
+    assert max_difference(model_only["model"], uninterrupted["model"]) > 1e-2
 
 
 def rejects_mismatched_checkpoint(saved: dict) -> None:

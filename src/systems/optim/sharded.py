@@ -104,29 +104,27 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 "the state dict does not match this optimizer's parameters: parameters per "
                 f"group {[len(g['params']) for g in saved_groups]}, here "
                 f"{[len(g['params']) for g in self.param_groups]}")
-        index_of = dict(zip((i for g in saved_groups for i in g["params"]), params,
+        param_at = dict(zip((i for g in saved_groups for i in g["params"]), params,
                             strict=True))
         if "shard" in state_dict:
             self._check_shard(state_dict["shard"])
             saved_state = state_dict["shard"]["state"]
         else:
             saved_state = state_dict["state"]
-        unknown = set(saved_state) - set(index_of)
+        unknown = set(saved_state) - set(param_at)
         if unknown:
             raise ValueError(f"the state dict has state for unknown parameters {sorted(unknown)}")
         local_params = [p for g in self.local_optimizer.param_groups for p in g["params"]]
         local_index = {p: i for i, p in enumerate(local_params)}
-        local_state = {local_index[index_of[i]]: value for i, value in saved_state.items()
-                       if self.owner[index_of[i]] == self.rank}
-        local_groups = []
-        for group, local_group, saved in zip(self.param_groups,
-                                             self.local_optimizer.param_groups, saved_groups,
-                                             strict=True):
-            hyper = hyperparameters(saved)
-            group.update(hyper)
-            local_groups.append({**hyper,
-                                 "params": [local_index[p] for p in local_group["params"]]})
+        local_state = {local_index[param_at[i]]: value for i, value in saved_state.items()
+                       if self.owner[param_at[i]] == self.rank}
+        local_groups = [{**hyperparameters(saved),
+                         "params": [local_index[p] for p in local_group["params"]]}
+                        for local_group, saved in zip(self.local_optimizer.param_groups,
+                                                      saved_groups, strict=True)]
         self.local_optimizer.load_state_dict({"state": local_state, "param_groups": local_groups})
+        for group, saved in zip(self.param_groups, saved_groups, strict=True):
+            group.update(hyperparameters(saved))
 
     def _check_shard(self, shard: dict[str, Any]) -> None:
         if shard["world_size"] != self.world_size:
