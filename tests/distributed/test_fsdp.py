@@ -94,3 +94,18 @@ def test_one_collective_per_unit(run_on_ranks):
     # whose backward needs only the token ids.
     assert run_on_ranks(collectives_per_step) == [
         {"forward": 4, "backward": 3, "reduce_scatter": 4}] * 2
+
+
+def wrap_with_compute_dtype(compute_dtype, error: type[Exception]) -> None:
+    with pytest.raises(error, match="compute_dtype"):
+        FSDP(ExactStackModel().to(worker_state["device"]), compute_dtype=compute_dtype)
+
+
+@pytest.mark.parametrize(("compute_dtype", "error"), [
+    (torch.int32, ValueError), (torch.bool, ValueError), (torch.complex64, ValueError),
+    ("bfloat16", TypeError),
+], ids=["int32", "bool", "complex64", "a string"])
+def test_rejects_a_compute_dtype_that_is_not_floating(run_on_ranks, backend, compute_dtype,
+                                                      error):
+    # An integer compute dtype would truncate every weight in the all-gather.
+    run_on_ranks(wrap_with_compute_dtype, compute_dtype, error)

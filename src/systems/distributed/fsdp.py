@@ -35,6 +35,12 @@ used in the next, so the first forward gathers on demand.
 With `compute_dtype`, shards are cast before the all-gather, the module computes in that
 dtype, gradients are reduced in it and accumulated into the fp32 shards: master weights
 and optimizer updates stay fp32.
+
+Checkpoints. `full_state_dict(optimizer)` gathers the model (full parameters by the
+unwrapped model's names, and its persistent buffers) and the optimizer state (each shard's
+state split into full tensors per weight, keyed by the same names) to CPU tensors on every
+rank; `load_full_state_dict` cuts them into this rank's shards. Units depend on the module
+tree, not on the world size, so a checkpoint saved at one world size loads at any other.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from systems.distributed.process_group import (
     broadcast_module_state,
     reduce_scatter_flat,
 )
+from systems.state_dicts import cpu_copy, hyperparameters
 
 
 class _Slot(NamedTuple):
@@ -86,6 +93,20 @@ class _Unit:
         self.full_flat: torch.Tensor | None = None  # gathered, padded, in comm_dtype
         self._gather_work: dist.Work | None = None
         self._grad_works: list[tuple[dist.Work, torch.Tensor]] = []
+
+    def gather_full(self, shard_like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """All-gather a tensor laid out like the shard (the shard itself, or optimizer state
+        of it): the unit's weights' full tensors, shaped (a collective)."""
+        flat = torch.empty(self.shard_numel * self.world_size, dtype=shard_like.dtype,
+                           device=shard_like.device)
+        all_gather_flat(flat, shard_like.detach().contiguous())
+        return self.split(flat)
+
+    def shard_of(self, full: Sequence[torch.Tensor], rank: int) -> torch.Tensor:
+        """`rank`'s shard of full tensors shaped like the unit's weights (a new tensor)."""
+        flat = torch.cat([tensor.reshape(-1) for tensor in full]
+                         + [full[0].new_zeros(self.padding)])
+        return flat[rank * self.shard_numel:(rank + 1) * self.shard_numel].clone()
 
     def split(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The weights, shaped, as views of a full (gathered) flat buffer of this unit."""
@@ -133,6 +154,16 @@ class _Unit:
         self._grad_works.clear()
 
 
+def _check_compute_dtype(compute_dtype: Any) -> None:
+    if compute_dtype is None:
+        return
+    if not isinstance(compute_dtype, torch.dtype):
+        raise TypeError(f"compute_dtype must be a torch.dtype or None, got {compute_dtype!r}")
+    if not compute_dtype.is_floating_point:  # an integer dtype would truncate the weights
+        raise ValueError(f"compute_dtype must be a floating-point dtype (e.g. "
+                         f"torch.bfloat16), got {compute_dtype}")
+
+
 def _cast(param: nn.Parameter, dtype: torch.dtype) -> torch.Tensor:
     """A differentiable non-Parameter copy-or-view of `param` in `dtype`."""
     return param.view_as(param) if param.dtype == dtype else param.to(dtype)
@@ -172,6 +203,7 @@ class FSDP(nn.Module):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("initialise the default process group before wrapping a model")
+        _check_compute_dtype(compute_dtype)
         self.module, self.compute_dtype = module, compute_dtype
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         broadcast_module_state(module)
@@ -183,6 +215,7 @@ class FSDP(nn.Module):
         self._roots: dict[nn.Module, list[_Unit]] = {}  # units gathered around a root's call
         self._take_parameters()
         self.shards = nn.ParameterList(unit.shard for unit in self._units)
+        self._unit_of_shard = {unit.shard: unit for unit in self._units}
         self.replicated = nn.ParameterList(
             self._replicated.values() if compute_dtype is not None else [])
         self.grad_sync = GradientSynchronizer(
@@ -324,8 +357,152 @@ class FSDP(nn.Module):
         """Full fp32 tensors by the unwrapped model's parameter names (a collective)."""
         full = {name: param.detach().clone() for name, param in self._replicated.items()}
         for unit in self._units:
-            flat = torch.empty(unit.shard_numel * self.world_size, dtype=unit.shard.dtype,
-                               device=unit.shard.device)
-            all_gather_flat(flat, unit.shard.detach())
-            full.update(zip((slot.name for slot in unit.slots), unit.split(flat), strict=True))
+            full.update(zip(self._names(unit.shard), unit.gather_full(unit.shard), strict=True))
         return {name: full[name] for name in self.param_names}
+
+    def _names(self, param: nn.Parameter) -> list[str]:
+        """The unwrapped model's names of the weights `param` (a shard, or a replicated
+        parameter) holds."""
+        unit = self._unit_of_shard.get(param)
+        if unit is not None:
+            return [slot.name for slot in unit.slots]
+        for name, replicated in self._replicated.items():
+            if replicated is param:
+                return [name]
+        raise ValueError("the optimizer holds a parameter that is not one of this FSDP's "
+                         "(build it from fsdp.parameters())")
+
+    def _persistent_buffers(self) -> dict[str, torch.Tensor]:
+        return {name: tensor for name, tensor in self.module.state_dict(keep_vars=True).items()
+                if name not in self._replicated}
+
+    @torch.no_grad()
+    def full_state_dict(self, optimizer: torch.optim.Optimizer | None = None,
+                        ) -> dict[str, Any]:
+        """{"model": full parameters and persistent buffers by the unwrapped model's names,
+        "optimizer" (with `optimizer`): its state in torch's format with parameter names in
+        place of indices}, as CPU copies on every rank (a collective). Loads at any world
+        size with load_full_state_dict."""
+        model = {name: cpu_copy(tensor) for name, tensor in self.gather_full_params().items()}
+        model.update({name: cpu_copy(b) for name, b in self._persistent_buffers().items()})
+        if optimizer is None:
+            return {"model": model}
+        return {"model": model, "optimizer": self._full_optimizer_state(optimizer)}
+
+    def _full_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        saved = optimizer.state_dict()
+        if "state" not in saved:
+            raise TypeError(f"{type(optimizer).__name__}.state_dict() does not hold every "
+                            "parameter's state (a ShardedOptimizer's holds one rank's)")
+        state: dict[str, dict[str, Any]] = {}
+        groups = []
+        for group, saved_group in zip(optimizer.param_groups, saved["param_groups"],
+                                      strict=True):
+            names = []
+            for param, index in zip(group["params"], saved_group["params"], strict=True):
+                names += self._names(param)
+                if index in saved["state"]:
+                    state.update(self._full_param_state(param, saved["state"][index]))
+            groups.append({**hyperparameters(saved_group), "params": names})
+        return {"state": state, "param_groups": groups}
+
+    def _full_param_state(self, param: nn.Parameter, param_state: dict[str, Any],
+                          ) -> dict[str, dict[str, Any]]:
+        """Per weight name: state laid out like a shard is gathered and split into the
+        weights' full tensors; other state (a step count) is the same for each weight."""
+        names = self._names(param)
+        unit = self._unit_of_shard.get(param)
+        full: dict[str, dict[str, Any]] = {name: {} for name in names}
+        for key, value in sorted(param_state.items()):  # the same gathers on every rank
+            if unit is not None and isinstance(value, torch.Tensor) and value.shape == param.shape:
+                pieces: Sequence[Any] = unit.gather_full(value)
+            else:
+                pieces = [value] * len(names)
+            for name, piece in zip(names, pieces, strict=True):
+                full[name][key] = cpu_copy(piece)
+        return full
+
+    @torch.no_grad()
+    def load_full_state_dict(self, state: dict[str, Any],
+                             optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Load a full_state_dict() saved at any world size; each rank keeps its shards.
+        Checks everything before changing anything: a mismatch raises ValueError."""
+        self._check_model_state(state["model"])
+        optimizer_state = (self._sharded_optimizer_state(state["optimizer"], optimizer)
+                           if optimizer is not None else None)
+        model = state["model"]
+        for unit in self._units:
+            unit.shard.copy_(unit.shard_of([model[slot.name] for slot in unit.slots], self.rank))
+        for name, tensor in {**self._replicated, **self._persistent_buffers()}.items():
+            tensor.copy_(model[name])
+        if optimizer_state is not None:
+            optimizer.load_state_dict(optimizer_state)
+
+    def _check_model_state(self, model: dict[str, torch.Tensor]) -> None:
+        shapes = {slot.name: slot.shape for unit in self._units for slot in unit.slots}
+        shapes.update({name: tensor.shape for name, tensor
+                       in {**self._replicated, **self._persistent_buffers()}.items()})
+        missing, unexpected = shapes.keys() - model.keys(), model.keys() - shapes.keys()
+        if missing or unexpected:
+            raise ValueError(f"the model state does not match this model: missing "
+                             f"{sorted(missing)}, unexpected {sorted(unexpected)}")
+        wrong = [f"{name} {tuple(model[name].shape)} (here {tuple(shape)})"
+                 for name, shape in shapes.items() if model[name].shape != shape]
+        if wrong:
+            raise ValueError(f"the model state has other shapes: {', '.join(wrong)}")
+
+    def _sharded_optimizer_state(self, full: dict[str, Any], optimizer: torch.optim.Optimizer,
+                                 ) -> dict[str, Any]:
+        """This rank's part of a full optimizer state, in torch's format for `optimizer`."""
+        here = [[name for param in group["params"] for name in self._names(param)]
+                for group in optimizer.param_groups]
+        if [group["params"] for group in full["param_groups"]] != here:
+            raise ValueError("the optimizer state's param_groups hold other parameters than "
+                             f"this optimizer's: {[g['params'] for g in full['param_groups']]}, "
+                             f"here {here}")
+        state, groups, index = {}, [], 0
+        for group, saved_group in zip(optimizer.param_groups, full["param_groups"], strict=True):
+            indices = []
+            for param in group["params"]:
+                names = self._names(param)
+                present = [name in full["state"] for name in names]
+                if all(present):
+                    state[index] = self._shard_param_state(
+                        param, [full["state"][name] for name in names])
+                elif any(present):
+                    raise ValueError(f"the optimizer state covers some of {names}, not all: "
+                                     "they share one shard")
+                indices.append(index)
+                index += 1
+            groups.append({**hyperparameters(saved_group), "params": indices})
+        return {"state": state, "param_groups": groups}
+
+    def _shard_param_state(self, param: nn.Parameter, states: list[dict[str, Any]],
+                           ) -> dict[str, Any]:
+        """The state of `param` from its weights' full states (the inverse of
+        _full_param_state)."""
+        unit = self._unit_of_shard.get(param)
+        if unit is None:
+            return dict(states[0])
+        names = self._names(param)
+        if any(s.keys() != states[0].keys() for s in states):
+            raise ValueError(f"the optimizer states of {names} have different keys: they "
+                             "share one shard")
+        shard_state = {}
+        for key in states[0]:
+            values = [s[key] for s in states]
+            if all(isinstance(v, torch.Tensor) and v.shape == slot.shape
+                   for v, slot in zip(values, unit.slots, strict=True)):
+                shard_state[key] = unit.shard_of(values, self.rank)
+            elif all(_equal(v, values[0]) for v in values):
+                shard_state[key] = values[0]
+            else:
+                raise ValueError(f"optimizer state {key!r} of {names} is neither shaped like "
+                                 "each weight nor the same for all: they share one shard")
+        return shard_state
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+    return a == b
