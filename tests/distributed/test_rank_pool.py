@@ -65,14 +65,18 @@ def _wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs Linux /proc")
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT],
-                         ids=lambda s: signal.Signals(s).name)
-def test_ranks_and_folder_go_when_the_owner_dies(tmp_path, signum):
+@pytest.mark.parametrize(("signum", "owning_thread"), [
+    (signal.SIGTERM, "main"), (signal.SIGKILL, "main"), (signal.SIGINT, "main"),
+    # Off the main thread the kernel's parent-death signal is not used: the watchdog acts.
+    (signal.SIGKILL, "thread"),
+], ids=lambda p: signal.Signals(p).name if isinstance(p, int) else p)
+def test_ranks_and_folder_go_when_the_owner_dies(tmp_path, signum, owning_thread):
     markers, tmpdir = tmp_path / "markers", tmp_path / "tmp"
     markers.mkdir()
     tmpdir.mkdir()
-    owner = subprocess.Popen([sys.executable, str(HERE / "pool_owner.py"), str(markers)],
-                             env=_child_env(tmpdir), cwd=REPO)
+    owner = subprocess.Popen(
+        [sys.executable, str(HERE / "pool_owner.py"), str(markers), owning_thread],
+        env=_child_env(tmpdir), cwd=REPO)
     try:
         assert _wait_for(lambda: len(list(markers.iterdir())) == 2 or owner.poll() is not None,
                          START_S), "the ranks never reached the collective"
