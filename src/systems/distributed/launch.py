@@ -117,7 +117,7 @@ def _die_with_owner(owner_pid: int) -> None:
     started from the main thread; otherwise the watchdog alone cleans up.
     """
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != owner_pid:  # the owner died before the request took effect
         os._exit(1)
 
