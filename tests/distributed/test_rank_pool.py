@@ -39,18 +39,25 @@ def _child_env(tmpdir: Path) -> dict[str, str]:
     return env
 
 
+def _alive(pid: int) -> bool:
+    """Running, that is: not gone and not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
 def _live_processes_naming(text: str) -> list[int]:
-    """Pids of running (not zombie) processes whose command line contains `text`."""
+    """Pids of running processes whose command line contains `text`."""
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            named = entry.name.isdigit() and text in (entry / "cmdline").read_bytes().decode(
+                errors="replace")
         except OSError:  # it exited while we looked
             continue
-        if text in cmdline and state not in ("Z", "X"):
+        if named and _alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 
@@ -112,14 +119,6 @@ def _interrupt_after(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def test_a_call_cut_short_discards_the_pool():
