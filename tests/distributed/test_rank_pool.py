@@ -103,6 +103,18 @@ def test_ranks_and_folder_go_when_the_owner_dies(tmp_path, signum, owning_thread
         owner.wait()
 
 
+def test_a_pool_outlives_the_thread_that_started_it():
+    # The kernel's parent-death signal follows the starting thread, not the process: a
+    # pool started off the main thread must not ask for it.
+    pools: list[RankPool] = []
+    starter = threading.Thread(target=lambda: pools.append(RankPool(2)))
+    starter.start()
+    starter.join()
+    with pools[0] as pool:
+        time.sleep(0.5)  # the signal, if asked for, is immediate
+        assert pool.run(identity, "after") == ["after", "after"]
+
+
 class _Interrupted(Exception):
     """What pytest-timeout's signal method raises in the middle of a test."""
 
