@@ -2,9 +2,10 @@
 
 Ranks live in pools (one per world size and backend) that are started once per session
 and reused: starting processes that import torch is the slow part on CPU. A failing or
-hung call reports every rank's traceback or stack and closes its pool; the next call
-starts a fresh one. `backend` runs a test on gloo (CPU) and on NCCL (GPUs, skipped with the
-reason when there are too few). Rank functions must be module-level (picklable by name).
+hung call reports every rank's traceback or stack and closes its pool, and so does a call
+cut short (e.g. by pytest-timeout); the next call starts a fresh one. `backend` runs a test
+on gloo (CPU) and on NCCL (GPUs, skipped with the reason when there are too few). Rank
+functions must be module-level (picklable by name).
 """
 
 from __future__ import annotations
