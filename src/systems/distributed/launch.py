@@ -35,7 +35,6 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -62,8 +61,10 @@ class RankError(RuntimeError):
 
 
 def _dumps(obj: object) -> bytes:
-    """Pickle as a multiprocessing queue would (tensors go through shared memory)."""
-    return bytes(ForkingPickler.dumps(obj))
+    """Pickle by value. Not through shared memory as a multiprocessing queue would: a
+    shared tensor's file descriptor can be taken once, but one pickled call goes to every
+    rank, and a rank's result must not depend on the rank staying alive."""
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _type_name(obj: object) -> str:
@@ -136,8 +137,12 @@ def _worker(rank: int, world_size: int, backend: str, init_file: str, timeout_s:
             device = init_rank(backend=backend, rank=rank, world_size=world_size,
                                init_method=f"file://{init_file}", timeout_s=timeout_s)
             worker_state["device"] = device
-            if device.type == "cpu":  # ranks share the cores: oversubscribing slows all
-                torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+            if device.type == "cpu":
+                # gloo ranks are forked, and a forked child inherits an OpenMP pool that is
+                # not fork-safe: with more than one thread its first parallel op can hang
+                # once the owner has used its threads. One thread each also keeps ranks
+                # from oversubscribing the cores they share.
+                torch.set_num_threads(1)
             results.put((_STARTUP_CALL, rank, True, _dumps(None)))
         except BaseException:
             results.put((_STARTUP_CALL, rank, False, "raised:\n" + traceback.format_exc()))
