@@ -80,8 +80,8 @@ def test_saved_history_is_kept_per_device_with_versions(perf_project) -> None:
 
 
 # A perf module shaped like tests/perf/*: a dataclass case (with a nested dataclass and a
-# tuple, as TrainCase and the attention cases have), steps that sleep long enough (0.1 s) for
-# scheduling noise on a busy CPU to stay a few percent.
+# tuple, as TrainCase and the attention cases have), steps that sleep long enough (0.1-0.3 s)
+# for scheduling noise on a busy CPU to stay a few percent.
 TIMED_MODULE = '''
 import time
 from dataclasses import dataclass
@@ -104,7 +104,7 @@ class Case:
         return f"{self.size}-n{self.shape.seq_len}"
 
 def perf_cases(profile):
-    return [Case("small", Shape(64, (2, 3)), 0.10), Case("large", Shape(128, (4, 5)), 0.15)]
+    return [Case("small", Shape(64, (2, 3)), 0.2), Case("large", Shape(128, (4, 5)), 0.3)]
 
 def test_step(perf_case, synced_benchmark):
     synced_benchmark(lambda: time.sleep(perf_case.seconds), warmup=1, rounds=7,
@@ -141,13 +141,14 @@ def test_saved_params_are_plain_and_group_by_a_param(timed_project) -> None:
     saved = json.loads((timed_project.path / "run.json").read_text())
     by_name = {b["name"]: b for b in saved["benchmarks"]}
     step = by_name["test_step[small-n64]"]
-    assert step["params"] == {"size": "small", "seconds": 0.1, "seq_len": 64, "dims": [2, 3]}
+    assert step["params"] == {"size": "small", "seconds": 0.2, "seq_len": 64, "dims": [2, 3]}
     assert step["param"] == "small-n64"
     assert "UNSERIALIZABLE" not in (timed_project.path / "run.json").read_text()
     # pytest-benchmark's own reader groups the saved run by a param, too.
     compared = subprocess.run(
         [sys.executable, "-c", "from pytest_benchmark.cli import main; main()", "compare", "--group-by", "param:seq_len",
-         str(timed_project.path / "run.json")], capture_output=True, text=True, check=True)
+         str(timed_project.path / "run.json")], capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT_CONFTEST.parent / "src")})
     assert "seq_len=64" in compared.stdout and "seq_len=128" in compared.stdout
 
 
@@ -240,7 +241,7 @@ def test_gate_passes_a_rerun_and_catches_an_injected_slowdown(timed_project, mon
     assert injected == {"test_step[small-n64]": 0.5, "test_step[large-n128]": 0.5,
                         "test_plain": None}
     medians = {b["name"]: b["stats"]["median"] for b in benches}
-    assert medians["test_step[large-n128]"] == pytest.approx(1.5 * 0.15, rel=0.1)
+    assert medians["test_step[large-n128]"] == pytest.approx(1.5 * 0.3, rel=0.1)
 
     monkeypatch.setenv(SLOWDOWN_ENV, "test_step:0.5")
     refused = timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-baseline")
