@@ -146,8 +146,9 @@ def test_saved_params_are_plain_and_group_by_a_param(timed_project) -> None:
     assert "UNSERIALIZABLE" not in (timed_project.path / "run.json").read_text()
     # pytest-benchmark's own reader groups the saved run by a param, too.
     compared = subprocess.run(
-        [sys.executable, "-c", "from pytest_benchmark.cli import main; main()", "compare", "--group-by", "param:seq_len",
-         str(timed_project.path / "run.json")], capture_output=True, text=True, check=True,
+        [sys.executable, "-c", "from pytest_benchmark.cli import main; main()", "compare",
+         "--group-by", "param:seq_len", str(timed_project.path / "run.json")],
+        capture_output=True, text=True, check=True,
         env={**os.environ, "PYTHONPATH": str(ROOT_CONFTEST.parent / "src")})
     assert "seq_len=64" in compared.stdout and "seq_len=128" in compared.stdout
 

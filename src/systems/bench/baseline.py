@@ -53,6 +53,19 @@ def missing_cases(expected: Iterable[str], run: dict) -> list[str]:
     return [name for name in expected if name not in present]
 
 
+def baseline_problems(path: Path, expected: Iterable[str]) -> list[str]:
+    """Why the baseline at `path` cannot gate the `expected` cases (node ids); [] if it can."""
+    redo = (f"record it again on that GPU with `{RECORD_COMMAND}` (or combine parts with "
+            "`python -m systems.bench.baseline combine`) and commit it")
+    if not path.is_file():
+        return [f"no baseline at {path}: {redo}"]
+    missing = missing_cases(expected, json.loads(path.read_text()))
+    if not missing:
+        return []
+    return [f"{len(missing)} case(s) have no result in {path}: {redo}",
+            *(f"  {name}" for name in missing)]
+
+
 def saved_timings(path: Path) -> dict[str, Timing]:
     """Median and IQR of every benchmark of a saved run, by full name."""
     run = json.loads(path.read_text())
