@@ -1,6 +1,10 @@
 # Two commands do everything on a fresh Linux machine with Python 3.11+:
-#   make bench   the perf suite on the local GPU (CPU smoke profile without one)
+#   make bench   the perf suite on the local GPU (CPU smoke profile without one), compared
+#                with this GPU's baseline by a noise-aware gate
 #   make test    correctness and distributed tests
+# Keeping results (docs/benchmarking.md):
+#   make baseline            record the quick profile as this GPU's baseline (commit it)
+#   make study NAME=x PERF_ARGS='-k ...'   save a study under .benchmarks/<GPU>/studies/
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,8 +12,10 @@ STAMP := $(VENV)/.installed
 PROFILE ?=
 PERF_ARGS ?=
 PROFILE_FLAG := $(if $(PROFILE),--perf-profile=$(PROFILE),)
+NAME ?=
+COLUMNS := --benchmark-columns=median,iqr,mean,stddev,rounds
 
-.PHONY: bench test smoke lint report clean
+.PHONY: bench baseline study test smoke lint report clean
 
 # A Python that already has a CUDA torch (e.g. a GPU image) is reused through
 # --system-site-packages; otherwise torch 2.13.0 is installed first (pinned, because a bare
@@ -23,7 +29,16 @@ $(STAMP): pyproject.toml
 
 bench: $(STAMP)
 	$(BIN)/pytest tests/perf $(PROFILE_FLAG) --benchmark-autosave --benchmark-compare \
-		--benchmark-columns=mean,stddev,median,min,rounds $(PERF_ARGS)
+		--perf-gate $(COLUMNS) $(PERF_ARGS)
+
+# The complete quick profile, kept as .benchmarks/<GPU>/baseline_<N>gpu.json only if every
+# test passes; refused for subsets (-k, -m, other paths) and other profiles.
+baseline: $(STAMP)
+	$(BIN)/pytest tests/perf --perf-profile=quick --perf-baseline $(COLUMNS) $(PERF_ARGS)
+
+study: $(STAMP)
+	@test -n "$(NAME)" || { echo "usage: make study NAME=<name> [PROFILE=full] [PERF_ARGS='-k ...']"; exit 2; }
+	$(BIN)/pytest tests/perf $(PROFILE_FLAG) --perf-study=$(NAME) $(COLUMNS) $(PERF_ARGS)
 
 test: $(STAMP)
 	$(BIN)/pytest tests/correctness tests/distributed -n auto --timeout=900

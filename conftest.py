@@ -1,9 +1,16 @@
-"""Shared pytest fixtures and options: device choice, perf profiles, a synchronised benchmark.
+"""Shared pytest fixtures and options: device choice, perf profiles, a synchronised benchmark,
+where perf runs are saved and what they are compared with.
 
 Perf profiles (`--perf-profile`): `smoke` runs tiny CPU-sized cases (the default without a
 GPU), `quick` a few minutes of representative GPU cases (the default with one), `full` the
 whole matrix. A perf test module opts in by taking a `perf_case` argument and defining
-`perf_cases(profile) -> list` of cases with an `id` attribute.
+`perf_cases(profile) -> list` of dataclass cases with an `id` attribute; their fields are
+saved as the benchmark's plain `params`.
+
+Saving and comparing (docs/benchmarking.md): `--perf-baseline` records the quick profile as
+this GPU's baseline, `--perf-study=NAME` saves a study beside it, `--benchmark-compare` with
+no argument compares with the baseline, and `--perf-gate` fails the session when a case got
+slower by more than its own noise allows.
 """
 
 from __future__ import annotations
@@ -11,14 +18,18 @@ from __future__ import annotations
 import gc
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
 
 from systems import triton_runtime
+from systems.bench.baseline import RECORD_COMMAND, baseline_path, saved_timings, study_path
+from systems.bench.gate import CaseResult, compare, gate_table, regressions
 from systems.bench.hardware import device_slug, gpu_count, machine_description
 from systems.bench.metrics import (
     allocated_memory_bytes,
@@ -28,11 +39,31 @@ from systems.bench.metrics import (
     reset_peak_memory,
     throughput_metrics,
 )
-from systems.bench.timing import synchronize
+from systems.bench.params import flatten_case
+from systems.bench.summary import BenchmarkResult, throughput_table
+from systems.bench.timing import SLOWDOWN_ENV, injected_slowdowns, synchronize
 
 PERF_PROFILES = ("smoke", "quick", "full")
 _DEFAULT_STORAGE = "file://./.benchmarks"
 ROOT = Path(__file__).parent
+PERF_TESTS = ROOT / "tests" / "perf"
+
+
+@dataclass
+class PerfRun:
+    """What this session saves and compares (decided at configure time) and what it saw."""
+
+    storage: Path | None = None  # .benchmarks/<GPU>; None when not a folder storage
+    baseline: Path | None = None  # this GPU's baseline, whether or not it exists yet
+    baseline_draft: Path | None = None  # --perf-baseline writes here; moved once all passed
+    gate_target: Path | None = None
+    slowdowns: dict[str, float] = field(default_factory=dict)
+    results: list[BenchmarkResult] = field(default_factory=list)
+    gate: list[CaseResult] | None = None
+    notes: list[str] = field(default_factory=list)  # printed at the end, whatever happens
+
+
+_PERF_RUN = pytest.StashKey[PerfRun]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,24 +73,136 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(default: quick with a GPU, smoke without)")
     group.addoption("--device", default=None,
                     help="torch device for tests (default: cuda if available, else cpu)")
+    group.addoption("--perf-baseline", action="store_true",
+                    help="record this run as this GPU's baseline "
+                         "(.benchmarks/<GPU>/baseline_<N>gpu.json): the whole quick profile "
+                         "of tests/perf, kept only if every test passes")
+    group.addoption("--perf-study", metavar="NAME", default=None,
+                    help="save this run as .benchmarks/<GPU>/studies/NNNN_NAME.json "
+                         "(any profile or subset; never a compare target)")
+    group.addoption("--perf-gate", action="store_true",
+                    help="at the end, compare each case's median with the baseline (or "
+                         "--benchmark-compare=FILE) against a threshold from its own noise; "
+                         "fail on a regression")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # Histories are kept per GPU model, so an H100 run is never compared with an H200 run.
     if getattr(config.option, "benchmark_storage", None) == _DEFAULT_STORAGE:
         config.option.benchmark_storage = f"file://{ROOT / '.benchmarks' / device_slug()}"
+    run = config.stash[_PERF_RUN] = PerfRun()
+    if not hasattr(config.option, "benchmark_storage"):  # pytest-benchmark is not loaded
+        return
+    try:
+        run.slowdowns = injected_slowdowns(os.environ.get(SLOWDOWN_ENV))
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+    storage = config.option.benchmark_storage
+    if storage.startswith("file://"):
+        run.storage = Path(storage[len("file://"):])
+        run.baseline = baseline_path(run.storage, gpu_count())
+    _resolve_compare_target(config, run)
+    if config.getoption("perf_baseline"):
+        _plan_baseline(config, run)
+    if config.getoption("perf_study"):
+        _plan_study(config, run)
+    _check_storage_writable(config, run)
+
+
+def _resolve_compare_target(config: pytest.Config, run: PerfRun) -> None:
+    """`--benchmark-compare` with no argument means this GPU's baseline, never the newest
+    saved file (which may be a study or a partial run)."""
+    has_baseline = run.baseline is not None and run.baseline.is_file()
+    gate = config.getoption("perf_gate")
+    default_asked = config.option.benchmark_compare is True
+    if default_asked:
+        config.option.benchmark_compare = str(run.baseline) if has_baseline else []
+    compare = config.option.benchmark_compare
+    if gate and isinstance(compare, str):
+        run.gate_target = Path(compare)
+        if not run.gate_target.is_file():
+            raise pytest.UsageError(f"--perf-gate compares with one saved run: "
+                                    f"--benchmark-compare={compare} is not a file")
+    elif gate and has_baseline:
+        run.gate_target = run.baseline
+    if (default_asked or gate) and run.gate_target is None and not has_baseline:
+        run.notes.append(f"nothing compared: no baseline for {device_slug()} with "
+                         f"{gpu_count()} GPU(s) ({run.baseline}); record one with "
+                         f"`{RECORD_COMMAND}`")
+
+
+def _plan_baseline(config: pytest.Config, run: PerfRun) -> None:
+    """A baseline is the whole quick profile of tests/perf, really timed, as it stands."""
+    option = config.option
+    invoked_in = config.invocation_params.dir
+    checks = [
+        (perf_profile(config) != "quick", f"the profile is {perf_profile(config)!r}"),
+        (bool(option.keyword or option.markexpr or option.deselect
+              or getattr(option, "lf", False)), "tests are selected (-k, -m, --deselect, --lf)"),
+        ([(invoked_in / a).resolve() for a in config.args] != [PERF_TESTS],
+         f"the run covers {config.args}, not tests/perf"),
+        (bool(option.benchmark_disable or option.benchmark_skip), "timing is off"),
+        (bool(run.slowdowns), f"{SLOWDOWN_ENV} is set"),
+        (bool(config.getoption("perf_study") or option.benchmark_json),
+         "--perf-study or --benchmark-json is given too"),
+        (run.baseline is None, "the storage is not a folder"),
+    ]
+    problems = [reason for failed, reason in checks if failed]
+    if problems:
+        raise pytest.UsageError("--perf-baseline records the complete quick profile of "
+                                f"tests/perf (`{RECORD_COMMAND}`): " + "; ".join(problems))
+    assert run.baseline is not None
+    run.baseline_draft = run.baseline.with_name(f".{run.baseline.stem}.draft.json")
+    option.benchmark_json = run.baseline_draft
+
+
+def _plan_study(config: pytest.Config, run: PerfRun) -> None:
+    if run.storage is None or config.option.benchmark_json:
+        raise pytest.UsageError("--perf-study saves into a folder storage, and not together "
+                                "with --benchmark-json")
+    try:
+        config.option.benchmark_json = study_path(run.storage, config.getoption("perf_study"))
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
+def _check_storage_writable(config: pytest.Config, run: PerfRun) -> None:
+    """Fail before any case runs if the results could not be saved at the end."""
+    option = config.option
+    folders = [Path(option.benchmark_json).parent] if option.benchmark_json else []
+    if (option.benchmark_save or option.benchmark_autosave) and run.storage is not None:
+        folders.append(run.storage)
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as error:
+            raise pytest.UsageError(
+                f"benchmark results could not be saved in {folder}: {error.strerror or error}; "
+                "choose a writable place (--benchmark-storage, --benchmark-json)") from None
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    run = config.stash.get(_PERF_RUN, None)
+    return [_slowdown_banner(run)] if run is not None and run.slowdowns else []
+
+
+def _slowdown_banner(run: PerfRun) -> str:
+    added = ", ".join(f"{name} +{fraction:.0%}" for name, fraction in run.slowdowns.items())
+    return (f"!!! {SLOWDOWN_ENV} is set: an artificial slowdown is added to timed rounds "
+            f"({added}); these numbers are NOT real measurements !!!")
 
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
     machine_info.update(machine_description())
 
 
-def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json: dict) -> None:
+def pytest_benchmark_update_commit_info(config: pytest.Config, commit_info: dict) -> None:
     # A checkout copied without its .git (e.g. to a GPU box) can still name its commit.
     commit = os.environ.get("SYSTEMS_COMMIT")
     if commit:
-        output_json["commit_info"] = {**output_json.get("commit_info", {}), "id": commit,
-                                      "error": None}
+        commit_info.update(id=commit, error=None)
 
 
 def perf_profile(config: pytest.Config) -> str:
@@ -86,6 +229,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
                     "torch, or TRITON_INTERPRET=1 for the whole run)")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Plain params before the benchmark runs; its result collected once it has."""
+    bench = getattr(item, "funcargs", {}).get("benchmark")
+    case = getattr(getattr(item, "callspec", None), "params", {}).get("perf_case")
+    if bench is not None and case is not None:
+        bench.params = flatten_case(case)  # pytest-benchmark saves and groups by these
+    try:
+        return (yield)
+    finally:
+        if bench is not None and getattr(bench, "stats", None) is not None:
+            item.config.stash[_PERF_RUN].results.append(BenchmarkResult.of(bench))
+
+
 @pytest.fixture(scope="session")
 def device(request: pytest.FixtureRequest) -> torch.device:
     chosen = request.config.getoption("device")
@@ -102,12 +259,14 @@ class SynchronizedBenchmark:
 
     Every timed round ends with a device synchronize; warm-up rounds are explicit and
     untimed; peak memory and throughput are written to `extra_info`; a CUDA out-of-memory
-    error becomes a skip whose reason names the workload.
+    error becomes a skip whose reason names the workload. `slowdown` (test-only, from
+    SYSTEMS_PERF_INJECT_SLOWDOWN) adds that fraction of each round's own time to the round.
     """
 
-    def __init__(self, benchmark, device: torch.device) -> None:
+    def __init__(self, benchmark, device: torch.device, slowdown: float = 0.0) -> None:
         self.benchmark = benchmark
         self.device = device
+        self.slowdown = slowdown
 
     def __call__(
         self,
@@ -132,10 +291,14 @@ class SynchronizedBenchmark:
             step()
             enqueue_seconds.append(time.perf_counter() - start)
             synchronize(self.device)
+            if self.slowdown:
+                time.sleep(self.slowdown * (time.perf_counter() - start))
 
         extra = self.benchmark.extra_info
         extra.update(info or {})
         extra.update(precision=precision, warmup_rounds=warmup, device=str(self.device))
+        if self.slowdown:
+            extra["injected_slowdown"] = self.slowdown
         synchronize(self.device)
         try:
             if cold_start:
@@ -175,24 +338,79 @@ def release_device_memory() -> None:
 
 
 @pytest.fixture
-def synced_benchmark(benchmark, device: torch.device):
-    yield SynchronizedBenchmark(benchmark, device)
+def synced_benchmark(benchmark, device: torch.device, request: pytest.FixtureRequest):
+    slowdowns = request.config.stash[_PERF_RUN].slowdowns
+    yield SynchronizedBenchmark(benchmark, device,
+                                slowdowns.get(request.node.originalname, 0.0))
     release_device_memory()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int):
+    """pytest-benchmark saves its results inside this hook: a failure there becomes a note
+    (the tables below still print); then the baseline draft is kept or dropped and the gate
+    is evaluated."""
+    run = session.config.stash.get(_PERF_RUN, None)
+    try:
+        result = yield
+    except OSError as error:
+        if run is None:
+            raise
+        run.notes.append(f"SAVING FAILED, results were not stored: {error}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        result = None
+    if run is not None:
+        _keep_or_drop_baseline(session, run)
+        _evaluate_gate(session, run)
+    return result
+
+
+def _keep_or_drop_baseline(session: pytest.Session, run: PerfRun) -> None:
+    draft, baseline = run.baseline_draft, run.baseline
+    if draft is None or baseline is None:
+        return
+    if session.exitstatus == pytest.ExitCode.OK and draft.is_file():
+        draft.replace(baseline)
+        run.notes.append(f"recorded the baseline {baseline} ({len(run.results)} cases); "
+                         "commit it")
+    else:
+        draft.unlink(missing_ok=True)
+        run.notes.append(f"baseline NOT recorded (the run did not pass: exit status "
+                         f"{int(session.exitstatus)}); {baseline} is unchanged")
+
+
+def _evaluate_gate(session: pytest.Session, run: PerfRun) -> None:
+    if run.gate_target is None:
+        return
+    current = {r.fullname: r.timing for r in run.results}
+    if not current:
+        run.notes.append("the gate compared nothing: no case was timed")
+        return
+    run.gate = compare(saved_timings(run.gate_target), current)
+    if regressions(run.gate):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
-    session = getattr(config, "_benchmarksession", None)
-    finished = [b for b in getattr(session, "benchmarks", []) if b]
-    if not finished:
+    run = config.stash.get(_PERF_RUN, None)
+    if run is None:
         return
-    from systems.bench.summary import throughput_table
-
-    terminalreporter.write_sep("-", f"throughput ({device_slug()})")
-    terminalreporter.write_line(
-        throughput_table((b.name, b.stats.mean, b.extra_info) for b in finished)
-    )
+    if run.results:
+        terminalreporter.write_sep("-", f"throughput ({device_slug()})")
+        terminalreporter.write_line(throughput_table(run.results))
     skipped = terminalreporter.stats.get("skipped", [])
-    oom = [r for r in skipped if "out of memory" in str(r.longrepr)]
-    for report in oom:
+    for report in (r for r in skipped if "out of memory" in str(r.longrepr)):
         terminalreporter.write_line(f"{report.nodeid}: out of memory (recorded as skip)")
+    if run.gate is not None:
+        failed = regressions(run.gate)
+        terminalreporter.write_sep("-", f"perf gate: medians vs {run.gate_target}",
+                                   red=bool(failed), green=not failed)
+        terminalreporter.write_line(gate_table(run.gate))
+        if failed:
+            terminalreporter.write_line(f"PERF GATE FAILED: {len(failed)} case(s) slower than "
+                                        "their noise threshold", red=True, bold=True)
+    if run.slowdowns:
+        terminalreporter.write_line(_slowdown_banner(run), red=True, bold=True)
+    for note in run.notes:
+        terminalreporter.write_line(note, yellow=True)

@@ -9,8 +9,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from systems.bench import TimingStats, build_model_workload, time_steps
+from systems.bench.gate import Timing
 from systems.bench.metrics import throughput_metrics
-from systems.bench.summary import throughput_table
+from systems.bench.summary import BenchmarkResult, throughput_table
 from systems.bench.workloads import forward_flops, workload_flops
 from systems.model import MODEL_CONFIGS, get_config
 
@@ -113,10 +114,13 @@ def test_throughput_metrics() -> None:
 
 
 def test_throughput_table_shows_the_host_share_of_each_round() -> None:
+    def result(name: str, mean: float, info: dict) -> BenchmarkResult:
+        return BenchmarkResult(name, f"tests/perf/x.py::{name}", mean, Timing(mean, 0.0), info)
+
     table = throughput_table([
-        ("launch_bound", 0.010, {"host_enqueue_s_median": 0.0095, "tflops": 1.5}),
-        ("device_bound", 0.100, {"host_enqueue_s_median": 0.002}),
-        ("no_host_time", 0.050, {}),
+        result("launch_bound", 0.010, {"host_enqueue_s_median": 0.0095, "tflops": 1.5}),
+        result("device_bound", 0.100, {"host_enqueue_s_median": 0.002}),
+        result("no_host_time", 0.050, {}),
     ])
     header, _, *rows = table.splitlines()
     assert header.split()[-1] == "host"

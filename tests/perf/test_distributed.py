@@ -128,6 +128,7 @@ def _run_rounds(benchmark, pool: RankPool, fn, *args, warmup: int, rounds: int) 
     return results[-rounds:]  # with --benchmark-disable it ran once, untimed
 
 
+@pytest.mark.benchmark(group="allreduce")
 def test_allreduce(perf_case: AllReduceCase, benchmark, pools):
     pool = pools(perf_case.world_size, perf_case.backend)
     size = perf_case.size_mb * MB
@@ -153,6 +154,7 @@ def _max_over_ranks(rounds: list[list[dict]], key: str) -> list[float]:
     return [max(rank[key] for rank in ranks) for ranks in rounds]
 
 
+@pytest.mark.benchmark(group="ddp-train-step")
 def test_train_step(perf_case: TrainCase, benchmark, pools):
     spec = perf_case.spec
     pool = pools(perf_case.world_size, perf_case.backend)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import platform
 import re
+import shutil
+import subprocess
 
 import torch
 
@@ -62,9 +64,40 @@ def software_versions() -> dict[str, str | None]:
     }
 
 
+def driver_version() -> str | None:
+    """The NVIDIA driver's version as nvidia-smi reports it; None without one."""
+    if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0].strip() if out.strip() else None
+
+
+def cuda_library_versions() -> dict[str, str | None]:
+    """Driver, CUDA runtime, cuDNN and NCCL versions torch runs with; None on CPU."""
+    if not torch.cuda.is_available():
+        return {"driver": None, "cuda_runtime": None, "cudnn": None, "nccl": None}
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    try:
+        nccl: str | None = ".".join(map(str, torch.cuda.nccl.version()))
+    except (AttributeError, RuntimeError):
+        nccl = None
+    return {
+        "driver": driver_version(),
+        # torch.version.cuda is the runtime torch was built with and ships (and loads).
+        "cuda_runtime": torch.version.cuda,
+        "cudnn": None if cudnn is None else str(cudnn),
+        "nccl": nccl,
+    }
+
+
 def machine_description(device: torch.device | str | None = None) -> dict[str, object]:
     """Device and versions, as stored with every benchmark result."""
-    info: dict[str, object] = {"device_name": device_name(device), **software_versions()}
+    info: dict[str, object] = {"device_name": device_name(device), **software_versions(),
+                               **cuda_library_versions()}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(device)
         info.update(

@@ -4,13 +4,33 @@ finished benchmarks."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
+from systems.bench.gate import Timing
 from systems.report.markdown import fmt
 
 
-def throughput_table(rows: Iterable[tuple[str, float, Mapping[str, object]]]) -> str:
-    """rows: (benchmark name, mean seconds, extra_info) -> aligned text table."""
-    rows = sorted(rows, key=lambda r: r[0])
+@dataclass(frozen=True)
+class BenchmarkResult:
+    """What one benchmark fixture measured, taken from its public attributes."""
+
+    name: str
+    fullname: str
+    mean: float
+    timing: Timing
+    extra_info: Mapping[str, object]
+
+    @classmethod
+    def of(cls, bench) -> BenchmarkResult:
+        """From a pytest-benchmark fixture that has run (its `stats` is set)."""
+        stats = bench.stats.stats
+        return cls(bench.name, bench.fullname, stats.mean,
+                   Timing(median=stats.median, iqr=stats.iqr), dict(bench.extra_info))
+
+
+def throughput_table(results: Iterable[BenchmarkResult]) -> str:
+    """Finished benchmarks -> aligned text table, by name."""
+    rows = sorted(((r.name, r.mean, r.extra_info) for r in results), key=lambda r: r[0])
     if not rows:
         return ""
     width = max(len(name) for name, _, _ in rows)

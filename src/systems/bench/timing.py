@@ -108,3 +108,24 @@ def _time_with_events(step: Callable[[], object], steps: int) -> TimingStats:
     torch.cuda.synchronize()
     return TimingStats(tuple(start.elapsed_time(end) / 1e3 for start, end in events),
                        tuple(host_times))
+
+
+# A test-only switch: proves that the regression gate catches a slowdown. Never set it for
+# a run whose numbers anyone will read (the perf session refuses to record a baseline then).
+SLOWDOWN_ENV = "SYSTEMS_PERF_INJECT_SLOWDOWN"
+
+
+def injected_slowdowns(text: str | None) -> dict[str, float]:
+    """'test_end_to_end:0.15,test_attention:0.1' -> {test function name: added fraction}."""
+    slowdowns: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        name, sep, fraction = item.rpartition(":")
+        try:
+            value = float(fraction)
+        except ValueError:
+            value = -1.0
+        if not sep or not name or not 0 < value <= 10:
+            raise ValueError(f"{SLOWDOWN_ENV}: expected 'test_name:fraction' with 0 < fraction "
+                             f"<= 10 (e.g. 'test_end_to_end:0.15'), got {item!r}")
+        slowdowns[name] = value
+    return slowdowns

@@ -1,0 +1,108 @@
+"""Where runs are kept under `.benchmarks/<GPU>/`, and which one a comparison uses.
+
+    .benchmarks/<GPU>/baseline_<N>gpu.json   the complete quick-profile run on N GPUs of this
+                                             model: what `--benchmark-compare` (no argument)
+                                             and `--perf-gate` compare against
+    .benchmarks/<GPU>/studies/NNNN_<name>.json  sweeps, tuning, subsets, the full profile
+    .benchmarks/<GPU>/<machine-id>/NNNN_*.json  pytest-benchmark's own saves (--benchmark-save,
+                                             --benchmark-autosave, as `make bench` does)
+
+Neither a baseline nor a study matches pytest-benchmark's own storage glob
+(`<machine-id>/NNNN_*.json`), so neither is picked up by its "newest file" rule; the compare
+target is resolved here instead. The baseline is named by the GPU count because the
+distributed cases depend on it.
+
+    python -m systems.bench.baseline combine PART.json ...   (parts of one quick run -> baseline)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from systems.bench.gate import Timing
+from systems.bench.hardware import slugify
+from systems.bench.history import combine_runs, next_run_path
+
+STUDIES = "studies"
+RECORD_COMMAND = "make baseline"  # pytest tests/perf --perf-profile=quick --perf-baseline
+
+
+def baseline_path(storage: Path, gpus: int) -> Path:
+    return storage / f"baseline_{gpus}gpu.json"
+
+
+def study_path(storage: Path, name: str) -> Path:
+    """The next free `studies/NNNN_<name>.json` of this GPU's storage."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise ValueError(f"study name {name!r}: use letters, digits, '_', '-' and '.' only")
+    return next_run_path(storage / STUDIES, name)
+
+
+def case_names(run: dict) -> set[str]:
+    """Full names (node ids) of the benchmarks a saved run holds."""
+    return {bench["fullname"] for bench in run["benchmarks"]}
+
+
+def missing_cases(expected: Iterable[str], run: dict) -> list[str]:
+    """Expected node ids that the saved run has no result for, in the order given."""
+    present = case_names(run)
+    return [name for name in expected if name not in present]
+
+
+def baseline_problems(path: Path, expected: Iterable[str]) -> list[str]:
+    """Why the baseline at `path` cannot gate the `expected` cases (node ids); [] if it can."""
+    redo = (f"record it again on that GPU with `{RECORD_COMMAND}` (or combine parts with "
+            "`python -m systems.bench.baseline combine`) and commit it")
+    if not path.is_file():
+        return [f"no baseline at {path}: {redo}"]
+    missing = missing_cases(expected, json.loads(path.read_text()))
+    if not missing:
+        return []
+    return [f"{len(missing)} case(s) have no result in {path}: {redo}",
+            *(f"  {name}" for name in missing)]
+
+
+def saved_timings(path: Path) -> dict[str, Timing]:
+    """Median and IQR of every benchmark of a saved run, by full name."""
+    run = json.loads(path.read_text())
+    return {bench["fullname"]: Timing.from_stats(bench["stats"]) for bench in run["benchmarks"]}
+
+
+def storage_of(run: dict, benchmarks_root: Path) -> Path:
+    """`.benchmarks/<GPU>` of the machine a saved run was made on."""
+    return benchmarks_root / slugify(str(run["machine_info"]["device_name"]))
+
+
+def combine_into_baseline(parts: list[Path], benchmarks_root: Path) -> Path:
+    """Union of separately run parts of one quick-profile run, written as their GPU's
+    baseline. The GPU count is taken from the parts, which must agree on it."""
+    combined = combine_runs(parts)
+    counts = {json.loads(p.read_text())["machine_info"].get("gpu_count") for p in parts}
+    if len(counts) != 1 or None in counts:
+        raise ValueError(f"parts disagree on (or lack) machine_info.gpu_count: {counts}")
+    target = baseline_path(storage_of(combined, benchmarks_root), counts.pop())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(combined, indent=4))
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m systems.bench.baseline",
+                                     description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    combine = commands.add_parser("combine", help="parts of one quick run -> the baseline")
+    combine.add_argument("parts", nargs="+", type=Path, help="saved run JSON files")
+    combine.add_argument("--root", type=Path, default=Path(".benchmarks"))
+    args = parser.parse_args(argv)
+    target = combine_into_baseline(args.parts, args.root)
+    print(f"wrote {target}; check it is complete with "
+          "`pytest tests/correctness/test_perf_baseline.py`")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""Run-to-run drift of case medians across saved runs: the data behind the gate's floor.
+
+For every case name measured more than once (a measurement copied into a combined file
+counts once), the relative change of the median between consecutive measurements, next to
+the larger of the two runs' spreads (IQR / median). Prints quantiles for all pairs and for
+the pairs the gate would judge (both medians >= --min-ms, spread small enough to gate),
+and how many of those the gate's thresholds would flag as changed.
+
+    python -m systems.bench.drift .benchmarks/NVIDIA_H100_80GB_HBM3/studies/*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from systems.bench.gate import CEILING, SPREAD_FACTOR, Timing, Verdict, judge
+
+
+@dataclass(frozen=True)
+class Drift:
+    name: str
+    first: Timing
+    second: Timing
+
+    @property
+    def change(self) -> float:
+        return abs(self.second.median / self.first.median - 1)
+
+    @property
+    def spread(self) -> float:
+        return max(self.first.spread, self.second.spread)
+
+    @property
+    def shorter_s(self) -> float:
+        return min(self.first.median, self.second.median)
+
+
+def distinct_measurements(runs: list[dict]) -> dict[str, list[Timing]]:
+    """Per case name, the distinct measurements in run order (identical stats = a copy)."""
+    seen: dict[str, list[dict]] = {}
+    for run in runs:
+        for bench in run["benchmarks"]:
+            stats = seen.setdefault(bench["name"], [])
+            if bench["stats"] not in stats:
+                stats.append(bench["stats"])
+    return {name: [Timing.from_stats(s) for s in stats] for name, stats in seen.items()}
+
+
+def drifts(runs: list[dict], match: str = "") -> list[Drift]:
+    return [Drift(name, a, b)
+            for name, timings in distinct_measurements(runs).items() if match in name
+            for a, b in itertools.pairwise(timings)]
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summary_line(label: str, pairs: list[Drift]) -> str:
+    if not pairs:
+        return f"{label}: no pairs"
+    changes = [p.change for p in pairs]
+    return (f"{label}: {len(pairs)} pairs of {len({p.name for p in pairs})} cases; |median "
+            f"change| p50 {quantile(changes, .5):.1%}, p90 {quantile(changes, .9):.1%}, "
+            f"p95 {quantile(changes, .95):.1%}, max {max(changes):.1%}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m systems.bench.drift",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="saved run JSON files, oldest first")
+    parser.add_argument("--match", default="", help="only case names containing this text")
+    parser.add_argument("--min-ms", type=float, default=1.0,
+                        help="judged pairs: both medians at least this long")
+    args = parser.parse_args(argv)
+    pairs = drifts([json.loads(p.read_text()) for p in args.runs], args.match)
+    long_enough = [p for p in pairs if p.shorter_s * 1e3 >= args.min_ms]
+    gated = [p for p in long_enough if SPREAD_FACTOR * p.spread <= CEILING]
+    print(summary_line("all", pairs))
+    print(summary_line(f">= {args.min_ms:g} ms", long_enough))
+    print(summary_line(f">= {args.min_ms:g} ms, spread <= {CEILING / SPREAD_FACTOR:.0%}",
+                       gated))
+    alarms = [p for p in gated
+              if judge(p.name, p.first, p.second).verdict in (Verdict.SLOWER, Verdict.FASTER)]
+    print(f"the gate's thresholds would flag {len(alarms)} of these {len(gated)} pairs")
+    for pair in sorted(gated, key=lambda p: p.change, reverse=True)[:10]:
+        print(f"  {pair.change:6.1%}  ratio {pair.change / pair.spread:4.1f}  spread "
+              f"{pair.spread:5.1%}  "
+              f"{pair.first.median * 1e3:9.3f} -> {pair.second.median * 1e3:9.3f} ms  "
+              f"{pair.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

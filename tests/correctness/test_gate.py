@@ -1,0 +1,103 @@
+"""The regression gate's statistics (systems.bench.gate) on synthetic runs."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from systems.bench.gate import (
+    CEILING,
+    FLOOR,
+    SPREAD_FACTOR,
+    Timing,
+    Verdict,
+    compare,
+    gate_table,
+    judge,
+    regressions,
+    threshold,
+)
+
+
+def measured(rng: random.Random, seconds: float, noise: float, rounds: int = 7) -> Timing:
+    """Median and IQR of `rounds` draws around `seconds` with relative gaussian noise."""
+    draws = sorted(rng.gauss(seconds, noise * seconds) for _ in range(rounds))
+    q1, _, q3 = statistics.quantiles(draws, n=4)
+    return Timing(median=statistics.median(draws), iqr=q3 - q1)
+
+
+def test_unchanged_noisy_reruns_raise_no_alarm() -> None:
+    rng = random.Random(0)
+    cases = {f"case{i}": 1e-3 * (1 + i) for i in range(40)}
+    baseline = {name: measured(rng, s, 0.01) for name, s in cases.items()}
+    for _ in range(3):
+        rerun = {name: measured(rng, s, 0.01) for name, s in cases.items()}
+        results = compare(baseline, rerun)
+        assert regressions(results) == []
+        assert {r.verdict for r in results} == {Verdict.OK}
+
+
+def test_a_15_percent_slowdown_is_caught_in_every_case() -> None:
+    rng = random.Random(1)
+    cases = {f"case{i}": 1e-3 * (1 + i) for i in range(40)}
+    baseline = {name: measured(rng, s, 0.01) for name, s in cases.items()}
+    slower = {name: measured(rng, 1.15 * s, 0.01) for name, s in cases.items()}
+    results = compare(baseline, slower)
+    assert [r.name for r in regressions(results)] == list(cases)
+    assert all(r.change == pytest.approx(0.15, abs=0.03) for r in results)
+
+
+def test_a_speedup_is_reported_but_does_not_fail() -> None:
+    result = judge("x", Timing(0.010, 0.0001), Timing(0.008, 0.0001))
+    assert result.verdict is Verdict.FASTER
+    assert regressions([result]) == []
+
+
+def test_threshold_never_drops_below_the_floor() -> None:
+    exact = Timing(0.010, 0.0)
+    assert threshold(exact, exact) == FLOOR
+    just_inside = Timing(0.010 * (1 + FLOOR * 0.9), 0.0)
+    assert judge("x", exact, just_inside).verdict is Verdict.OK
+    just_outside = Timing(0.010 * (1 + FLOOR * 1.1), 0.0)
+    assert judge("x", exact, just_outside).verdict is Verdict.SLOWER
+
+
+def test_threshold_follows_the_noisier_run() -> None:
+    tight, loose = Timing(0.010, 0.0001), Timing(0.010, 0.0005)  # spreads 1% and 5%
+    assert threshold(tight, loose) == pytest.approx(SPREAD_FACTOR * 0.05)
+    assert threshold(loose, tight) == pytest.approx(SPREAD_FACTOR * 0.05)
+    # 8% slower is inside the 10% this noise allows, outside the floor alone.
+    assert judge("x", loose, Timing(0.0108, 0.0001)).verdict is Verdict.OK
+
+
+def test_too_noisy_cases_are_reported_not_silently_passed() -> None:
+    spread = 1.1 * CEILING / SPREAD_FACTOR
+    noisy = Timing(0.010, spread * 0.010)
+    result = judge("x", noisy, Timing(0.020, 0.0))  # twice as slow, but cannot be told
+    assert result.verdict is Verdict.TOO_NOISY
+    table = gate_table([result])
+    assert f"not gated (too noisy: spread {spread:.1%})" in table
+    assert "1 not gated (too noisy)" in table.splitlines()[-1]
+
+
+def test_missing_and_new_cases_are_reported() -> None:
+    baseline = {"kept": Timing(0.01, 0.0), "removed": Timing(0.01, 0.0)}
+    current = {"kept": Timing(0.01, 0.0), "added": Timing(0.01, 0.0)}
+    results = {r.name: r.verdict for r in compare(baseline, current)}
+    assert results == {"kept": Verdict.OK, "added": Verdict.NEW, "removed": Verdict.NOT_RUN}
+
+
+def test_table_has_one_row_per_case_with_the_numbers() -> None:
+    results = compare({"a": Timing(0.010, 0.0)}, {"a": Timing(0.0125, 0.0)})
+    header, rule, row, tally = gate_table(results).splitlines()
+    assert header.split() == ["case", "baseline", "ms", "current", "ms", "change",
+                              "threshold", "verdict"]
+    assert row.split() == ["a", "10.000", "12.500", "+25.0%", f"{FLOOR:.1%}", "SLOWER"]
+    assert tally == "1 SLOWER"
+
+
+def test_a_case_needs_a_timing_on_at_least_one_side() -> None:
+    with pytest.raises(ValueError, match="neither"):
+        judge("x", None, None)
