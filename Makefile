@@ -31,10 +31,11 @@ bench: $(STAMP)
 	$(BIN)/pytest tests/perf $(PROFILE_FLAG) --benchmark-autosave --benchmark-compare \
 		--perf-gate $(COLUMNS) $(PERF_ARGS)
 
-# The complete quick profile, kept as .benchmarks/<GPU>/baseline_<N>gpu.json only if every
+# The complete quick profile (of tests/perf on one GPU, of the distributed suite on several), kept as .benchmarks/<GPU>/baseline_<N>gpu.json only if every
 # test passes; refused for subsets (-k, -m, other paths) and other profiles.
 baseline: $(STAMP)
-	$(BIN)/pytest tests/perf --perf-profile=quick --perf-baseline $(COLUMNS) $(PERF_ARGS)
+	$(BIN)/pytest $$($(BIN)/python -m systems.bench.baseline suite) --perf-profile=quick \
+		--perf-baseline $(COLUMNS) $(PERF_ARGS)
 
 study: $(STAMP)
 	@test -n "$(NAME)" || { echo "usage: make study NAME=<name> [PROFILE=full] [PERF_ARGS='-k ...']"; exit 2; }

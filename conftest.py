@@ -28,7 +28,13 @@ import pytest
 import torch
 
 from systems import triton_runtime
-from systems.bench.baseline import RECORD_COMMAND, baseline_path, saved_timings, study_path
+from systems.bench.baseline import (
+    RECORD_COMMAND,
+    baseline_path,
+    baseline_suite,
+    saved_timings,
+    study_path,
+)
 from systems.bench.gate import CaseResult, compare, gate_table, regressions
 from systems.bench.hardware import device_slug, gpu_count, machine_description
 from systems.bench.metrics import (
@@ -46,7 +52,6 @@ from systems.bench.timing import SLOWDOWN_ENV, injected_slowdowns, synchronize
 PERF_PROFILES = ("smoke", "quick", "full")
 _DEFAULT_STORAGE = "file://./.benchmarks"
 ROOT = Path(__file__).parent
-PERF_TESTS = ROOT / "tests" / "perf"
 
 
 @dataclass
@@ -132,15 +137,18 @@ def _resolve_compare_target(config: pytest.Config, run: PerfRun) -> None:
 
 
 def _plan_baseline(config: pytest.Config, run: PerfRun) -> None:
-    """A baseline is the whole quick profile of tests/perf, really timed, as it stands."""
+    """A baseline is the whole quick profile of the suite its GPU count gates (tests/perf
+    on one GPU, the distributed suite on several), really timed, as it stands."""
     option = config.option
     invoked_in = config.invocation_params.dir
+    suite = baseline_suite(gpu_count())
     checks = [
         (perf_profile(config) != "quick", f"the profile is {perf_profile(config)!r}"),
         (bool(option.keyword or option.markexpr or option.deselect
               or getattr(option, "lf", False)), "tests are selected (-k, -m, --deselect, --lf)"),
-        ([(invoked_in / a).resolve() for a in config.args] != [PERF_TESTS],
-         f"the run covers {config.args}, not tests/perf"),
+        ([(invoked_in / a).resolve() for a in config.args] != [ROOT / suite],
+         f"the run covers {config.args}, not {suite} (what a baseline covers with "
+         f"{gpu_count()} GPU(s))"),
         (bool(option.benchmark_disable or option.benchmark_skip), "timing is off"),
         (bool(run.slowdowns), f"{SLOWDOWN_ENV} is set"),
         (bool(config.getoption("perf_study") or option.benchmark_json),

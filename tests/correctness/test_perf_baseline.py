@@ -15,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from systems.bench.baseline import baseline_path, baseline_problems, missing_cases
+from systems.bench.baseline import (
+    baseline_path,
+    baseline_problems,
+    baseline_suite,
+    missing_cases,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,3 +102,11 @@ def test_committed_baseline_covers_the_quick_profile(kind: str) -> None:
     assert expected, f"the quick profile of {modules} is empty on {kind}"
     problems = baseline_problems(baseline_path(ROOT / ".benchmarks" / slug, gpus), expected)
     assert not problems, f"{kind}: " + "\n".join(problems)
+
+
+def test_a_baseline_covers_the_suite_its_gpu_count_gates() -> None:
+    # Keeps `make baseline` and the mapping above in step: one GPU gates the single-GPU
+    # suites, several GPUs the distributed one.
+    assert baseline_suite(1) == "tests/perf"
+    assert baseline_suite(2) == baseline_suite(8) == "tests/perf/test_distributed.py"
+    assert all(m == ("test_distributed.py",) for _, gpus, m in BASELINES.values() if gpus >= 2)

@@ -13,6 +13,7 @@ target is resolved here instead. The baseline is named by the GPU count because 
 distributed cases depend on it.
 
     python -m systems.bench.baseline combine PART.json ...   (parts of one quick run -> baseline)
+    python -m systems.bench.baseline suite                   (what `make baseline` runs here)
 """
 
 from __future__ import annotations
@@ -24,11 +25,17 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from systems.bench.gate import Timing
-from systems.bench.hardware import slugify
+from systems.bench.hardware import gpu_count, slugify
 from systems.bench.history import combine_runs, next_run_path
 
 STUDIES = "studies"
 RECORD_COMMAND = "make baseline"  # pytest tests/perf --perf-profile=quick --perf-baseline
+
+
+def baseline_suite(gpus: int) -> str:
+    """What a baseline on a host with `gpus` GPUs covers: the distributed suite where there
+    are GPUs to spread over, the single-GPU suites elsewhere (one GPU kind gates each)."""
+    return "tests/perf/test_distributed.py" if gpus >= 2 else "tests/perf"
 
 
 def baseline_path(storage: Path, gpus: int) -> Path:
@@ -97,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     combine = commands.add_parser("combine", help="parts of one quick run -> the baseline")
     combine.add_argument("parts", nargs="+", type=Path, help="saved run JSON files")
     combine.add_argument("--root", type=Path, default=Path(".benchmarks"))
+    commands.add_parser("suite", help="the perf tests a baseline on this host covers")
     args = parser.parse_args(argv)
+    if args.command == "suite":
+        print(baseline_suite(gpu_count()))
+        return 0
     target = combine_into_baseline(args.parts, args.root)
     print(f"wrote {target}; check it is complete with "
           "`pytest tests/correctness/test_perf_baseline.py`")
