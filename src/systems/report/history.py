@@ -28,7 +28,7 @@ class Result:
     run: str
     datetime: str
     device: str
-    path: Path = Path()  # the history file the result was read from
+    file: str = ""  # the history file it was read from, relative to the histories' root
 
     @property
     def mean(self) -> float:
@@ -39,8 +39,21 @@ class Result:
         return self.stats.get("stddev", 0.0)
 
     @property
+    def median(self) -> float:
+        return self.stats.get("median", self.stats["mean"])
+
+    @property
     def kind(self) -> str:
         return keys.kind(self.info, self.name)
+
+    @property
+    def time_kind(self) -> str:
+        return keys.time_kind(self.info, self.name)
+
+    @property
+    def measured_in(self) -> tuple[str, str]:
+        """(history file, run): results with equal values were measured in one run."""
+        return self.file, self.run
 
     @property
     def short_run(self) -> str:
@@ -96,10 +109,11 @@ def read_run(path: Path) -> dict:
     return data
 
 
-def load_run(path: Path) -> Run:
+def load_run(path: Path, root: Path | None = None) -> Run:
     """Parse one saved run; the device is machine_info's device_name (our conftest adds it),
-    else the GPU folder's name."""
+    else the GPU folder's name. Results name their file relative to `root` (else by name)."""
     data = read_run(path)
+    file = path.relative_to(root).as_posix() if root else path.name
     machine = data.get("machine_info", {})
     device = machine.get("device_name") or path.parent.parent.name
     when = str(data.get("datetime", ""))
@@ -110,7 +124,7 @@ def load_run(path: Path) -> Run:
             name=bench["name"], fullname=str(bench.get("fullname", bench["name"])),
             group=bench.get("group"), stats=bench["stats"], info=info,
             run=str(info.get(keys.SOURCE_RUN, path.name)), datetime=when, device=device,
-            path=path,
+            file=file,
         ))
     return run
 
@@ -121,7 +135,7 @@ def load_runs(root: Path) -> list[Run]:
     runs = []
     for path in sorted(root.rglob("*.json")):
         try:
-            runs.append(load_run(path))
+            runs.append(load_run(path, root))
         except MalformedRunError as error:
             print(f"skipping {error}", file=sys.stderr)
     return sorted(runs, key=lambda r: (r.datetime, r.path.name))
