@@ -98,6 +98,7 @@ def test_compare_highlights_a_slowdown(smoke_runs, tmp_path, capsys) -> None:
     text = compare_runs(load_run(first), load_run(path))
     row = next(line for line in text.splitlines() if f"| {changed['name']} |" in line)
     assert "**slower**" in row and "+200.0%" in row
+    assert row.endswith("| eager end-to-end (host included) |")  # what a round measured
     assert text.count("**slower**") == 1
     assert main(["compare", str(first), str(path)]) == 0 and "**slower**" in capsys.readouterr().out
 
