@@ -62,7 +62,13 @@ def test_cli_runs_a_recipe_with_changed_settings(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--recipe", "optimized", "--option", "warp_speed=9"], "unexpected keyword"),
+        (["--recipe", "optimized", "--option", "warp_speed=9"],
+         "unknown setting 'warp_speed'; the recipe's settings are attention, checkpoint_every, "
+         "compile_mode, compile_scope, compiled, cuda_graph, fused_loss, optimizer, precision"),
+        (["--recipe", "optimized", "--option", "cuda_graph=no"],
+         "--option cuda_graph takes true or false, got 'no'"),
+        (["--recipe", "optimized", "--option", "compiled=yes"], "takes true or false"),
+        (["--recipe", "optimized", "--option", "checkpoint_every=many"], "takes an integer"),
         (["--recipe", "optimized", "--option", "compiled"], "KEY=VALUE"),
         (["--recipe", "optimized", "--precision", "fp32"], "with --recipe"),
         (["--option", "compiled=false"], "--option needs --recipe"),
@@ -88,3 +94,49 @@ def test_cli_rejects_unknown_choices(args) -> None:
     proc = subprocess.run([sys.executable, "-m", "systems.bench", *args],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def test_unwritable_json_destination_fails_before_any_work(tmp_path, monkeypatch,
+                                                           capsys) -> None:
+    import systems.bench.cli as cli
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a workload ran before the --json destination was checked")
+
+    monkeypatch.setattr(cli, "_run_mode", no_work)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    # Under a regular file: no folder can be made there, whoever runs the test (root too).
+    for target in (blocker / "out" / "x.json", blocker / "x.json", tmp_path):
+        assert main(["--size", "tiny", "--context-length", "16", "--json", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --json") and str(target) in err
+
+
+@pytest.mark.parametrize("text", ["false", "FALSE", "False", "0"])
+def test_cli_option_booleans_read_true_false_and_one_zero(text: str) -> None:
+    from systems.bench.cli import _parse_args, _recipe_overrides
+
+    args = _parse_args(["--recipe", "optimized", "--option", f"cuda_graph={text}",
+                        "--option", "compile_mode=none"])
+    assert _recipe_overrides(args) == {"cuda_graph": False, "compile_mode": None}
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:3"])
+def test_cli_cuda_device_without_cuda_is_a_clear_error(device: str, monkeypatch,
+                                                       capsys) -> None:
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 0)
+    assert main(["--size", "tiny", "--context-length", "16", "--device", device]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --device {device}: no CUDA device here")
+
+
+def test_cli_help_shows_defaults(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for shown in ("--context-length CONTEXT_LENGTH tokens per sequence (default: 512)",
+                  "--steps STEPS timed steps (default: 10)", "--size SIZE preset"):
+        assert shown in text
+    assert "(default: small)" in text

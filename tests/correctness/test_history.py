@@ -43,3 +43,16 @@ def test_runs_of_different_devices_are_refused(two_real_runs, tmp_path) -> None:
     path.write_text(json.dumps(other))
     with pytest.raises(ValueError, match="different devices"):
         combine_runs([two_real_runs[1], path])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "wrong shape", "missing keys"])
+def test_cli_names_a_malformed_run(two_real_runs, tmp_path, damage, capsys) -> None:
+    text = two_real_runs[0].read_text()
+    bad = tmp_path / "0001_bad.json"
+    bad.write_text({"truncated": text[: len(text) // 2],
+                    "wrong shape": json.dumps([json.loads(text)]),
+                    "missing keys": json.dumps({"machine_info": {}})}[damage])
+    assert main([str(two_real_runs[1]), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and err.startswith("error:")
+    assert not list(tmp_path.glob("0002_*.json"))  # nothing written

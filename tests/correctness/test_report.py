@@ -65,9 +65,13 @@ def test_results_command_writes_page_and_plots(smoke_runs, tmp_path) -> None:
     assert main(["results", "--root", str(smoke_runs), "--out", str(out),
                  "--include-cpu"]) == 0
     page = out.read_text()
-    for heading in ("End-to-end model steps", "Speedup: fp32 vs bf16 autocast",
-                    "Analytic accounting", "The XXL FFN model"):
+    for heading in ("End-to-end model steps", "Analytic accounting", "The XXL FFN model"):
         assert heading in page
+    # The newest fp32 and bf16 steps come from different runs: no speedup across runs.
+    assert "Speedup: fp32 vs bf16 autocast" not in page
+    first, second = (p.relative_to(smoke_runs).as_posix()
+                     for p in sorted(smoke_runs.rglob("*.json")))
+    assert f"Time: eager end-to-end (host included). From: `{first}`, `{second}`." in page
     assert "### Attention" not in page  # no attention results, no section
     images = [line.split("(")[1].rstrip(")") for line in page.splitlines()
               if line.startswith("![")]
@@ -94,6 +98,7 @@ def test_compare_highlights_a_slowdown(smoke_runs, tmp_path, capsys) -> None:
     text = compare_runs(load_run(first), load_run(path))
     row = next(line for line in text.splitlines() if f"| {changed['name']} |" in line)
     assert "**slower**" in row and "+200.0%" in row
+    assert row.endswith("| eager end-to-end (host included) |")  # what a round measured
     assert text.count("**slower**") == 1
     assert main(["compare", str(first), str(path)]) == 0 and "**slower**" in capsys.readouterr().out
 
@@ -186,3 +191,85 @@ def test_combined_history_files_keep_the_source_run(smoke_runs, tmp_path) -> Non
     path = tmp_path / "0003_combined.json"
     path.write_text(json.dumps(combined))
     assert {r.run for r in load_run(path).results} == {"0001_original.json"}
+
+
+# ------------------------------------------------------------- malformed history files
+_CORRUPTIONS = {
+    "truncated": lambda text: text[: len(text) // 2],
+    "a list, not a run": lambda text: json.dumps([json.loads(text)]),
+    "benchmarks not a list": lambda text: json.dumps({**json.loads(text), "benchmarks": {}}),
+    "a benchmark without stats": lambda text: json.dumps(
+        {**json.loads(text),
+         "benchmarks": [{k: v for k, v in b.items() if k != "stats"}
+                        for b in json.loads(text)["benchmarks"]]}),
+    "stats without a mean": lambda text: json.dumps(
+        {**json.loads(text),
+         "benchmarks": [{**b, "stats": {"min": 1.0}} for b in json.loads(text)["benchmarks"]]}),
+    "machine_info not a mapping": lambda text: json.dumps(
+        {**json.loads(text), "machine_info": "H100"}),
+}
+
+
+@pytest.fixture(params=sorted(_CORRUPTIONS))
+def storage_with_a_bad_run(request, smoke_runs, tmp_path) -> tuple[Path, Path]:
+    """A copy of the smoke storage where the second run is corrupted one way."""
+    storage = tmp_path / "benchmarks"
+    for path in smoke_runs.rglob("*.json"):
+        target = storage / path.relative_to(smoke_runs)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(path.read_text())
+    bad = sorted(storage.rglob("*.json"))[-1]
+    bad.write_text(_CORRUPTIONS[request.param](bad.read_text()))
+    return storage, bad
+
+
+def test_report_commands_skip_a_malformed_history_with_one_warning(
+        storage_with_a_bad_run, tmp_path, capsys) -> None:
+    storage, bad = storage_with_a_bad_run
+    good = next(p for p in storage.rglob("*.json") if p != bad)
+    out = tmp_path / "docs" / "RESULTS.md"
+    assert main(["results", "--root", str(storage), "--out", str(out), "--include-cpu"]) == 0
+    err = capsys.readouterr().err
+    assert err.count(str(bad)) == 1 and "skipping" in err
+    assert good.name in out.read_text() and bad.name not in out.read_text()
+    assert main(["latest", "--root", str(storage), "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count(str(bad)) == 1 and good.name in captured.out
+
+
+def test_compare_names_a_malformed_history(storage_with_a_bad_run, capsys) -> None:
+    storage, bad = storage_with_a_bad_run
+    good = next(p for p in storage.rglob("*.json") if p != bad)
+    assert main(["compare", str(good), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "Traceback" not in err
+
+
+def test_compare_takes_run_ids_like_pytest_benchmark(smoke_runs, tmp_path, capsys) -> None:
+    first, second = sorted(smoke_runs.rglob("*.json"))
+    # Storage of two GPUs: the same ids exist in both, so the GPU must be named.
+    root = tmp_path / "benchmarks"
+    for gpu in ("NVIDIA_H100", "NVIDIA_H200"):
+        for path in (first, second):
+            target = root / gpu / "machine" / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(path.read_text())
+    number = first.name[:4]
+    assert main(["compare", number, second.stem, "--root", str(root), "--device", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"# {first.name} -> {second.name}")
+    assert main(["compare", number, second.stem, "--root", str(root)]) == 2
+    assert "ambiguous" in capsys.readouterr().err
+    assert main(["compare", "0099", number, "--root", str(root), "--device", "h100"]) == 2
+    assert "0099: no such file, and no run with that id" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("command", "shown"), [
+    ("results", "--root ROOT histories, searched at any depth (default: .benchmarks)"),
+    ("results", "the page (default: docs/RESULTS.md)"),
+    ("compare", "where run ids are looked up (default: .benchmarks)"),
+])
+def test_report_help_shows_defaults(command: str, shown: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert shown in " ".join(capsys.readouterr().out.split())

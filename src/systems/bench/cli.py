@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
@@ -22,7 +24,7 @@ from systems.bench.metrics import (
     reset_peak_memory,
     throughput_metrics,
 )
-from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe
+from systems.bench.recipes import RECIPES, Recipe, build_recipe_workload, get_recipe
 from systems.bench.timing import time_steps
 from systems.bench.workloads import (
     CUDA_GRAPH_WARMUP,
@@ -30,6 +32,7 @@ from systems.bench.workloads import (
     PRECISIONS,
     build_model_workload,
 )
+from systems.cli_help import HelpFormatter
 from systems.model import MODEL_CONFIGS, get_config
 from systems.report.markdown import fmt
 
@@ -38,13 +41,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m systems.bench",
         description="Time a Transformer LM step with explicit warm-up and device sync.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--size", default="small",
                         help=f"preset ({', '.join(MODEL_CONFIGS)}); hyperparameter flags override")
     for name in ("d-model", "d-ff", "num-layers", "num-heads", "vocab-size"):
         parser.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
-    parser.add_argument("--context-length", type=int, default=512)
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--context-length", type=int, default=512, help="tokens per sequence")
+    parser.add_argument("--batch-size", type=int, default=4, help="sequences per step")
     parser.add_argument("--mode", action="append", choices=MODES,
                         help="repeatable; default: all three")
     parser.add_argument("--precision", choices=sorted(PRECISIONS), help="default fp32")
@@ -56,11 +60,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="with --recipe, repeatable: change one of its settings")
     parser.add_argument("--warmup", type=int, default=CUDA_GRAPH_WARMUP + 1,
-                        help="untimed steps first (by default up to and including the one a "
-                             "cuda_graph step is captured in)")
+                        help="untimed steps first (%(default)s: up to and including the one "
+                             "a cuda_graph step is captured in)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", type=Path, help="write results to this file")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu, cuda or cuda:N")
+    parser.add_argument("--json", type=Path,
+                        help="write results to this file (checked before anything runs)")
     return parser.parse_args(argv)
 
 
@@ -77,17 +83,29 @@ def _config_from_args(args: argparse.Namespace):
     return config.with_overrides(**overrides) if overrides else config
 
 
-def _option_value(text: str) -> object:
-    """'true'/'false', 'none', integers, else the string itself."""
+_BOOLEANS = {"true": True, "false": False, "1": True, "0": False}
+
+
+def recipe_settings(recipe: Recipe) -> dict[str, object]:
+    """Every setting `--option` can change, with the recipe's value."""
+    top = {f.name: getattr(recipe, f.name) for f in fields(recipe) if f.name != "options"}
+    return {**top, **asdict(recipe.options)}
+
+
+def _option_value(key: str, text: str, current: object) -> object:
+    """`text` as the type of the setting's current value: booleans take true/false (or 1/0),
+    integers an integer; 'none' clears a setting that may be unset; else the string."""
     lowered = text.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered == "none":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return text
+    if isinstance(current, bool):
+        if lowered not in _BOOLEANS:
+            raise ValueError(f"--option {key} takes true or false, got {text!r}")
+        return _BOOLEANS[lowered]
+    if isinstance(current, int):
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"--option {key} takes an integer, got {text!r}") from None
+    return None if lowered == "none" and current is None else text
 
 
 def _recipe_overrides(args: argparse.Namespace) -> dict[str, object]:
@@ -98,16 +116,53 @@ def _recipe_overrides(args: argparse.Namespace) -> dict[str, object]:
     if args.precision or args.attention or args.compile:
         raise ValueError("with --recipe, change its precision, attention or compilation "
                          "with --option precision=..., attention=..., compiled=...")
+    settings = recipe_settings(RECIPES[args.recipe])
     overrides = {}
     for item in args.option:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--option takes KEY=VALUE, got {item!r}")
-        overrides[key] = _option_value(value)
+        if key not in settings:
+            raise ValueError(f"--option: unknown setting {key!r}; the recipe's settings are "
+                             f"{', '.join(sorted(settings))}")
+        overrides[key] = _option_value(key, value, settings[key])
     return overrides
 
 
+def check_device(name: str) -> torch.device:
+    """The `--device` as a torch.device; a CUDA device must exist here."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ValueError(f"--device {name!r}: {error}") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"--device {name}: no CUDA device here (torch {torch.__version__}, "
+                             f"built for CUDA {torch.version.cuda}); use --device cpu")
+        if (device.index or 0) >= count:
+            raise ValueError(f"--device {name}: only {count} CUDA device(s) here")
+    return device
+
+
+def check_json_destination(path: Path) -> None:
+    """Fail now, not after the whole run, if `path` cannot be written: its folder is made
+    and a scratch file is created (and removed) in it."""
+    if path.is_dir():
+        raise ValueError(f"--json {path}: is a folder, not a file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as error:
+        raise ValueError(f"--json {path}: cannot write there ({error})") from None
+
+
 def run_benchmark(args: argparse.Namespace) -> list[dict[str, object]]:
+    """Every check on the input comes before the first workload is built."""
+    if args.json:
+        check_json_destination(args.json)
+    check_device(args.device)
     config = _config_from_args(args)
     overrides = _recipe_overrides(args)
     return [_run_mode(config, args, mode, overrides) for mode in args.mode or MODES]
@@ -119,13 +174,9 @@ def _build(config, args: argparse.Namespace, mode: str, overrides: dict[str, obj
             config, batch_size=args.batch_size, context_length=args.context_length, mode=mode,
             precision=args.precision or "fp32", compiled=args.compile,
             attention=args.attention or "reference", device=args.device)
-    try:
-        recipe = get_recipe(args.recipe, **overrides)
-    except TypeError as error:  # an unknown setting name
-        raise ValueError(f"--option: {error}") from error
-    return build_recipe_workload(config, recipe, batch_size=args.batch_size,
-                                 context_length=args.context_length, device=args.device,
-                                 mode=mode)
+    return build_recipe_workload(config, get_recipe(args.recipe, **overrides),
+                                 batch_size=args.batch_size, context_length=args.context_length,
+                                 device=args.device, mode=mode)
 
 
 def _run_mode(config, args: argparse.Namespace, mode: str,
@@ -180,7 +231,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(format_table(results))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {"machine": machine_description(args.device), "results": results}
         args.json.write_text(json.dumps(payload, indent=2))
         print(f"wrote {args.json}", file=sys.stderr)

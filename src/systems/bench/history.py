@@ -13,23 +13,28 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
+
+from systems.report.history import read_run
 
 
 def combine_runs(paths: list[Path]) -> dict:
-    """Union of the runs' benchmarks by full name; later runs win. Runs must share a GPU."""
+    """Union of the runs' benchmarks by full name; later runs win. Runs must share a GPU.
+    Raises ValueError (naming the file) for a file that is not a benchmark run."""
     if not paths:
         raise ValueError("need at least one run to combine")
-    runs = [(path, json.loads(path.read_text())) for path in paths]
-    devices = {run["machine_info"].get("device_name") for _, run in runs}
+    runs = [(path, read_run(path)) for path in paths]
+    devices = {run.get("machine_info", {}).get("device_name") for _, run in runs}
     if len(devices) != 1:
         raise ValueError(f"runs come from different devices: {sorted(map(str, devices))}")
     benchmarks: dict[str, dict] = {}
     for path, run in runs:
         for bench in run["benchmarks"]:
-            bench.setdefault("extra_info", {})["source_run"] = path.name
-            benchmarks[bench["fullname"]] = bench
-    newest = max(runs, key=lambda item: item[1]["datetime"])[1]
+            # A combined input keeps the run each benchmark was measured in.
+            bench["extra_info"] = {"source_run": path.name, **(bench.get("extra_info") or {})}
+            benchmarks[bench.get("fullname", bench["name"])] = bench
+    newest = max(runs, key=lambda item: str(item[1].get("datetime", "")))[1]
     return {
         **newest,
         "benchmarks": list(benchmarks.values()),
@@ -50,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="saved run JSON files, oldest first")
     parser.add_argument("--name", default="combined", help="suffix of the new file's name")
     args = parser.parse_args(argv)
-    combined = combine_runs(args.runs)
+    try:
+        combined = combine_runs(args.runs)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     target = next_run_path(args.runs[-1].parent, args.name)
     target.write_text(json.dumps(combined, indent=4))
     print(f"wrote {target} ({len(combined['benchmarks'])} benchmarks)")

@@ -13,6 +13,7 @@ import statistics
 
 import torch.distributed as dist
 
+from systems.cli_help import HelpFormatter
 from systems.distributed.allreduce import bandwidths, timed_allreduces
 from systems.distributed.launch import worker_state
 from systems.distributed.process_group import init_from_env
@@ -46,20 +47,24 @@ def _train(args: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="torchrun ... -m systems.distributed")
+    parser = argparse.ArgumentParser(prog="torchrun ... -m systems.distributed",
+                                     description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl on GPUs")
     commands = parser.add_subparsers(dest="command", required=True)
-    allreduce = commands.add_parser("allreduce", help="all-reduce of float32 tensors")
-    allreduce.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 10, 100, 1000])
-    allreduce.add_argument("--iterations", type=int, default=10)
-    train = commands.add_parser("train", help="data-parallel train steps")
-    train.add_argument("--variant", choices=VARIANTS, default="bucketed")
-    train.add_argument("--bucket-mb", type=float, default=100.0)
-    train.add_argument("--model", default="xl")
-    train.add_argument("--batch", type=int, default=8, help="per rank")
-    train.add_argument("--context", type=int, default=128)
-    train.add_argument("--warmup", type=int, default=2)
-    train.add_argument("--steps", type=int, default=5)
+    allreduce = commands.add_parser("allreduce", help="all-reduce of float32 tensors",
+                                    formatter_class=HelpFormatter)
+    allreduce.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 10, 100, 1000],
+                           help="message sizes")
+    allreduce.add_argument("--iterations", type=int, default=10, help="timed all-reduces")
+    train = commands.add_parser("train", help="data-parallel train steps",
+                                formatter_class=HelpFormatter)
+    train.add_argument("--variant", choices=VARIANTS, default="bucketed", help="DDP variant")
+    train.add_argument("--bucket-mb", type=float, default=100.0, help="bucketed DDP's bucket")
+    train.add_argument("--model", default="xl", help="model preset")
+    train.add_argument("--batch", type=int, default=8, help="sequences per rank")
+    train.add_argument("--context", type=int, default=128, help="tokens per sequence")
+    train.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    train.add_argument("--steps", type=int, default=5, help="timed steps")
     args = parser.parse_args(argv)
     worker_state["device"] = init_from_env(args.backend)
     results = _allreduce(args) if args.command == "allreduce" else _train(args)

@@ -17,6 +17,7 @@ import torch
 
 from systems.bench.hardware import device_name
 from systems.bench.workloads import MODES, PRECISIONS, build_model_workload
+from systems.cli_help import HelpFormatter
 from systems.model import MODEL_CONFIGS, get_config
 from systems.profiling.compute import profile_workload
 from systems.profiling.memory import (
@@ -31,23 +32,27 @@ from systems.profiling.memory import (
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m systems.profiling", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, modes in (("compute", list(MODES)), ("memory", ["forward", "train_step"])):
-        sub = commands.add_parser(name)
-        sub.add_argument("--size", nargs="+", default=["small"], choices=list(MODEL_CONFIGS))
-        sub.add_argument("--context-length", nargs="+", type=int, default=[512])
-        sub.add_argument("--mode", nargs="+", default=modes, choices=MODES)
-        sub.add_argument("--precision", nargs="+", default=["fp32"], choices=sorted(PRECISIONS))
-        sub.add_argument("--batch-size", type=int, default=4)
+        sub = commands.add_parser(name, formatter_class=HelpFormatter)
+        sub.add_argument("--size", nargs="+", default=["small"], choices=list(MODEL_CONFIGS),
+                         help="model presets")
+        sub.add_argument("--context-length", nargs="+", type=int, default=[512],
+                         help="tokens per sequence")
+        sub.add_argument("--mode", nargs="+", default=modes, choices=MODES, help="steps to run")
+        sub.add_argument("--precision", nargs="+", default=["fp32"], choices=sorted(PRECISIONS),
+                         help="precisions")
+        sub.add_argument("--batch-size", type=int, default=4, help="sequences per step")
         sub.add_argument("--out", type=Path, required=True, help="output folder")
         sub.add_argument("--max-artifact-mb", type=float, default=15.0,
                          help="drop a trace / snapshot / HTML file larger than this")
     compute = commands.choices["compute"]
     compute.add_argument("--warmup", type=int, default=2, help="untraced steps first")
     compute.add_argument("--steps", type=int, default=3, help="traced steps")
-    compute.add_argument("--attention", default="reference")
-    compute.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    compute.add_argument("--attention", default="reference", help="attention backend")
+    compute.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                         help="cpu, cuda or cuda:N")
     memory = commands.choices["memory"]
     memory.add_argument("--steps", type=int, default=2, help="recorded steps after model build")
     memory.add_argument("--no-html", action="store_true", help="skip the HTML viewers")

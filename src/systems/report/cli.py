@@ -11,8 +11,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from systems.cli_help import HelpFormatter
 from systems.report.compare import compare_runs
-from systems.report.history import latest_results, load_run, load_runs, runs_by_device
+from systems.report.history import (
+    find_run,
+    latest_results,
+    load_run,
+    load_runs,
+    runs_by_device,
+)
 from systems.report.markdown import markdown_table
 from systems.report.page import results_page
 from systems.report.tables import mean_std_ms
@@ -20,20 +27,32 @@ from systems.report.tables import mean_std_ms
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m systems.report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    results = commands.add_parser("results", help="write the results page and its plots")
-    results.add_argument("--root", type=Path, default=Path(".benchmarks"))
-    results.add_argument("--out", type=Path, default=Path("docs/RESULTS.md"))
+    results = commands.add_parser("results", help="write the results page and its plots",
+                                  formatter_class=HelpFormatter)
+    results.add_argument("--root", type=Path, default=Path(".benchmarks"),
+                         help="histories, searched at any depth")
+    results.add_argument("--out", type=Path, default=Path("docs/RESULTS.md"), help="the page")
     results.add_argument("--img", type=Path, default=None, help="default: <out's folder>/img")
     results.add_argument("--include-cpu", action="store_true",
                          help="also report CPU runs (smoke numbers, skipped by default)")
-    latest = commands.add_parser("latest", help="newest result per benchmark for one GPU")
-    latest.add_argument("--root", type=Path, default=Path(".benchmarks"))
+    latest = commands.add_parser("latest", help="newest result per benchmark for one GPU",
+                                 formatter_class=HelpFormatter)
+    latest.add_argument("--root", type=Path, default=Path(".benchmarks"),
+                        help="histories, searched at any depth")
     latest.add_argument("--device", default="", help="substring of the device name")
-    compare = commands.add_parser("compare", help="compare two saved run files")
-    compare.add_argument("old", type=Path)
-    compare.add_argument("new", type=Path)
+    compare = commands.add_parser(
+        "compare", formatter_class=HelpFormatter,
+        help="compare two saved runs", description="Two saved runs side by side. A run is a "
+        "path, or a run id as pytest-benchmark takes it (0012 or 0012_quick_combined), looked "
+        "up under --root (in the GPU folder matching --device when ids repeat across GPUs).")
+    compare.add_argument("old", help="run file or id")
+    compare.add_argument("new", help="run file or id")
+    compare.add_argument("--root", type=Path, default=Path(".benchmarks"),
+                         help="where run ids are looked up")
+    compare.add_argument("--device", default="",
+                         help="substring of the GPU folder that run ids are looked up in")
     return parser.parse_args(argv)
 
 
@@ -68,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "latest":
             print(_run_latest(args))
         else:
-            print(compare_runs(load_run(args.old), load_run(args.new)))
+            old, new = (load_run(find_run(ref, args.root, args.device))
+                        for ref in (args.old, args.new))
+            print(compare_runs(old, new))
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

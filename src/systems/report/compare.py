@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from systems.report.history import Run
+from systems.report import keys
+from systems.report.history import Result, Run
 from systems.report.markdown import markdown_table
 from systems.report.tables import mean_std_ms
 
@@ -18,6 +19,14 @@ def change_label(old_mean: float, old_std: float, new_mean: float, new_std: floa
     return "**slower**" if delta > 0 else "**faster**"
 
 
+def _round_time(result: Result) -> str:
+    """What a pytest-benchmark round of this benchmark measured (distributed cases: the
+    parent's round, messaging to the ranks included, not the ranks' CUDA-event steps)."""
+    if result.time_kind == keys.RANK_EVENT_TIME:
+        return "eager end-to-end, with messaging to the ranks"
+    return result.time_kind
+
+
 def compare_runs(old: Run, new: Run) -> str:
     """Markdown: one row per benchmark in both runs, then those found in only one."""
     before = {r.fullname: r for r in old.results}
@@ -26,14 +35,16 @@ def compare_runs(old: Run, new: Run) -> str:
     for name in sorted(before.keys() & after.keys()):
         a, b = before[name], after[name]
         rows.append([b.name, mean_std_ms(a), mean_std_ms(b), f"{b.mean / a.mean - 1:+.1%}",
-                     change_label(a.mean, a.stddev, b.mean, b.stddev)])
+                     change_label(a.mean, a.stddev, b.mean, b.stddev), _round_time(b)])
     lines = [f"# {old.path.name} -> {new.path.name}\n",
              f"Devices: {old.device} -> {new.device}. A change is highlighted when it exceeds "
-             f"{MIN_RELATIVE_CHANGE:.0%} and the sum of the two standard deviations.\n"]
+             f"{MIN_RELATIVE_CHANGE:.0%} and the sum of the two standard deviations. Times are "
+             "pytest-benchmark round means; the time column says what a round measured.\n"]
     if old.device != new.device:
         lines.append("**Warning: the runs come from different devices; timings are not "
                      "comparable.**\n")
-    lines.append(markdown_table(["benchmark", "old ms", "new ms", "change", "verdict"], rows)
+    lines.append(markdown_table(["benchmark", "old ms", "new ms", "change", "verdict", "time"],
+                                rows)
                  or "No benchmark appears in both runs.")
     for title, names in (("Only in the old run", before.keys() - after.keys()),
                          ("Only in the new run", after.keys() - before.keys())):

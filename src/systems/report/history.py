@@ -28,6 +28,7 @@ class Result:
     run: str
     datetime: str
     device: str
+    file: str = ""  # the history file it was read from, relative to the histories' root
 
     @property
     def mean(self) -> float:
@@ -38,8 +39,21 @@ class Result:
         return self.stats.get("stddev", 0.0)
 
     @property
+    def median(self) -> float:
+        return self.stats.get("median", self.stats["mean"])
+
+    @property
     def kind(self) -> str:
         return keys.kind(self.info, self.name)
+
+    @property
+    def time_kind(self) -> str:
+        return keys.time_kind(self.info, self.name)
+
+    @property
+    def measured_in(self) -> tuple[str, str]:
+        """(history file, run): results with equal values were measured in one run."""
+        return self.file, self.run
 
     @property
     def short_run(self) -> str:
@@ -59,34 +73,95 @@ class Run:
     results: list[Result] = field(default_factory=list)
 
 
-def load_run(path: Path) -> Run:
+class MalformedRunError(ValueError):
+    """A history file that is not a pytest-benchmark run; the message names the file."""
+
+
+def _require(condition: bool, path: Path, why: str) -> None:
+    if not condition:
+        raise MalformedRunError(f"{path}: not a benchmark run ({why})")
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise MalformedRunError(f"{path}: not a benchmark run ({error})") from error
+
+
+def read_run(path: Path) -> dict:
+    """A saved run's JSON, checked to have the shape pytest-benchmark writes (an object with
+    a `benchmarks` list of named entries with `stats.mean`); raises MalformedRunError naming
+    the file otherwise, so no half-read run reaches a table."""
+    data = _read_json(path)
+    _require(isinstance(data, dict), path, f"a JSON {type(data).__name__}, not an object")
+    _require(isinstance(data.get("machine_info", {}), dict), path,
+             "machine_info is not an object")
+    _require(isinstance(data.get("benchmarks"), list), path, "no benchmarks list")
+    for i, bench in enumerate(data["benchmarks"]):
+        _require(isinstance(bench, dict) and isinstance(bench.get("name"), str), path,
+                 f"benchmark {i} has no name")
+        stats = bench.get("stats")
+        _require(isinstance(stats, dict) and isinstance(stats.get("mean"), int | float), path,
+                 f"{bench['name']} has no stats.mean")
+        _require(isinstance(bench.get("extra_info") or {}, dict), path,
+                 f"{bench['name']}'s extra_info is not an object")
+    return data
+
+
+def load_run(path: Path, root: Path | None = None) -> Run:
     """Parse one saved run; the device is machine_info's device_name (our conftest adds it),
-    else the GPU folder's name."""
-    data = json.loads(path.read_text())
+    else the GPU folder's name. Results name their file relative to `root` (else by name)."""
+    data = read_run(path)
+    file = path.relative_to(root).as_posix() if root else path.name
     machine = data.get("machine_info", {})
     device = machine.get("device_name") or path.parent.parent.name
-    when = data.get("datetime", "")
+    when = str(data.get("datetime", ""))
     run = Run(path, device, when, machine)
-    for bench in data.get("benchmarks", []):
+    for bench in data["benchmarks"]:
         info = keys.normalise(bench.get("extra_info") or {})
         run.results.append(Result(
-            name=bench["name"], fullname=bench.get("fullname", bench["name"]),
+            name=bench["name"], fullname=str(bench.get("fullname", bench["name"])),
             group=bench.get("group"), stats=bench["stats"], info=info,
-            run=info.get(keys.SOURCE_RUN, path.name), datetime=when, device=device,
+            run=str(info.get(keys.SOURCE_RUN, path.name)), datetime=when, device=device,
+            file=file,
         ))
     return run
 
 
 def load_runs(root: Path) -> list[Run]:
-    """Every run under `root` (searched recursively), oldest first; unreadable files are
-    reported on stderr and skipped."""
+    """Every run under `root` (searched recursively, at any depth), oldest first; a file
+    that is not a run is skipped with one warning on stderr naming it and why."""
     runs = []
     for path in sorted(root.rglob("*.json")):
         try:
-            runs.append(load_run(path))
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
-            print(f"skipping {path}: not a benchmark run ({error})", file=sys.stderr)
+            runs.append(load_run(path, root))
+        except MalformedRunError as error:
+            print(f"skipping {error}", file=sys.stderr)
     return sorted(runs, key=lambda r: (r.datetime, r.path.name))
+
+
+def find_run(ref: str, root: Path, device: str = "") -> Path:
+    """A run file from a path, or from a run id as pytest-benchmark takes it (`0012` or
+    `0012_quick_combined`), searched under `root` at any depth, in the GPU folders (the
+    first level under `root`) whose name contains `device` (case-insensitive)."""
+    path = Path(ref)
+    if path.is_file():
+        return path
+    if not root.is_dir():
+        raise FileNotFoundError(f"{ref}: no such file, and no history folder {root} to look "
+                                "it up in")
+    folders = [f for f in sorted(root.iterdir())
+               if f.is_dir() and device.lower() in f.name.lower()]
+    found = [p for folder in folders for p in sorted(folder.rglob("*.json"))
+             if p.stem == ref or p.stem.startswith(f"{ref}_")]
+    if not found:
+        where = f"{root}/*{device}*" if device else str(root)
+        raise FileNotFoundError(f"{ref}: no such file, and no run with that id under {where}")
+    if len(found) > 1:
+        raise ValueError(f"run id {ref} is ambiguous: {', '.join(map(str, found))} (give a "
+                         "longer id, a path, or --device)")
+    return found[0]
 
 
 def runs_by_device(runs: Iterable[Run]) -> dict[str, list[Run]]:

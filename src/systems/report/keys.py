@@ -54,6 +54,18 @@ WARMUP_ROUNDS = "warmup_rounds"
 # The warm-up study times end-to-end steps too; it is told apart by its test's name.
 WARMUP_STUDY_TEST = "test_warmup_study"
 
+# The leaderboard case also records triton.testing.do_bench's median (device time), ms.
+DO_BENCH_MEDIAN_MS = "do_bench_median_ms"
+# A recipe whose whole step is replayed from one CUDA graph.
+CUDA_GRAPH = "cuda_graph"
+
+# What a benchmark's time measures. Below about 1 ms an eager call is host-bound, and the
+# two kinds differ by 2-3x: never compare one with the other.
+EAGER_TIME = "eager end-to-end (host included)"
+REPLAY_TIME = "device time (CUDA-graph replay)"
+DO_BENCH_TIME = "device time (do_bench)"
+RANK_EVENT_TIME = "eager, CUDA events per step, median of the slowest rank"
+
 # Short column headers for keys shown in tables.
 HEADERS = {SIZE: "size", CONTEXT: "ctx", MODE: "mode", PRECISION: "precision",
            COMPILED: "compiled", DTYPE: "dtype", SEQ_LEN: "seq len", HEAD_DIM: "head dim",
@@ -87,6 +99,16 @@ def kind(info: dict, name: str = "") -> str:
     if MODE in info and SIZE in info:
         return "end_to_end"
     return "other"
+
+
+def time_kind(info: dict, name: str = "") -> str:
+    """What the pytest-benchmark round time (or, for distributed cases, the extra_info step
+    and collective times) of this benchmark measures."""
+    if kind(info, name) in ("ddp", "collective"):
+        return RANK_EVENT_TIME
+    if "graph replay" in str(info.get(MODE, "")) or info.get(CUDA_GRAPH) is True:
+        return REPLAY_TIME
+    return EAGER_TIME
 
 
 def gb_per_s(value: float | None) -> float | None:

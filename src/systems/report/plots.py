@@ -30,6 +30,31 @@ def _most_common(results: Sequence[Result], *fields: str) -> object:
     return values[0] if len(fields) == 1 else values
 
 
+def _series_style(points: int, label: str, colour: object) -> dict:
+    """Markers always; a line only through two or more points (one point is no trend)."""
+    return {"marker": "o", "label": label, "color": colour,
+            "linestyle": "-" if points > 1 else "none"}
+
+
+def _newest_per_seq_len(points: Sequence[Result]) -> list[Result]:
+    """One point per sequence length (the newest run's), sorted: a series of the latest
+    results may hold the same length from two runs or studies, which would draw a
+    vertical jump."""
+    newest: dict[int, Result] = {}
+    for r in sorted(points, key=lambda r: (r.datetime, r.file)):
+        newest[r.get(keys.SEQ_LEN)] = r
+    return [newest[n] for n in sorted(newest)]
+
+
+def _time_axis_from_zero(ax, values_ms: Sequence[float]) -> None:
+    """Time axes start at zero, so a 2% difference looks like 2%; the spread is written in
+    the corner instead."""
+    ax.set_ylim(0, max(values_ms) * 1.1)
+    low, high = min(values_ms), max(values_ms)
+    ax.text(0.02, 0.03, f"min {low:.1f} ms, max {high:.1f} ms (+{high / low - 1:.1%})",
+            transform=ax.transAxes, fontsize=8)
+
+
 def attention_scaling(results: Sequence[Result], path: Path) -> Path | None:
     """Time and peak memory vs sequence length, a line per implementation and a column per
     pass, at the most common dtype, head dim, masking and batch x heads."""
@@ -54,15 +79,15 @@ def attention_scaling(results: Sequence[Result], path: Path) -> Path | None:
             if str(r.get(keys.PASS, "-")) == pass_name:
                 lines[str(r.get(keys.IMPLEMENTATION))].append(r)
         for impl, points in sorted(lines.items()):
-            points.sort(key=lambda r: r.get(keys.SEQ_LEN))
+            points = _newest_per_seq_len(points)
             seq = [r.get(keys.SEQ_LEN) for r in points]
-            axes[0, col].plot(seq, [r.mean * 1e3 for r in points], marker="o", label=impl,
-                              color=colour[impl])
+            style = _series_style(len(points), impl, colour[impl])
+            axes[0, col].plot(seq, [r.mean * 1e3 for r in points], **style)
             memory = [(r.get(keys.SEQ_LEN), r.get(keys.PEAK_MEMORY)) for r in points
                       if r.get(keys.PEAK_MEMORY)]
             if memory and panels == 2:
                 axes[1, col].plot(*zip(*[(s, m / 2**20) for s, m in memory], strict=True),
-                                  marker="o", label=impl, color=colour[impl])
+                                  **_series_style(len(memory), impl, colour[impl]))
         axes[0, col].set_title(f"{pass_name}\n{dtype}, d={head_dim}, "
                                f"{'causal, ' if causal else ''}batch x heads {batch_heads}",
                                fontsize=10)
@@ -152,8 +177,10 @@ def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
         for world, points in groupby(swept, key=lambda r: r.get(keys.WORLD_SIZE)):
             points = list(points)
             ax.plot([r.get(keys.BUCKET_MB) for r in points], [_step_ms(r) for r in points],
-                    marker="o", label=f"{world} ranks")
-        ax.legend(fontsize=8)
+                    marker="o", label=f"{world} ranks",
+                    linestyle="-" if len(points) > 1 else "none")
+        _time_axis_from_zero(ax, [_step_ms(r) for r in swept])
+        ax.legend(fontsize=8, loc="upper right")
         ax.set_xscale("log")
         ax.set_xlabel("bucket size (MB)")
         ax.set_ylabel("train step time (ms), slowest rank")
@@ -177,6 +204,7 @@ def allreduce_bandwidth(results: Sequence[Result], path: Path) -> Path | None:
         ax.plot([r.get(keys.SIZE_BYTES) / 1e6 for r in points],
                 [keys.gb_per_s(r.get(metric)) for r in points], marker="o", label=label)
     ax.set_xscale("log")
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("message size (MB)")
     ax.set_ylabel(f"{'bus' if metric == keys.BUSBW else 'algorithm'} bandwidth (GB/s)")
     ax.set_title("All-reduce bandwidth")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from systems.accounting import step_memory
 from systems.model import MODEL_CONFIGS, ModelConfig
@@ -11,6 +12,20 @@ from systems.report.history import Result
 from systems.report.markdown import fmt, markdown_table
 
 _SIZE_ORDER = {name: i for i, name in enumerate(MODEL_CONFIGS)}
+
+
+def provenance(results: Sequence[Result], by: str | None = None) -> str:
+    """What a table's times measure and which history files (and runs) they come from;
+    where the kinds differ, `by` (an extra_info key) names the rows of each kind."""
+    kinds: dict[str, set[str]] = {}
+    for r in results:
+        kinds.setdefault(r.time_kind, set()).add(str(r.get(by)) if by else "")
+    times = "; ".join(f"{', '.join(sorted(names))}: {kind}" if by and len(kinds) > 1 else kind
+                      for kind, names in sorted(kinds.items()))
+    sources = sorted({r.file if r.run == Path(r.file).name else f"{r.file} (measured in {r.run})"
+                      for r in results})
+    return (f"Time: {times}. From: {', '.join(f'`{s}`' for s in sources)}.\n"
+            if results else "")
 
 
 def mean_std_ms(result: Result, digits: int = 2) -> str:
@@ -53,15 +68,16 @@ def speedup_table(
     results: Sequence[Result], axis: str, baseline: object, contender: object,
     label: Sequence[str], names: tuple[str, str] | None = None,
 ) -> str:
-    """Pair results equal in everything but `axis` (and the run); speedup = base / contender.
+    """Pair results equal in everything but `axis` and measured in the same run (never a
+    ratio across runs or files); speedup = base / contender.
 
     `label`: extra_info keys shown to identify each pair; `names`: the two sides' column
     names (default: the axis values).
     """
     base_name, contender_name = names or (str(baseline), str(contender))
     def identity(r: Result) -> tuple:
-        return r.kind, tuple(sorted((k, str(v)) for k, v in r.info.items()
-                                    if k in _IDENTITY_KEYS and k != axis))
+        return r.kind, r.measured_in, tuple(sorted((k, str(v)) for k, v in r.info.items()
+                                                   if k in _IDENTITY_KEYS and k != axis))
 
     base = {identity(r): r for r in results if r.get(axis) == baseline}
     rows = []
@@ -71,11 +87,11 @@ def speedup_table(
         b = base[identity(r)]
         rows.append([*(r.get(k, "-") for k in label), mean_std_ms(b), mean_std_ms(r),
                      f"{b.mean / r.mean:.2f}x", _gib(b.get(keys.PEAK_MEMORY)),
-                     _gib(r.get(keys.PEAK_MEMORY))])
+                     _gib(r.get(keys.PEAK_MEMORY)), r.short_run])
     rows.sort(key=lambda row: tuple((_SIZE_ORDER.get(v, 99), str(v)) for v in row[:len(label)]))
     return markdown_table([*(keys.HEADERS.get(k, k) for k in label), f"{base_name} ms",
                            f"{contender_name} ms", "speedup", f"{base_name} peak GiB",
-                           f"{contender_name} peak GiB"], rows)
+                           f"{contender_name} peak GiB", "run"], rows)
 
 
 def recipes_table(results: Sequence[Result], baseline: str = "pytorch_baseline",
@@ -83,13 +99,13 @@ def recipes_table(results: Sequence[Result], baseline: str = "pytorch_baseline",
     """Per model size and context: the three training recipes side by side, the speedups of
     `contender` over `baseline` and over `plain`, and cold starts (first step, compiling)."""
     by_workload: dict[tuple, dict[str, Result]] = {}
-    for r in results:
+    for r in results:  # recipes are put side by side only when measured in one run
         if r.kind == "recipe":
-            by_workload.setdefault((r.get(keys.SIZE), r.get(keys.CONTEXT)), {})[
+            by_workload.setdefault((r.get(keys.SIZE), r.get(keys.CONTEXT), r.measured_in), {})[
                 str(r.get(keys.RECIPE))] = r
     rows = []
-    for (size, context), recipes in sorted(
-            by_workload.items(), key=lambda item: (_SIZE_ORDER.get(item[0][0], 99), item[0])):
+    for (size, context, _), recipes in sorted(
+            by_workload.items(), key=lambda item: (_SIZE_ORDER.get(item[0][0], 99), str(item[0]))):
         ours = recipes.get(contender)
         if ours is None:
             continue
