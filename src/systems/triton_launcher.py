@@ -1,21 +1,25 @@
-"""Launching Triton kernels with less host time per call.
+"""Launching a Triton kernel with little host time per call.
 
-`kernel[grid](...)` binds every argument, specialises it and builds a cache key string
-before it reaches the compiled kernel: tens of microseconds per launch, which is most of a
-small attention call's time. `CachedLauncher` keeps the compiled kernel that Triton
-returned under a key made of what Triton specialises on (dtypes, 16-byte alignment of
-pointers, integers equal to 1 or divisible by 16, descriptor block shapes, constexprs and
-launch options) and launches it directly when the same key comes back.
+`kernel[grid](...)` binds every argument, specialises it in Python and builds a cache key
+before it reaches the compiled kernel: tens of microseconds per launch, most of a small
+attention call's time. A `KernelLauncher` stands for one kernel at one specialisation
+(grid, constexprs, launch options, argument dtypes, shapes and alignment all fixed by its
+owner): its first call goes through `kernel[grid](...)`, which compiles and returns the
+compiled kernel, and every later call hands the arguments straight to that kernel.
 
-The first call for a key, calls under `torch.compile` tracing, the interpreter, and runs
-with a launch hook installed (profilers) all go through `kernel[grid](...)` as usual.
+The owner guarantees that every call passes arguments Triton would specialise alike: the
+same dtypes, the same integers, descriptors of the same shape, strides and block shape,
+and pointers that are all 16-byte aligned (see `systems.attention.flash_triton.launch`,
+which keys its launchers by exact shapes).
+
+The interpreter, and runs with a launch hook installed (profilers), always go through
+`kernel[grid](...)`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-import torch
 import triton
 from triton.runtime import driver
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -23,28 +27,19 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from systems.triton_runtime import INTERPRETED
 
 
-def _int_key(value: int) -> tuple[object, ...]:
-    # Triton picks i32/i64/u64 by range, and specialises 1 and multiples of 16.
-    return ("int", -2**31 <= value < 2**31, value == 1, value % 16 == 0)
+class PlannedDescriptor(TensorDescriptor):
+    """A TensorDescriptor without the per-call checks: `KernelLauncher` validates it (as a
+    plain `TensorDescriptor`) on its first call, and later calls share its layout."""
+
+    def __post_init__(self) -> None:
+        pass
+
+    def checked(self) -> TensorDescriptor:
+        return TensorDescriptor(self.base, self.shape, self.strides, self.block_shape)
 
 
-def specialization_key(arg: object) -> object:
-    """What Triton's specialisation can tell apart in `arg` (a superset is harmless: it
-    only splits the cache). Raises TypeError for argument kinds it does not know."""
-    if isinstance(arg, torch.Tensor):
-        return ("tensor", arg.dtype, arg.data_ptr() % 16 == 0)
-    if isinstance(arg, TensorDescriptor):
-        # Block shape and dtype are what Triton types a descriptor by; the divisibility of
-        # its base, shape and strides is kept too, in case a version specialises on them.
-        return ("descriptor", arg.base.dtype, tuple(arg.block_shape), arg.padding,
-                arg.base.data_ptr() % 16 == 0, *(n % 16 == 0 for n in (*arg.shape, *arg.strides)))
-    if isinstance(arg, bool) or arg is None:
-        return ("value", arg)
-    if isinstance(arg, int):
-        return _int_key(arg)
-    if isinstance(arg, float):
-        return ("float",)
-    raise TypeError(f"no launch-cache key for a {type(arg).__name__} argument")
+def _checked(arg: object) -> object:
+    return arg.checked() if isinstance(arg, PlannedDescriptor) else arg
 
 
 def _launch_hooks_installed() -> bool:
@@ -53,36 +48,38 @@ def _launch_hooks_installed() -> bool:
     return bool(getattr(hook, "calls", hook))
 
 
-class CachedLauncher:
-    """`launcher(grid, *args, num_warps=..., num_stages=..., **kwargs)` launches `kernel`
-    like `kernel[grid](*args, num_warps=..., num_stages=..., **kwargs)`."""
+class KernelLauncher:
+    """`launcher(*args)` runs `kernel[grid](*args, **constexprs, num_warps=...,
+    num_stages=...)`. The constexprs must be the kernel's trailing parameters."""
 
-    def __init__(self, kernel: triton.JITFunction) -> None:
+    def __init__(self, kernel: triton.JITFunction, grid: Sequence[int],
+                 constexprs: Mapping[str, object], *, num_warps: int, num_stages: int,
+                 device_index: int) -> None:
         self.kernel = kernel
-        self._names = tuple(kernel.arg_names)
-        # The interpreter's kernels have no `params`; they never take the cached path.
-        self._constexprs = frozenset(
-            () if INTERPRETED else (p.name for p in kernel.params if p.is_constexpr))
-        self._compiled: dict[tuple[object, ...], object] = {}
-
-    def __call__(self, grid: Sequence[int], *args: object, num_warps: int, num_stages: int,
-                 **kwargs: object) -> None:
-        if INTERPRETED or torch.compiler.is_compiling() or _launch_hooks_installed():
-            self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **kwargs)
-            return
-        bound = dict(zip(self._names, args, strict=False), **kwargs)
+        self.grid = tuple(grid)
+        self.constexprs = dict(constexprs)
+        self.options = {"num_warps": num_warps, "num_stages": num_stages}
+        names = kernel.arg_names
+        trailing = names[len(names) - len(self.constexprs):]
+        if set(trailing) != set(self.constexprs):
+            raise ValueError(f"{kernel.__name__}: constexprs {sorted(self.constexprs)} are "
+                             f"not its trailing parameters {trailing}")
         # The compiled kernel takes every parameter in order, constexprs included.
-        ordered = [bound[name] for name in self._names]
-        device = driver.active.get_current_device()
-        key = (device, num_warps, num_stages, *(
-            ("constexpr", value) if name in self._constexprs else specialization_key(value)
-            for name, value in zip(self._names, ordered, strict=True)))
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            self._compiled[key] = self.kernel[grid](
-                *args, num_warps=num_warps, num_stages=num_stages, **kwargs)
+        self._trailing = tuple(self.constexprs[name] for name in trailing)
+        self._grid_xyz = (*self.grid, 1, 1)[:3]
+        self._device_index = device_index
+        self._compiled = None
+
+    def __call__(self, *args: object) -> None:
+        compiled = self._compiled
+        if compiled is None or _launch_hooks_installed():
+            result = self.kernel[self.grid](*map(_checked, args), **self.constexprs,
+                                            **self.options)
+            if not INTERPRETED:
+                self._compiled = result
             return
-        grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]
+        grid_x, grid_y, grid_z = self._grid_xyz
         # What JITFunction.run ends with, minus launch metadata and hooks (checked above).
-        compiled.run(grid_x, grid_y, grid_z, driver.active.get_current_stream(device),
-                     compiled.function, compiled.packed_metadata, None, None, None, *ordered)
+        compiled.run(grid_x, grid_y, grid_z, driver.active.get_current_stream(self._device_index),
+                     compiled.function, compiled.packed_metadata, None, None, None,
+                     *args, *self._trailing)

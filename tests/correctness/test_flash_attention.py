@@ -124,6 +124,7 @@ def poisoned_outputs(monkeypatch):
         return torch.full(shape, math.nan, dtype=dtype or like.dtype, device=like.device)
 
     monkeypatch.setattr(launch, "_empty", empty_nan)
+    monkeypatch.setattr(launch, "_empty_like", lambda t: torch.full_like(t, math.nan))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -76,13 +76,51 @@ def test_triton_rejects_non_contiguous(which, device):
         FlashAttentionTriton.apply(*tensors, False)
 
 
-def test_triton_rejects_cpu_tensors_without_interpreter(monkeypatch):
+@pytest.fixture
+def fresh_input_checks(monkeypatch):
+    """Forget which input signatures passed: the tests below change the runtime's rules."""
+    monkeypatch.setattr(launch, "_CHECKED_SIGNATURES", set())
+
+
+def test_triton_rejects_cpu_tensors_without_interpreter(monkeypatch, fresh_input_checks):
     monkeypatch.setattr(launch, "INTERPRETED", False)
     with pytest.raises(ValueError, match="CUDA tensors"):
         FlashAttentionTriton.apply(*_qkv("cpu"), False)
 
 
-def test_triton_interpreter_rejects_bf16(monkeypatch):
+def test_triton_interpreter_rejects_bf16(monkeypatch, fresh_input_checks):
     monkeypatch.setattr(launch, "INTERPRETED", True)
     with pytest.raises(ValueError, match="bf16"):
         FlashAttentionTriton.apply(*_qkv("cpu", dtype=torch.bfloat16), False)
+
+
+@BOTH
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_double_backward_is_refused(attention, causal, device):
+    """The backward passes treat L as a constant, so their gradients must not be
+    differentiated: doing so raises instead of returning a wrong second derivative."""
+    q, k, v = (t.requires_grad_() for t in _qkv(device, n_q=24, n_k=40, d=16))
+    o = attention.apply(q, k, v, causal)
+    dq, dk, dv = torch.autograd.grad(o.square().sum(), (q, k, v), create_graph=True)
+    for grad, wrt in ((dq, q), (dk, k), (dv, v), (dq, v)):
+        with pytest.raises(RuntimeError, match="does not support double backward"):
+            torch.autograd.grad(grad.square().sum(), wrt, retain_graph=True)
+
+
+def test_pytorch_gradgradcheck_is_refused(device):
+    """gradgradcheck used to pass through a wrong second derivative (its numerical check
+    then failed); the Triton kernels are covered by the test above (no fp64 kernels)."""
+    inputs = [t.double().requires_grad_() for t in _qkv(device, n_q=6, n_k=6, d=16, lead=(1,))]
+    with pytest.raises(RuntimeError, match="does not support double backward"):
+        torch.autograd.gradgradcheck(
+            lambda q, k, v: FlashAttentionPytorch.apply(q, k, v, True), inputs)
+
+
+@BOTH
+def test_first_order_gradients_under_create_graph_are_unchanged(attention, device):
+    q, k, v = (t.requires_grad_() for t in _qkv(device, n_q=24, n_k=40, d=16))
+    plain = torch.autograd.grad(attention.apply(q, k, v, True).sum(), (q, k, v))
+    graphed = torch.autograd.grad(attention.apply(q, k, v, True).sum(), (q, k, v),
+                                  create_graph=True)
+    for a, b in zip(plain, graphed, strict=True):
+        torch.testing.assert_close(b, a, atol=0, rtol=0)

@@ -1,43 +1,51 @@
-"""The launch cache's key must separate every argument Triton compiles differently."""
+"""`KernelLauncher`: one kernel at one specialisation, launched like `kernel[grid](...)`."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from systems.triton_launcher import specialization_key
+import systems.triton_runtime  # noqa: F401 - sets TRITON_INTERPRET before the kernel exists
+from systems.triton_launcher import KernelLauncher, PlannedDescriptor
 
 
-def test_pointer_alignment_and_dtype_are_told_apart():
-    storage = torch.zeros(64, dtype=torch.float32)
-    aligned, shifted = storage[:32], storage[1:33]
-    assert storage.data_ptr() % 16 == 0
-    assert specialization_key(aligned) != specialization_key(shifted)
-    assert specialization_key(aligned) != specialization_key(aligned.half())
-    assert specialization_key(aligned) == specialization_key(torch.ones(8))
+@triton.jit
+def _scaled_copy(src_tiles, dst, n, SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    start = tl.program_id(0) * BLOCK
+    tile = src_tiles.load([start])
+    offsets = start + tl.arange(0, BLOCK)
+    tl.store(dst + offsets, tile * SCALE, mask=offsets < n)
 
 
-@pytest.mark.parametrize(("a", "b"), [(1, 2), (16, 17), (32, 48 + 1), (2**31 - 1, 2**31)])
-def test_integers_split_where_triton_specialises(a, b):
-    assert specialization_key(a) != specialization_key(b)
+def _launcher(n: int, block: int, device: torch.device) -> KernelLauncher:
+    return KernelLauncher(_scaled_copy, (triton.cdiv(n, block),), {"SCALE": 3.0, "BLOCK": block},
+                          num_warps=1, num_stages=1, device_index=device.index or 0)
 
 
-def test_integers_triton_treats_alike_share_a_key():
-    assert specialization_key(32) == specialization_key(4096)
-    assert specialization_key(17) == specialization_key(1001)
+def test_repeat_launches_compute_on_each_call_s_arguments(device):
+    """The first call compiles, later ones launch the compiled kernel with new pointers."""
+    n, block = 100, 32
+    launch = _launcher(n, block, device)
+    for _ in range(3):
+        src = torch.randn(n, device=device)
+        dst = torch.full((n,), float("nan"), device=device)
+        launch(PlannedDescriptor(src, (n,), (1,), [block]), dst, n)
+        torch.testing.assert_close(dst, 3 * src)
 
 
-def test_descriptor_block_shape_and_dtype_are_told_apart():
-    t = torch.zeros(2, 128, 64, dtype=torch.float16)
-    key = specialization_key(TensorDescriptor.from_tensor(t, [1, 64, 64]))
-    assert key != specialization_key(TensorDescriptor.from_tensor(t, [1, 128, 64]))
-    assert key != specialization_key(TensorDescriptor.from_tensor(t.float(), [1, 64, 64]))
-    assert key == specialization_key(TensorDescriptor.from_tensor(t.clone(), [1, 64, 64]))
-    shorter = torch.zeros(2, 120, 64, dtype=torch.float16)
-    assert key != specialization_key(TensorDescriptor.from_tensor(shorter, [1, 64, 64]))
+def test_constexprs_must_be_the_trailing_parameters(device):
+    with pytest.raises(ValueError, match="trailing parameters"):
+        KernelLauncher(_scaled_copy, (1,), {"SCALE": 1.0, "n": 4}, num_warps=1, num_stages=1,
+                       device_index=0)
 
 
-def test_unknown_argument_kinds_are_refused():
-    with pytest.raises(TypeError, match="no launch-cache key"):
-        specialization_key("tf32")
+def test_planned_descriptor_is_checked_on_request():
+    t = torch.zeros(2, 128, 60, dtype=torch.float16)
+    planned = PlannedDescriptor(t, (2, 128, 60), (128 * 60, 60, 1), [1, 64, 64])
+    with pytest.raises(AssertionError, match="16-byte aligned"):
+        planned.checked()  # 60 fp16 columns: a 120-byte row stride
+    assert isinstance(PlannedDescriptor(t, (2, 128, 64), (128 * 64, 64, 1), [1, 64, 64]).checked(),
+                      TensorDescriptor)

@@ -18,10 +18,13 @@ Four studies:
   leaves only the GPU's work, so the kernels themselves are compared.
 
 Every case records the first call's time (compilation and JIT included) as
-`cold_start_s`. Profiles: `smoke` (CPU-sized), `quick` (the d = 64 and 128 bf16 forward +
-backward comparisons from seq 1024 up, one seq with every implementation and pass, the
-rivals' forward and backward at the leaderboard shape, the handout sweep at d = 64, the
-device-time study and the leaderboard), `full` (everything; select with -k).
+`cold_start_s`. Profiles: `smoke` (CPU-sized); `quick`, the regression baseline (a few
+minutes on one H100): eager bf16 forward+backward at batch 1, seq 1024..65536, d 64 and
+128, ours against SDPA flash, SDPA cuDNN and compiled flex_attention; 16 x 16384 x 128 and
+the leaderboard (16 x 16384 x 64) for ours against the two SDPA backends; and graph replay
+at seq 1024 and 16384; `full` (every study; select with -k).
+
+Implementations are looked up by name in `systems.attention.registry`.
 """
 
 from __future__ import annotations
@@ -46,8 +49,12 @@ SWEEP_IMPLEMENTATIONS = ("reference", "reference_compiled", "sdpa_flash", "sdpa_
 SWEEP_SEQS = tuple(2**p for p in range(7, 17))
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# What the Triton kernels must beat at every seq >= 1024 for d = 64 and 128.
+# Ours and its rivals in the quick profile's eager sweep.
 RIVALS = ("sdpa_flash", "sdpa_cudnn", "flex_compiled", "triton")
+QUICK_SEQS = (1024, 4096, 16384, 65536)
+# At 16 x 16384 (the leaderboard's size) flex_attention is far behind: the fused SDPA
+# backends are the rivals there.
+LEADERBOARD_RIVALS = ("triton", "sdpa_cudnn", "sdpa_flash")
 
 
 @dataclass(frozen=True)
@@ -82,21 +89,21 @@ def perf_cases(profile: str) -> list[AttentionCase]:
         cases = [_sweep_case(impl, 128, 16, "fp32", "forward_backward") for impl in cheap]
         cases += [_sweep_case("triton", 128, 16, "fp16", mode) for mode in ("forward", "backward")]
         return [AttentionCase(**{**c.__dict__, "warmup": 1, "rounds": 2}) for c in cases]
-    if profile == "full":
-        return [_sweep_case(*combo) for combo in itertools.product(
-            SWEEP_IMPLEMENTATIONS, SWEEP_SEQS, HEAD_DIMS, ("fp32", "bf16"), ATTENTION_MODES)]
-    must_beat = [_sweep_case(impl, seq, d, "bf16", "forward_backward")
-                 for d, seq, impl in itertools.product((64, 128), SWEEP_SEQS[3:], RIVALS)]
-    every_impl = [_sweep_case(impl, 4096, 64, dtype, mode)
-                  for impl, dtype, mode in itertools.product(
-                      SWEEP_IMPLEMENTATIONS, ("bf16",), ATTENTION_MODES)]
-    fp32 = [_sweep_case(impl, 4096, 64, "fp32", "forward_backward")
-            for impl in ("reference", "reference_compiled", "triton")]
+    # Quick: ours against the rivals, eager forward+backward at batch 1 (host-bound up to a
+    # few thousand tokens), and at the leaderboard's 16 heads with d = 128 (d = 64 is the
+    # leaderboard test's).
+    sweep = [_sweep_case(impl, seq, d, "bf16", "forward_backward")
+             for d, seq, impl in itertools.product((64, 128), QUICK_SEQS, RIVALS)]
+    wide = [AttentionCase(impl, (16, 1, 16384, 128), "bf16", "forward_backward", causal=True)
+            for impl in LEADERBOARD_RIVALS]
+    if profile == "quick":
+        return sweep + wide
+    every_seq = [_sweep_case(*combo) for combo in itertools.product(
+        SWEEP_IMPLEMENTATIONS, SWEEP_SEQS, HEAD_DIMS, ("fp32", "bf16"), ATTENTION_MODES)]
     # The leaderboard's shape one pass at a time: where the rivals gain or lose.
     leaderboard_passes = [AttentionCase(impl, (16, 1, 16384, 64), "bf16", mode, causal=True)
                           for impl, mode in itertools.product(RIVALS, ("forward", "backward"))]
-    # The sweep and the every-implementation study share cases at seq 4096: run each once.
-    cases = must_beat + every_impl + fp32 + leaderboard_passes
+    cases = sweep + wide + every_seq + leaderboard_passes
     return list({case.id: case for case in cases}.values())
 
 
@@ -136,11 +143,12 @@ def handout_cases(profile: str) -> list[AttentionCase]:
         return [AttentionCase(**{**case(impl, 256, 16, mode).__dict__, "warmup": 1,
                                  "rounds": 2})
                 for impl, mode in itertools.product(("reference", "triton"), modes)]
+    if profile != "full":
+        return []
     impls = ("reference", "reference_compiled", "triton")
     seqs = (256, 1024, 4096, 8192, 16384)
-    head_dims = HEAD_DIMS if profile == "full" else (64,)
     return [case(impl, seq, d, mode)
-            for impl, seq, d, mode in itertools.product(impls, seqs, head_dims, modes)]
+            for impl, seq, d, mode in itertools.product(impls, seqs, HEAD_DIMS, modes)]
 
 
 def test_attention_handout_sweep(perf_case: AttentionCase, device, synced_benchmark) -> None:
@@ -161,6 +169,8 @@ def leaderboard_cases(profile: str) -> list[AttentionCase]:
         return AttentionCase(impl, shape, "bf16", "leaderboard", causal=True, warmup=5,
                              rounds=20)
 
+    if profile == "quick":
+        return [case(impl) for impl in LEADERBOARD_RIVALS]
     return [case(impl) for impl in LEADERBOARD_IMPLEMENTATIONS]
 
 
@@ -203,6 +213,9 @@ test_attention_leaderboard.perf_cases = leaderboard_cases
 def device_time_cases(profile: str) -> list[AttentionCase]:
     if profile == "smoke":
         return []
+    if profile == "quick":  # short and long, where eager time is host-bound and is not
+        return [_sweep_case(impl, seq, 64, "bf16", "forward_backward")
+                for seq, impl in itertools.product((1024, 16384), LEADERBOARD_RIVALS)]
     return [_sweep_case(impl, seq, d, "bf16", "forward_backward")
             for d, seq, impl in itertools.product((64, 128), SWEEP_SEQS[3:], RIVALS)]
 

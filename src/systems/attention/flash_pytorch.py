@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from systems.attention.double_backward import refuse_double_backward
 from systems.attention.inputs import check_attention_inputs
 
 # Masked scores are replaced by this instead of -inf, the convention the kernels share.
@@ -122,6 +123,7 @@ class FlashAttentionPytorch(torch.autograd.Function):
     """FlashAttention-2 in plain PyTorch: `FlashAttentionPytorch.apply(q, k, v, is_causal)`.
 
     Saves L (shape (..., n_queries)), q, k, v and o for backward; nothing of size N^2.
+    Double backward is refused (`refuse_double_backward`).
     """
 
     @staticmethod
@@ -134,6 +136,7 @@ class FlashAttentionPytorch(torch.autograd.Function):
         return o
 
     @staticmethod
+    @refuse_double_backward("FlashAttentionPytorch")
     def backward(ctx, do: torch.Tensor):
         lse, q, k, v, o = ctx.saved_tensors
         dq, dk, dv = flash_backward(q, k, v, o, lse, do, ctx.is_causal)

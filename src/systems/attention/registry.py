@@ -1,46 +1,146 @@
-"""Attention backends selectable by name."""
+"""Attention implementations selectable by name: the model's backends and the benchmarks'
+rivals, each one callable `(q, k, v, is_causal=False) -> o` with q: (..., n_queries, d).
+
+The benchmarks (`systems.bench.attention`, tests/perf/test_attention.py) and the model look
+implementations up here; `unsupported_reason` says where one cannot run.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from systems.attention.flash_pytorch import FlashAttentionPytorch
-from systems.attention.flash_triton.op import flash_attention_forward
+from systems.attention.flash_triton import (
+    FlashAttentionTriton,
+    FlashAttentionTritonCompiledBackward,
+)
 from systems.attention.reference import reference_attention, sdpa_attention
+from systems.triton_runtime import INTERPRETED
 
 AttentionFn = Callable[..., torch.Tensor]
+# The tiled PyTorch FlashAttention-2 launches a few ops per tile pair, so its time grows as
+# seq^2 in Python overhead alone (about 2 s per forward+backward at 4096 on an H100).
+FLASH_PYTORCH_MAX_SEQ = 4096
 
 
-def flash_pytorch_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False
-) -> torch.Tensor:
+def flash_pytorch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            is_causal: bool = False) -> torch.Tensor:
     return FlashAttentionPytorch.apply(q, k, v, is_causal)
 
 
-def flash_triton_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False
-) -> torch.Tensor:
-    # The model hands over per-head views of its projections; the kernels want them packed.
-    # The custom op (not the autograd Function) so that compiled blocks stay one graph.
-    o, _ = flash_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), is_causal)
-    return o
+def flash_triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           is_causal: bool = False) -> torch.Tensor:
+    # The model hands over per-head views of its projections; the kernels want them packed
+    # (.contiguous() of a packed tensor is the tensor itself).
+    return FlashAttentionTriton.apply(q.contiguous(), k.contiguous(), v.contiguous(), is_causal)
 
 
-# Every backend takes (q, k, v, is_causal=...) with q: (..., n_queries, d).
-ATTENTION_BACKENDS: dict[str, AttentionFn] = {
-    "reference": reference_attention,
-    "sdpa": sdpa_attention,
-    "flash_pytorch": flash_pytorch_attention,
-    "flash_triton": flash_triton_attention,
+def triton_compiled_backward_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                       is_causal: bool = False) -> torch.Tensor:
+    return FlashAttentionTritonCompiledBackward.apply(
+        q.contiguous(), k.contiguous(), v.contiguous(), is_causal)
+
+
+def _sdpa_with(backend: SDPBackend) -> AttentionFn:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               is_causal: bool = False) -> torch.Tensor:
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+    attend.__name__ = f"sdpa_{backend.name.lower()}"
+    return attend
+
+
+@functools.cache
+def _compiled_flex() -> Callable[..., torch.Tensor]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
+@functools.lru_cache(maxsize=64)
+def _causal_block_mask(n_q: int, n_k: int, device: torch.device) -> object:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, n_q, n_k,
+                             device=device)
+
+
+def flex_compiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            is_causal: bool = False) -> torch.Tensor:
+    """Compiled flex_attention; q, k, v: (batch, heads, seq, d)."""
+    mask = _causal_block_mask(q.shape[-2], k.shape[-2], q.device) if is_causal else None
+    return _compiled_flex()(q, k, v, block_mask=mask)
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    """One implementation and where it can run."""
+
+    fn: AttentionFn
+    needs_cuda: bool = False
+    half_precision_only: bool = False
+    triton_kernels: bool = False  # CUDA, or Triton's interpreter (which computes bf16 wrongly)
+    max_seq: int | None = None  # longer sequences are impractical, not wrong
+
+    def unsupported_reason(self, device: torch.device, dtype: torch.dtype,
+                           seq: int) -> str | None:
+        on_cuda = device.type == "cuda"
+        if self.needs_cuda and not on_cuda:
+            return "runs on CUDA only"
+        if self.half_precision_only and dtype == torch.float32:
+            return "needs fp16/bf16"
+        if self.triton_kernels and not on_cuda and not INTERPRETED:
+            return "the Triton kernels need CUDA or TRITON_INTERPRET=1"
+        if self.triton_kernels and INTERPRETED and dtype == torch.bfloat16:
+            return "bf16 Triton kernels need a GPU (the interpreter computes them wrongly)"
+        if self.max_seq is not None and seq > self.max_seq:
+            return f"Python tile loops; run up to seq {self.max_seq}"
+        return None
+
+
+_FLASH_TRITON = AttentionBackend(flash_triton_attention, triton_kernels=True)
+
+ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
+    "reference": AttentionBackend(reference_attention),
+    "reference_compiled": AttentionBackend(torch.compile(reference_attention)),
+    "sdpa": AttentionBackend(sdpa_attention),
+    "sdpa_flash": AttentionBackend(_sdpa_with(SDPBackend.FLASH_ATTENTION), needs_cuda=True,
+                                   half_precision_only=True),
+    "sdpa_cudnn": AttentionBackend(_sdpa_with(SDPBackend.CUDNN_ATTENTION), needs_cuda=True,
+                                   half_precision_only=True),
+    "flex_compiled": AttentionBackend(flex_compiled_attention, needs_cuda=True),
+    "flash_pytorch": AttentionBackend(flash_pytorch_attention, max_seq=FLASH_PYTORCH_MAX_SEQ),
+    "flash_triton": _FLASH_TRITON,
+    # The benchmarks' name for the same backend (their case ids carry it).
+    "triton": _FLASH_TRITON,
+    "triton_compiled": AttentionBackend(torch.compile(flash_triton_attention),
+                                        triton_kernels=True),
+    "triton_compiled_bwd": AttentionBackend(triton_compiled_backward_attention,
+                                            triton_kernels=True),
 }
 
 
-def get_attention(name: str) -> AttentionFn:
+def _backend(name: str) -> AttentionBackend:
     try:
         return ATTENTION_BACKENDS[name]
     except KeyError:
         raise ValueError(
             f"unknown attention {name!r}; choose one of {sorted(ATTENTION_BACKENDS)}"
         ) from None
+
+
+def get_attention(name: str) -> AttentionFn:
+    return _backend(name).fn
+
+
+def unsupported_reason(name: str, device: torch.device, dtype: torch.dtype,
+                       seq: int) -> str | None:
+    """Why `name` cannot run on this device, dtype and sequence length; None if it can."""
+    return _backend(name).unsupported_reason(device, dtype, seq)

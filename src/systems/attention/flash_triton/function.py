@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from systems.attention.double_backward import refuse_double_backward
 from systems.attention.flash_pytorch import MASKED_SCORE
-from systems.attention.flash_triton.launch import (
-    check_triton_inputs,
-    flash_backward,
-    flash_forward,
-)
+from systems.attention.flash_triton.op import attention_backward, attention_forward
 
 
 class FlashAttentionTriton(torch.autograd.Function):
@@ -17,22 +14,23 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     q: (..., n_queries, d), k and v: (..., n_keys, d), contiguous, fp16/bf16/fp32, on a CUDA
     device (or the CPU under TRITON_INTERPRET=1). Saves L (shape (..., n_queries)), q, k, v
-    and o; backward runs the dQ and dK/dV kernels.
+    and o; backward runs the dQ and dK/dV kernels. Eager calls launch the kernels directly;
+    under torch.compile they are custom ops (`op.py`). Double backward is refused.
     """
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 is_causal: bool = False) -> torch.Tensor:
-        check_triton_inputs(q, k, v)
-        o, lse = flash_forward(q, k, v, is_causal)
+        o, lse = attention_forward(q, k, v, is_causal)
         ctx.save_for_backward(lse, q, k, v, o)
         ctx.is_causal = is_causal
         return o
 
     @staticmethod
+    @refuse_double_backward("FlashAttentionTriton")
     def backward(ctx, do: torch.Tensor):
         lse, q, k, v, o = ctx.saved_tensors
-        return (*flash_backward(q, k, v, o, lse, do, ctx.is_causal), None)
+        return (*attention_backward(q, k, v, o, lse, do, ctx.is_causal), None)
 
 
 def recompute_backward(
@@ -64,6 +62,7 @@ class FlashAttentionTritonCompiledBackward(FlashAttentionTriton):
     """The Triton forward with a `torch.compile`d PyTorch backward (O(N^2) memory)."""
 
     @staticmethod
+    @refuse_double_backward("FlashAttentionTritonCompiledBackward")
     def backward(ctx, do: torch.Tensor):
         lse, q, k, v, o = ctx.saved_tensors
         return (*_compiled_recompute_backward(q, k, v, o, lse, do, ctx.is_causal), None)

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from triton.tools.tensor_descriptor import TensorDescriptor
+import triton
 
 from systems.attention.flash_triton.kernels import (
     flash_backward_dkdv_kernel,
@@ -15,16 +15,11 @@ from systems.attention.flash_triton.kernels import (
     flash_forward_kernel,
 )
 from systems.attention.inputs import check_attention_inputs
-from systems.triton_launcher import CachedLauncher
+from systems.triton_launcher import KernelLauncher, PlannedDescriptor
 from systems.triton_runtime import INTERPRETED
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-_launch_forward = CachedLauncher(flash_forward_kernel)
-_launch_dq = CachedLauncher(flash_backward_dq_kernel)
-_launch_dkdv = CachedLauncher(flash_backward_dkdv_kernel)
-
 
 # Plain-int helpers: triton.cdiv and triton.next_power_of_2 are constexpr functions whose
 # host-side calls cost microseconds each, several times per attention call.
@@ -108,12 +103,26 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _programs(q: torch.Tensor) -> int:
-    return _rows(q) * _cdiv(q.shape[-2], 128)
-
-
 def check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Everything `check_attention_inputs` asks, plus what these kernels need."""
+    """Everything `check_attention_inputs` asks, plus what these kernels need. The checks
+    that shapes, dtypes and devices decide run once per such signature."""
+    signature = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
+                 q.device, k.device, v.device)
+    if signature not in _CHECKED_SIGNATURES:
+        _check_signature(q, k, v)
+        if len(_CHECKED_SIGNATURES) >= _MAX_CHECKED_SIGNATURES:
+            _CHECKED_SIGNATURES.clear()
+        _CHECKED_SIGNATURES.add(signature)
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        name = next(n for n, t in (("q", q), ("k", k), ("v", v)) if not t.is_contiguous())
+        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+
+
+_CHECKED_SIGNATURES: set[tuple[object, ...]] = set()
+_MAX_CHECKED_SIGNATURES = 4096
+
+
+def _check_signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     check_attention_inputs(q, k, v)
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"dtype {q.dtype} unsupported; use one of {SUPPORTED_DTYPES}")
@@ -126,9 +135,6 @@ def check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
     if not INTERPRETED and q.device.type != "cuda":
         raise ValueError(f"the Triton kernels need CUDA tensors, got {q.device} (set "
                          "TRITON_INTERPRET=1 before importing systems to run them on the CPU)")
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if not tensor.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -138,10 +144,14 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
+# Output buffers: every element is written by a kernel (tests poison these two).
 def _empty(shape: torch.Size | tuple[int, ...], like: torch.Tensor,
            dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Output buffers: every element is written by a kernel (tests poison this)."""
     return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
+
+
+def _empty_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(t)  # several times cheaper on the host than torch.empty
 
 
 def _descriptor_head_dim(d: int, dtype: torch.dtype) -> int:
@@ -150,58 +160,103 @@ def _descriptor_head_dim(d: int, dtype: torch.dtype) -> int:
     return -(-d // per_16_bytes) * per_16_bytes
 
 
-def _for_descriptors(t: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """t itself when TMA can read it; else a 16-byte-aligned copy zero-padded to head_dim
-    (pad columns add 0 to every score and produce output columns that are cut off)."""
-    # A tensor traced by torch.compile has neither an address nor a traceable offset, so it
-    # is taken as aligned: compiled graphs allocate their own buffers aligned, and a view
-    # starting off a 16-byte boundary is unsupported there (untested: the TMA descriptor
-    # encoding is expected to reject its address).
-    aligned = torch.compiler.is_compiling() or t.data_ptr() % 16 == 0
-    if t.shape[-1] == head_dim and aligned:
+def _for_kernels(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """t itself when the kernels can read it: rows of head_dim elements and a 16-byte
+    aligned start (every pointer a launcher sees is aligned, see `KernelLauncher`). Else a
+    zero-padded copy (pad columns add 0 to every score and produce output columns that are
+    cut off)."""
+    if t.shape[-1] == head_dim and t.data_ptr() % 16 == 0:
         return t
     padded = t.new_zeros(*t.shape[:-1], head_dim)
     padded[..., :t.shape[-1]] = t
     return padded
 
 
-def _tiles_of(t: torch.Tensor, rows: int, block_d: int) -> TensorDescriptor:
-    """A descriptor reading `rows` x block_d tiles of t's matrices (t as (BH, seq, d))."""
-    return TensorDescriptor.from_tensor(t.view(-1, t.shape[-2], t.shape[-1]),
-                                        [1, rows, block_d])
-
-
 def _cut_to(t: torch.Tensor, d: int) -> torch.Tensor:
-    """t without the pad columns `_for_descriptors` added."""
+    """t without the pad columns `_for_kernels` added."""
     return t if t.shape[-1] == d else t[..., :d].contiguous()
 
 
-def _for_kernels(d: int, *tensors: torch.Tensor
-                 ) -> tuple[list[torch.Tensor], dict[str, object]]:
-    """The tensors as the kernels read them (`_for_descriptors`), and the compile-time
-    constants for their head dim once padded to 16-byte rows."""
-    dtype = tensors[0].dtype
-    head_dim = _descriptor_head_dim(d, dtype)
-    common = {"HEAD_DIM": head_dim, "BLOCK_D": _next_power_of_2(head_dim),
-              "DOT_PRECISION": dot_precision(dtype)}
-    return [_for_descriptors(t, head_dim) for t in tensors], common
+@dataclass(frozen=True)
+class _Problem:
+    """One attention problem's launches. Shapes, dtype, device, mask and tiles fix what
+    Triton specialises on, so each problem's kernels compile once and later calls launch
+    them directly (`KernelLauncher`)."""
+
+    rows: int
+    n_q: int
+    n_k: int
+    d: int
+    dtype: torch.dtype
+    device: torch.device
+    causal: bool
+    config: FlashConfig
+
+    @functools.cached_property
+    def head_dim(self) -> int:
+        return _descriptor_head_dim(self.d, self.dtype)
+
+    def _launcher(self, kernel: triton.JITFunction, tiles: TileConfig, seq: int, block: int,
+                  **constexprs: object) -> KernelLauncher:
+        """The kernel over a (matrices, tiles of `block` rows of `seq`) grid."""
+        return KernelLauncher(
+            kernel, (self.rows, _cdiv(seq, block)),
+            {"SM_SCALE": self.d ** -0.5, "HEAD_DIM": self.head_dim,
+             "BLOCK_D": _next_power_of_2(self.head_dim), "BLOCK_M": tiles.block_m,
+             "BLOCK_N": tiles.block_n, "CAUSAL": self.causal, **constexprs,
+             "DOT_PRECISION": dot_precision(self.dtype)},
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+            device_index=self.device.index or 0)
+
+    @functools.cached_property
+    def forward(self) -> KernelLauncher:
+        tiles = self.config.forward
+        return self._launcher(flash_forward_kernel, tiles, self.n_q, tiles.block_m)
+
+    @functools.cached_property
+    def dq(self) -> KernelLauncher:
+        tiles = self.config.backward_dq
+        return self._launcher(flash_backward_dq_kernel, tiles, self.n_q, tiles.block_m)
+
+    @functools.cached_property
+    def dkdv(self) -> KernelLauncher:
+        # Its programs walk key tiles; the last query tile is partial unless block_m divides
+        # n_q.
+        tiles = self.config.backward_dkdv
+        return self._launcher(flash_backward_dkdv_kernel, tiles, self.n_k, tiles.block_n,
+                              CHECK_Q_ROWS=self.n_q % tiles.block_m != 0)
+
+    def _layout(self, seq: int, block_rows: int) -> tuple[object, ...]:
+        """(shape, strides, block shape) of a descriptor reading block_rows x BLOCK_D tiles
+        of a (rows, seq, head_dim) tensor."""
+        head_dim = self.head_dim
+        return ((self.rows, seq, head_dim), (seq * head_dim, head_dim, 1),
+                [1, block_rows, _next_power_of_2(head_dim)])
+
+    @functools.cached_property
+    def key_tiles(self) -> dict[str, tuple[object, ...]]:
+        """Descriptor layouts of k and v for the forward and dQ kernels."""
+        return {"forward": self._layout(self.n_k, self.config.forward.block_n),
+                "dq": self._layout(self.n_k, self.config.backward_dq.block_n)}
+
+    @functools.cached_property
+    def query_tiles(self) -> tuple[object, ...]:
+        """Descriptor layout of q and do for the dK/dV kernel."""
+        return self._layout(self.n_q, self.config.backward_dkdv.block_m)
 
 
-def _head_dim(t: torch.Tensor) -> int:
-    """t's head dim as an int. Under torch.compile a dim that changed between calls arrives
-    symbolic (and int() keeps it so), but the kernels take it as a compile-time constant:
-    branching on its value makes Dynamo guard on it and hand back a plain int."""
-    d = t.shape[-1]
-    if torch.compiler.is_compiling():
-        for value in range(MIN_HEAD_DIM, MAX_HEAD_DIM + 1):
-            if d == value:
-                return value
-    return d
+@functools.lru_cache(maxsize=1024)
+def _problem(rows: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, device: torch.device,
+             causal: bool, config: FlashConfig | None) -> _Problem:
+    config = config or default_config(d, dtype, rows * _cdiv(n_q, 128), device)
+    return _Problem(rows, n_q, n_k, d, dtype, device, causal, config)
 
 
-def _rows(t: torch.Tensor) -> int:
-    """Number of (batch x heads) matrices in t of shape (..., seq, d)."""
-    return math.prod(t.shape[:-2])
+def _problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool,
+                config: FlashConfig | None) -> _Problem:
+    shape = q.shape
+    return _problem(math.prod(shape[:-2]), shape[-2], k.shape[-2], shape[-1], q.dtype,
+                    q.device, causal, config)
 
 
 def flash_forward(
@@ -209,63 +264,70 @@ def flash_forward(
     config: FlashConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, L) for checked inputs; L is the natural-log log-sum-exp, fp32, (..., n_queries)."""
-    n_q, n_k, d = q.shape[-2], k.shape[-2], _head_dim(q)
-    tiles = (config or default_config(d, q.dtype, _programs(q), q.device)).forward
-    (q, k, v), common = _for_kernels(d, q, k, v)
-    o = _empty(q.shape, q)
+    problem = _problem_of(q, k, is_causal, config)
+    head_dim, layout = problem.head_dim, problem.key_tiles["forward"]
+    q, k, v = (_for_kernels(t, head_dim) for t in (q, k, v))
+    o = _empty_like(q)
     lse = _empty(q.shape[:-1], q, torch.float32)
-    block_d = common["BLOCK_D"]
-    _launch_forward(
-        (_rows(q), _cdiv(n_q, tiles.block_m)),
-        q, _tiles_of(k, tiles.block_n, block_d), _tiles_of(v, tiles.block_n, block_d), o, lse,
-        n_q, n_k, d ** -0.5, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=is_causal,
-        **common, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )
-    return _cut_to(o, d), lse
+    problem.forward(q, PlannedDescriptor(k, *layout), PlannedDescriptor(v, *layout), o, lse,
+                    problem.n_q, problem.n_k)
+    return _cut_to(o, problem.d), lse
 
 
 def flash_backward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     do: torch.Tensor, is_causal: bool = False, config: FlashConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv): a dQ pass over query tiles (it also writes D), then a dK/dV pass."""
-    config = config or default_config(_head_dim(q), q.dtype, _programs(q), q.device)
-    do = do.contiguous()  # autograd may hand over an expanded or strided gradient
-    dq, delta = backward_dq(q, k, v, o, lse, do, is_causal, config.backward_dq)
-    dk, dv = backward_dkdv(q, k, v, do, lse, delta, is_causal, config.backward_dkdv)
-    return dq, dk, dv
+    """(dq, dk, dv): a dQ pass over query tiles (it also writes D), then a dK/dV pass.
+    lse must be flash_forward's (contiguous, freshly allocated, so 16-byte aligned)."""
+    problem = _problem_of(q, k, is_causal, config)
+    head_dim = problem.head_dim
+    # autograd may hand over an expanded or strided gradient
+    q, k, v, o, do = (_for_kernels(t, head_dim) for t in (q, k, v, o, do.contiguous()))
+    dq, delta = _backward_dq(problem, q, k, v, o, lse, do)
+    dk, dv = _backward_dkdv(problem, q, k, v, do, lse, delta)
+    return _cut_to(dq, problem.d), _cut_to(dk, problem.d), _cut_to(dv, problem.d)
+
+
+def _backward_dq(problem: _Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    layout = problem.key_tiles["dq"]
+    dq, delta = _empty_like(q), _empty_like(lse)
+    problem.dq(q, PlannedDescriptor(k, *layout), PlannedDescriptor(v, *layout), o, do, lse,
+               delta, dq, problem.n_q, problem.n_k)
+    return dq, delta
+
+
+def _backward_dkdv(problem: _Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   do: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    layout = problem.query_tiles
+    dk, dv = _empty_like(k), _empty_like(v)
+    problem.dkdv(PlannedDescriptor(q, *layout), k, v, PlannedDescriptor(do, *layout), lse,
+                 delta, dk, dv, problem.n_q, problem.n_k)
+    return dk, dv
 
 
 def backward_dq(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     do: torch.Tensor, is_causal: bool, tiles: TileConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dq, D) where D = rowsum(o * do), fp32, shaped like L."""
-    n_q, n_k, d = q.shape[-2], k.shape[-2], _head_dim(q)
-    (q, k, v, o, do), common = _for_kernels(d, q, k, v, o, do)
-    dq, delta = _empty(q.shape, q), _empty(lse.shape, lse)
-    _launch_dq(
-        (_rows(q), _cdiv(n_q, tiles.block_m)),
-        q, *(_tiles_of(t, tiles.block_n, common["BLOCK_D"]) for t in (k, v)), o, do, lse, delta,
-        dq, n_q, n_k, d ** -0.5, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        CAUSAL=is_causal, **common, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )
-    return _cut_to(dq, d), delta
+    """(dq, D) with `tiles`, where D = rowsum(o * do), fp32, shaped like L (for tuning)."""
+    problem = _problem_of(q, k, is_causal, FlashConfig(tiles, tiles, tiles))
+    head_dim = problem.head_dim
+    q, k, v, o, do = (_for_kernels(t, head_dim) for t in (q, k, v, o, do))
+    dq, delta = _backward_dq(problem, q, k, v, o, lse, do)
+    return _cut_to(dq, problem.d), delta
 
 
 def backward_dkdv(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
     delta: torch.Tensor, is_causal: bool, tiles: TileConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    n_q, n_k, d = q.shape[-2], k.shape[-2], _head_dim(q)
-    (q, k, v, do), common = _for_kernels(d, q, k, v, do)
-    dk, dv = _empty(k.shape, k), _empty(v.shape, v)
-    q_tiles, do_tiles = (_tiles_of(t, tiles.block_m, common["BLOCK_D"]) for t in (q, do))
-    _launch_dkdv(
-        (_rows(q), _cdiv(n_k, tiles.block_n)),
-        q_tiles, k, v, do_tiles, lse, delta, dk, dv, n_q, n_k, d ** -0.5,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=is_causal,
-        CHECK_Q_ROWS=bool(n_q % tiles.block_m != 0), **common,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )
-    return _cut_to(dk, d), _cut_to(dv, d)
+    """(dk, dv) with `tiles` (for tuning)."""
+    problem = _problem_of(q, k, is_causal, FlashConfig(tiles, tiles, tiles))
+    head_dim = problem.head_dim
+    q, k, v, do = (_for_kernels(t, head_dim) for t in (q, k, v, do))
+    dk, dv = _backward_dkdv(problem, q, k, v, do, lse, delta)
+    return _cut_to(dk, problem.d), _cut_to(dv, problem.d)

@@ -1,9 +1,10 @@
-"""The kernels as torch custom ops, for the model's attention backend.
+"""The one way into the kernels: eager calls launch them, torch.compile sees custom ops.
 
 torch.compile treats a custom op as one opaque call: a compiled block keeps a single graph
-around attention, and dynamo never traces into the launch code (on the CPU it would trace
-into Triton's interpreter and fail). The autograd Function in `function.py` stays the
-public API; both run the same kernels.
+around attention, and Dynamo never traces into the launch code (on the CPU it would trace
+into Triton's interpreter and fail). An eager call skips the op's dispatch and launches
+the same code directly. `FlashAttentionTriton` (function.py) is the autograd around both;
+the ops themselves carry no autograd formula.
 """
 
 from __future__ import annotations
@@ -44,16 +45,20 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: t
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, is_causal = inputs
-    o, lse = output
-    ctx.save_for_backward(lse, q, k, v, o)
-    ctx.is_causal = is_causal
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, L) from the forward kernel."""
+    if torch.compiler.is_compiling():
+        return flash_attention_forward(q, k, v, is_causal)
+    check_triton_inputs(q, k, v)
+    return flash_forward(q, k, v, is_causal)
 
 
-def _backward(ctx, do: torch.Tensor, _grad_lse: torch.Tensor | None):
-    lse, q, k, v, o = ctx.saved_tensors
-    return (*flash_attention_backward(q, k, v, o, lse, do, ctx.is_causal), None)
-
-
-flash_attention_forward.register_autograd(_backward, setup_context=_setup_context)
+def attention_backward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+    do: torch.Tensor, is_causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) from the dQ and dK/dV kernels."""
+    if torch.compiler.is_compiling():
+        return flash_attention_backward(q, k, v, o, lse, do, is_causal)
+    return flash_backward(q, k, v, o, lse, do, is_causal)
