@@ -9,8 +9,8 @@ seeds (other initial weights, same data) is the run-to-run difference training i
 has. The optimized curve must stay closer to the reference than every re-seeded fp32 run
 does, over the whole curve (mean absolute difference per step), and its end (mean of the
 last 50 steps) must not sit further above the reference's than a re-seeded run's end may
-sit from it. A numerics fault (a frozen bias correction, a wrong scale in the fused loss, a
-learning rate that never reached the kernel) moves the curve by more than re-seeding does.
+sit from it. That is tight enough to catch an update 10% too large or too small (tested
+below).
 """
 
 from __future__ import annotations
@@ -64,31 +64,51 @@ def assert_follows_reference(curve: torch.Tensor, reference: torch.Tensor,
     assert excess <= max(seed_offsets), (excess, seed_offsets)
 
 
-def _compare(config: ModelConfig, optimized: Recipe, batch: int, seq: int, device: str
-             ) -> None:
-    data = markov_batches(config, STEPS, batch, seq)
-    reference_recipe = get_recipe("eager", precision="fp32", lr=LR)
-    reference = loss_curve(config, reference_recipe, data, device)
-    reseeded = [loss_curve(config, reference_recipe, data, device, seed=seed)
-                for seed in OTHER_SEEDS]
-    assert_follows_reference(loss_curve(config, optimized, data, device), reference, reseeded)
+def _reference_curves(config: ModelConfig, data, device: str
+                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The fp32 reference recipe's curve, and the same recipe's from the other seeds."""
+    recipe = get_recipe("eager", precision="fp32", lr=LR)
+    return (loss_curve(config, recipe, data, device),
+            [loss_curve(config, recipe, data, device, seed=seed) for seed in OTHER_SEEDS])
+
+
+CPU_CONFIG = MODEL_CONFIGS["tiny"].with_overrides(d_model=32, num_heads=2, d_ff=96,
+                                                  vocab_size=256)
+
+
+@pytest.fixture(scope="module")
+def cpu_reference():
+    data = markov_batches(CPU_CONFIG, STEPS, batch=4, seq=32)
+    return data, *_reference_curves(CPU_CONFIG, data, "cpu")
 
 
 @pytest.mark.slow
 @pytest.mark.interpreter
-def test_bf16_parameters_over_masters_and_fused_loss_follow_fp32_on_cpu() -> None:
+def test_bf16_parameters_over_masters_and_fused_loss_follow_fp32_on_cpu(cpu_reference) -> None:
     """What of the optimized recipe runs on the CPU: bf16 parameters over fp32 masters
     (the fused AdamW kernel in Triton's interpreter, where fp32->bf16 truncates instead of
     rounding) and the chunked LM head + loss. SDPA stands in for the flash kernels (bf16
     dots are wrong in the interpreter); no compile, no CUDA graph. A small model keeps the
     interpreter's launches (one program per 4096 elements of each tensor) few."""
-    config = MODEL_CONFIGS["tiny"].with_overrides(d_model=32, num_heads=2, d_ff=96,
-                                                  vocab_size=256)
+    data, reference, reseeded = cpu_reference
     optimized = get_recipe("optimized", attention="sdpa", compiled=False, cuda_graph=False,
                            lr=LR)
     assert optimized.precision == "bf16" and optimized.options.optimizer == "mixed_precision"
     assert optimized.options.fused_loss
-    _compare(config, optimized, batch=4, seq=32, device="cpu")
+    assert_follows_reference(loss_curve(CPU_CONFIG, optimized, data, "cpu"), reference,
+                             reseeded)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scale", [0.9, 1.1])
+def test_a_learning_rate_ten_percent_off_fails_the_check(cpu_reference, scale: float) -> None:
+    """The tolerance is tight enough to see an optimizer that is slightly wrong: the
+    reference recipe itself with its learning rate 10% off drifts further than re-seeding."""
+    data, reference, reseeded = cpu_reference
+    curve = loss_curve(CPU_CONFIG, get_recipe("eager", precision="fp32", lr=LR * scale), data,
+                       "cpu")
+    with pytest.raises(AssertionError):
+        assert_follows_reference(curve, reference, reseeded)
 
 
 @pytest.mark.gpu
@@ -98,7 +118,10 @@ def test_optimized_recipe_follows_fp32_on_gpu() -> None:
     from one CUDA graph (new batches copied into the captured inputs)."""
     config = MODEL_CONFIGS["tiny"].with_overrides(d_model=256, num_heads=4, d_ff=768,
                                                   num_layers=4, vocab_size=2048)
-    _compare(config, get_recipe("optimized", lr=LR), batch=4, seq=128, device="cuda")
+    data = markov_batches(config, STEPS, batch=4, seq=128)
+    reference, reseeded = _reference_curves(config, data, "cuda")
+    assert_follows_reference(loss_curve(config, get_recipe("optimized", lr=LR), data, "cuda"),
+                             reference, reseeded)
 
 
 def test_a_curve_that_drifts_further_than_reseeding_fails() -> None:
