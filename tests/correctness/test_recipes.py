@@ -222,7 +222,8 @@ def test_recipe_overrides_and_errors() -> None:
         get_recipe("fastest")
     with pytest.raises(ValueError, match="unknown optimizer"):
         get_recipe("eager", optimizer="sgd")
-    with pytest.raises(ValueError, match="lr must be > 0"):
-        get_recipe("eager", lr=0.0)
+    for bad_lr in (0.0, -1e-3, "3e-3"):
+        with pytest.raises(ValueError, match="lr must be a number > 0"):
+            get_recipe("eager", lr=bad_lr)
     with pytest.raises(ValueError, match="checkpoint_every"):
         TransformerLM(TINY, checkpoint_every=TINY.num_layers + 1)

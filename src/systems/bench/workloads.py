@@ -84,8 +84,8 @@ class StepOptions:
     def __post_init__(self) -> None:
         check_choice("compile scope", self.compile_scope, COMPILE_SCOPES)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, int | float) or self.lr <= 0:
+            raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
         if self.cuda_graph and self.compile_mode == "reduce-overhead":
             raise ValueError("cuda_graph captures the whole step already; compile_mode="
                              "'reduce-overhead' would capture graphs inside it")
