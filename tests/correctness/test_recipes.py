@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from systems import accounting as acc
-from systems.bench.recipes import RECIPES, build_recipe_workload, fit_to_device, get_recipe
-from systems.bench.workloads import CUDA_GRAPH_WARMUP
+from systems.bench.recipes import (
+    RECIPES,
+    build_recipe_workload,
+    fit_to_device,
+    get_recipe,
+    runnable_on,
+)
+from systems.bench.workloads import CUDA_GRAPH_WARMUP, StepOptions, torch_adamw_settings
 from systems.model import MODEL_CONFIGS, TransformerLM, cross_entropy
 from systems.profiling.activations import saved_tensor_bytes
 
@@ -46,6 +52,60 @@ def _assert_close(got, expected, tol: float) -> None:
     assert max(_max_errors(got, expected)) <= tol
 
 
+def test_pytorch_baseline_is_pytorch_at_its_best() -> None:
+    recipe = RECIPES["pytorch_baseline"]
+    assert (recipe.attention, recipe.precision, recipe.compiled) == ("sdpa", "bf16", True)
+    assert recipe.options == StepOptions(optimizer="torch", cuda_graph=True)
+    assert recipe.options.compile_scope == "model"  # the whole model, as ours
+    # Under the graph, torch's AdamW is one fused kernel that counts steps on the device.
+    assert torch_adamw_settings(torch.device("cuda"), cuda_graph=True) == {
+        "fused": True, "foreach": False, "capturable": True}
+    assert torch_adamw_settings(torch.device("cuda"), cuda_graph=False)["fused"]
+    assert torch_adamw_settings(torch.device("cpu"), cuda_graph=False) == {
+        "fused": False, "foreach": True, "capturable": False}
+
+
+@pytest.mark.parametrize("name", ["pytorch_baseline", "optimized"])
+def test_graphed_recipes_need_cuda_and_turn_the_graph_off_elsewhere(name: str) -> None:
+    recipe = get_recipe(name)
+    assert recipe.options.cuda_graph
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        build_recipe_workload(TINY, recipe, context_length=16, device="cpu")
+    on_cpu = runnable_on(recipe, "cpu")
+    assert on_cpu == get_recipe(name, cuda_graph=False)
+    assert runnable_on(recipe, "cuda") == recipe
+    assert runnable_on(RECIPES["eager"], "cpu") == RECIPES["eager"]
+
+
+def test_torch_adamw_of_the_baseline_trains_like_ours_in_fp32() -> None:
+    """The baseline's optimizer (torch's, multi-tensor off CUDA) and the plain step's (ours)
+    take the same steps: 20 steps in fp32 agree to float rounding."""
+    losses = {}
+    for name in ("eager", "pytorch_baseline"):
+        workload = build_recipe_workload(
+            TINY, get_recipe(name, precision="fp32", compiled=False, cuda_graph=False,
+                             attention="reference", lr=1e-3),
+            batch_size=2, context_length=24)
+        losses[name] = torch.tensor([workload.step().item() for _ in range(20)])
+    assert losses["eager"][-1] < losses["eager"][0] - 0.5
+    torch.testing.assert_close(losses["pytorch_baseline"], losses["eager"], rtol=1e-5, atol=0)
+
+
+def test_load_batch_feeds_the_next_step_and_checks_its_input() -> None:
+    workload = build_recipe_workload(TINY, get_recipe("eager", precision="fp32"),
+                                     batch_size=2, context_length=16, seed=3)
+    tokens, targets = torch.randint(TINY.vocab_size, (2, 2, 16),
+                                    generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        expected = cross_entropy(workload.model(tokens), targets).item()
+    workload.load_batch(tokens, targets)
+    assert workload.step().item() == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(ValueError, match="shape"):
+        workload.load_batch(tokens[:, :8], targets)
+    with pytest.raises(ValueError, match="int64"):
+        workload.load_batch(tokens, targets.float())
+
+
 @pytest.mark.parametrize("overrides", [
     {"compiled": False},
     {"compiled": False, "checkpoint_every": 1},
@@ -81,13 +141,14 @@ def test_recipe_on_gpu_is_as_close_to_fp32_as_the_plain_bf16_step(name: str) -> 
 
 
 @pytest.mark.gpu
-def test_cuda_graph_replays_compute_what_ordinary_steps_do() -> None:
+@pytest.mark.parametrize("name", ["pytorch_baseline", "optimized"])
+def test_cuda_graph_replays_compute_what_ordinary_steps_do(name: str) -> None:
     """Steps replayed from the captured graph follow the same trajectory as ordinary steps:
     a step count or bias correction frozen at capture would move the weights differently."""
     config = TINY.with_overrides(d_model=256, num_heads=4, d_ff=512)
     runs = {}
     for graphed in (False, True):
-        workload = build_recipe_workload(config, get_recipe("optimized", cuda_graph=graphed),
+        workload = build_recipe_workload(config, get_recipe(name, cuda_graph=graphed),
                                          batch_size=2, context_length=64, device="cuda")
         losses = torch.stack([workload.step().clone() for _ in range(CUDA_GRAPH_WARMUP + 4)])
         params = [p.detach().clone() for p in workload.model.parameters()]
@@ -101,9 +162,7 @@ def test_cuda_graph_replays_compute_what_ordinary_steps_do() -> None:
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
 
 
-def test_cuda_graph_needs_cuda_and_a_capturable_optimizer() -> None:
-    with pytest.raises(ValueError, match="needs a CUDA device"):
-        build_recipe_workload(TINY, get_recipe("optimized"), context_length=16, device="cpu")
+def test_cuda_graph_needs_a_capturable_optimizer() -> None:
     with pytest.raises(ValueError, match="counts steps on the GPU"):
         build_recipe_workload(TINY, get_recipe("optimized", optimizer="ours"),
                               context_length=16, device="cuda")
@@ -163,5 +222,8 @@ def test_recipe_overrides_and_errors() -> None:
         get_recipe("fastest")
     with pytest.raises(ValueError, match="unknown optimizer"):
         get_recipe("eager", optimizer="sgd")
+    for bad_lr in (0.0, -1e-3, "3e-3"):
+        with pytest.raises(ValueError, match="lr must be a number > 0"):
+            get_recipe("eager", lr=bad_lr)
     with pytest.raises(ValueError, match="checkpoint_every"):
         TransformerLM(TINY, checkpoint_every=TINY.num_layers + 1)

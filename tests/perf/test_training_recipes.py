@@ -3,8 +3,10 @@
 `eager`: the model as written; `pytorch_baseline`: the strongest PyTorch-only step;
 `optimized`: ours (see `systems.bench.recipes` and docs/training_recipes.md). Every case
 records `recipe` and `cold_start_s` (the first step, compilation included) in extra_info.
-Profiles: `smoke` (tiny, CPU, no compile), `quick` (2.7b and small at ctx 512),
-`full` (every size at ctx 512 and 2048; select parts with -k).
+Profiles: `smoke` (tiny, CPU, no compile, no CUDA graph), `quick` (2.7b and small at ctx
+512: the regression baseline, a few minutes on one H100), `full` (every size at ctx 512
+and 2048; select parts with -k). Every recipe gets activation checkpointing by the same
+rule, only where the analytic model says its step would not fit.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import itertools
 from dataclasses import dataclass
 
 from systems.bench.recipes import RECIPES, build_recipe_workload, fit_to_device, get_recipe
+from systems.bench.workloads import CUDA_GRAPH_WARMUP
 from systems.model import get_config
 
 SIZES = ("small", "medium", "large", "xl", "2.7b")
@@ -35,9 +38,18 @@ class RecipeCase:
                          *(f"{k}={v}" for k, v in self.overrides)])
 
 
+def _warmup(recipe: str) -> int:
+    """Untimed rounds after the cold start (the first call): a graphed step needs just
+    enough for its capture to happen before the timed rounds, which are then all replays;
+    compiled graphs settle over a few steps; eager steps need one more for the allocator."""
+    options = RECIPES[recipe]
+    if options.options.cuda_graph:
+        return CUDA_GRAPH_WARMUP
+    return 3 if options.compiled else 2
+
+
 def _case(size: str, context: int, recipe: str) -> RecipeCase:
-    # Compiled graphs settle over a few steps after the (separately timed) cold start.
-    return RecipeCase(size, context, recipe, warmup=3 if RECIPES[recipe].compiled else 2,
+    return RecipeCase(size, context, recipe, warmup=_warmup(recipe),
                       rounds=10 if size in ("small", "medium") else 5)
 
 
@@ -45,7 +57,7 @@ def perf_cases(profile: str) -> list[RecipeCase]:
     if profile == "smoke":  # Triton's interpreter runs fp32, and a CPU compile takes ~15 s
         cpu_only = (("precision", "fp32"), ("compiled", False), ("cuda_graph", False))
         return [RecipeCase("tiny", 64, recipe, cpu_only, warmup=1, rounds=3)
-                for recipe in ("eager", "optimized")]
+                for recipe in RECIPES]
     if profile == "full":
         return [_case(*combo) for combo in itertools.product(SIZES, CONTEXTS, RECIPES)]
     return [_case(size, 512, recipe) for size in ("2.7b", "small") for recipe in RECIPES]
@@ -53,9 +65,8 @@ def perf_cases(profile: str) -> list[RecipeCase]:
 
 def test_training_recipe(perf_case: RecipeCase, device, synced_benchmark) -> None:
     config = get_config(perf_case.size)
-    recipe = get_recipe(perf_case.recipe, **dict(perf_case.overrides))
-    if perf_case.recipe == "optimized":  # checkpoint only where the step would not fit
-        recipe = fit_to_device(recipe, config, perf_case.batch, perf_case.context, device)
+    recipe = fit_to_device(get_recipe(perf_case.recipe, **dict(perf_case.overrides)), config,
+                           perf_case.batch, perf_case.context, device)
     workload = build_recipe_workload(config, recipe, batch_size=perf_case.batch,
                                      context_length=perf_case.context, device=device)
     synced_benchmark.benchmark.group = f"recipes-{perf_case.size}-ctx{perf_case.context}"

@@ -94,18 +94,36 @@ def recipe_settings(recipe: Recipe) -> dict[str, object]:
 
 def _option_value(key: str, text: str, current: object) -> object:
     """`text` as the type of the setting's current value: booleans take true/false (or 1/0),
-    integers an integer; 'none' clears a setting that may be unset; else the string."""
+    integers an integer, floats a number; 'none' clears a setting that may be unset; else
+    the string."""
     lowered = text.lower()
     if isinstance(current, bool):
         if lowered not in _BOOLEANS:
             raise ValueError(f"--option {key} takes true or false, got {text!r}")
         return _BOOLEANS[lowered]
-    if isinstance(current, int):
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError(f"--option {key} takes an integer, got {text!r}") from None
+    for kind, what in ((int, "an integer"), (float, "a number")):
+        if isinstance(current, kind):
+            try:
+                return kind(text)
+            except ValueError:
+                raise ValueError(f"--option {key} takes {what}, got {text!r}") from None
     return None if lowered == "none" and current is None else text
+
+
+def recipe_overrides(recipe: str, options: list[str]) -> dict[str, object]:
+    """`--option KEY=VALUE` items as settings of the named recipe, typed like its values;
+    an unknown key or a value of the wrong type is a ValueError that says what is valid."""
+    settings = recipe_settings(RECIPES[recipe])
+    overrides = {}
+    for item in options:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option takes KEY=VALUE, got {item!r}")
+        if key not in settings:
+            raise ValueError(f"--option: unknown setting {key!r}; the recipe's settings are "
+                             f"{', '.join(sorted(settings))}")
+        overrides[key] = _option_value(key, value, settings[key])
+    return overrides
 
 
 def _recipe_overrides(args: argparse.Namespace) -> dict[str, object]:
@@ -116,17 +134,7 @@ def _recipe_overrides(args: argparse.Namespace) -> dict[str, object]:
     if args.precision or args.attention or args.compile:
         raise ValueError("with --recipe, change its precision, attention or compilation "
                          "with --option precision=..., attention=..., compiled=...")
-    settings = recipe_settings(RECIPES[args.recipe])
-    overrides = {}
-    for item in args.option:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--option takes KEY=VALUE, got {item!r}")
-        if key not in settings:
-            raise ValueError(f"--option: unknown setting {key!r}; the recipe's settings are "
-                             f"{', '.join(sorted(settings))}")
-        overrides[key] = _option_value(key, value, settings[key])
-    return overrides
+    return recipe_overrides(args.recipe, args.option)
 
 
 def check_device(name: str) -> torch.device:

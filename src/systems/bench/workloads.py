@@ -69,7 +69,8 @@ class StepOptions:
     chunks (`systems.model.fused_loss`). checkpoint_every: see `TransformerLM`.
     cuda_graph: after `CUDA_GRAPH_WARMUP` ordinary steps, capture one step in a CUDA graph
     and replay it from then on (`systems.bench.cuda_graph.CapturedStep`); CUDA only, with an
-    optimizer that counts steps on the GPU ("mixed_precision" or "torch").
+    optimizer that counts steps on the GPU ("mixed_precision" or "torch", which is then
+    capturable). lr: the optimizer's learning rate (weight decay 0.01).
     """
 
     compile_scope: str = "model"
@@ -78,10 +79,13 @@ class StepOptions:
     fused_loss: bool = False
     checkpoint_every: int = 0
     cuda_graph: bool = False
+    lr: float = 1e-4
 
     def __post_init__(self) -> None:
         check_choice("compile scope", self.compile_scope, COMPILE_SCOPES)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        if isinstance(self.lr, bool) or not isinstance(self.lr, int | float) or self.lr <= 0:
+            raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
         if self.cuda_graph and self.compile_mode == "reduce-overhead":
             raise ValueError("cuda_graph captures the whole step already; compile_mode="
                              "'reduce-overhead' would capture graphs inside it")
@@ -106,6 +110,8 @@ class ModelWorkload:
     options: StepOptions
     model: torch.nn.Module = field(repr=False)
     step: Callable[[], torch.Tensor | None] = field(repr=False)
+    inputs: torch.Tensor = field(repr=False)
+    targets: torch.Tensor = field(repr=False)
 
     @property
     def flops(self) -> float:
@@ -114,6 +120,18 @@ class ModelWorkload:
     @property
     def tokens(self) -> int:
         return self.batch_size * self.context_length
+
+    def load_batch(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        """Train the next steps on this batch: copied into the tensors the step reads, which
+        is also how new data reaches a step replayed from a CUDA graph."""
+        for name, new, current in (("inputs", inputs, self.inputs),
+                                   ("targets", targets, self.targets)):
+            if new.shape != current.shape or new.dtype != current.dtype:
+                raise ValueError(f"{name} must be {current.dtype} of shape "
+                                 f"{tuple(current.shape)}, got {new.dtype} of shape "
+                                 f"{tuple(new.shape)}")
+        self.inputs.copy_(inputs)
+        self.targets.copy_(targets)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -197,7 +215,7 @@ def build_model_workload(
     return ModelWorkload(
         config=config, batch_size=batch_size, context_length=context_length, mode=mode,
         precision=precision, compiled=compiled, attention=attention, device=device,
-        options=options, model=model, step=step,
+        options=options, model=model, step=step, inputs=inputs, targets=targets,
     )
 
 
@@ -216,11 +234,18 @@ def _optimizer(model: torch.nn.Module, options: StepOptions, precision: str,
                device: torch.device) -> torch.optim.Optimizer:
     name = options.optimizer
     if name == "ours":
-        return AdamW(model.parameters(), lr=1e-4)
+        return AdamW(model.parameters(), lr=options.lr, weight_decay=0.01)
     if name == "mixed_precision":
-        return MixedPrecisionAdamW(model.parameters(), lr=1e-4,
+        return MixedPrecisionAdamW(model.parameters(), lr=options.lr, weight_decay=0.01,
                                    compute_dtype=PRECISIONS[precision] or torch.float32)
-    # One fused kernel over all parameters on CUDA; the multi-tensor path elsewhere.
+    return torch.optim.AdamW(model.parameters(), lr=options.lr, weight_decay=0.01,
+                             **torch_adamw_settings(device, cuda_graph=options.cuda_graph))
+
+
+def torch_adamw_settings(device: torch.device, *, cuda_graph: bool) -> dict[str, bool]:
+    """Keyword arguments of `torch.optim.AdamW` for the "torch" optimizer: one fused kernel
+    over all parameters on CUDA (the multi-tensor path elsewhere), and step counts kept on
+    the device when the step is captured in a CUDA graph. The learning rate stays a float:
+    it is read at capture, and replays keep it, as they keep ours."""
     fused = device.type == "cuda"
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=fused,
-                             foreach=not fused, capturable=options.cuda_graph)
+    return {"fused": fused, "foreach": not fused, "capturable": cuda_graph}

@@ -1,24 +1,30 @@
-"""`python -m systems.profiling {compute,memory}`: kernel summaries and memory timelines.
+"""`python -m systems.profiling {compute,memory,breakdown}`: kernel summaries, memory
+timelines and a train step's kernel time by category.
 
 compute: torch.profiler over forward / forward+backward / train step after warm-up; writes
          profile_summary.md and a gzipped Chrome trace per workload (CPU: CPU ops only).
 memory:  CUDA allocation history per workload; writes memory_summary.md, a timeline PNG per
          workload and, when under the size limit, the snapshot pickle and an HTML viewer.
+breakdown: kernel time of one recipe's train step by category, each beside its floor.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import sys
 from pathlib import Path
 
 import torch
 
+from systems.bench.cli import recipe_overrides
 from systems.bench.hardware import device_name
-from systems.bench.workloads import MODES, PRECISIONS, build_model_workload
+from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe, runnable_on
+from systems.bench.workloads import CUDA_GRAPH_WARMUP, MODES, PRECISIONS, build_model_workload
 from systems.cli_help import HelpFormatter
 from systems.model import MODEL_CONFIGS, get_config
+from systems.profiling import step_breakdown
 from systems.profiling.compute import profile_workload
 from systems.profiling.memory import (
     MemoryCase,
@@ -56,7 +62,33 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     memory = commands.choices["memory"]
     memory.add_argument("--steps", type=int, default=2, help="recorded steps after model build")
     memory.add_argument("--no-html", action="store_true", help="skip the HTML viewers")
+    _add_breakdown_parser(commands)
     return parser.parse_args(argv)
+
+
+def _add_breakdown_parser(commands) -> None:
+    breakdown = commands.add_parser(
+        "breakdown", description=step_breakdown.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="kernel time of a training recipe's step by category, beside its floor")
+    breakdown.add_argument("--recipe", default="optimized", choices=sorted(RECIPES))
+    breakdown.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                           help="repeatable: change one of the recipe's settings")
+    breakdown.add_argument("--size", default="2.7b", choices=list(MODEL_CONFIGS))
+    breakdown.add_argument("--context-length", type=int, default=512)
+    breakdown.add_argument("--batch-size", type=int, default=4)
+    breakdown.add_argument("--warmup", type=int, default=CUDA_GRAPH_WARMUP + 1,
+                           help="steps before timing and profiling (enough to capture a "
+                                "CUDA graph)")
+    breakdown.add_argument("--steps", type=int, default=10, help="timed, then profiled steps")
+    breakdown.add_argument("--matmul-tflops", type=float,
+                           default=step_breakdown.DEFAULT_MATMUL_TFLOPS,
+                           help="matmul ceiling for the FLOP floors")
+    breakdown.add_argument("--copy-gbps", type=float,
+                           help="copy bandwidth (read + written) for the byte floors; "
+                                "default: measured by a 1 GiB same-device copy")
+    breakdown.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    breakdown.add_argument("--out", type=Path, required=True, help="output folder")
 
 
 def _header(title: str, device: str) -> str:
@@ -116,6 +148,24 @@ def run_memory(args: argparse.Namespace) -> str:
     return _write(args.out / "memory_summary.md", sections)
 
 
+def run_breakdown(args: argparse.Namespace) -> str:
+    """breakdown.md and breakdown.json of one recipe's train step. Off CUDA the recipe's
+    CUDA graph is turned off (the builder would refuse it) and CPU ops are measured."""
+    recipe = runnable_on(get_recipe(args.recipe, **recipe_overrides(args.recipe, args.option)),
+                         args.device)
+    workload = build_recipe_workload(get_config(args.size), recipe, batch_size=args.batch_size,
+                                     context_length=args.context_length, device=args.device)
+    record = step_breakdown.recipe_breakdown(
+        workload, recipe=args.recipe, warmup=args.warmup, steps=args.steps,
+        matmul_tflops=args.matmul_tflops, copy_gbps=args.copy_gbps)
+    record["machine"] = device_name(args.device)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "breakdown.json").write_text(json.dumps(record, indent=2))
+    return _write(args.out / "breakdown.md", [
+        _header("Train-step kernel breakdown", args.device),
+        step_breakdown.breakdown_markdown(record)])
+
+
 def _write(path: Path, sections: list[str]) -> str:
     text = "\n".join(sections).rstrip() + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        text = run_compute(args) if args.command == "compute" else run_memory(args)
+        text = {"compute": run_compute, "memory": run_memory,
+                "breakdown": run_breakdown}[args.command](args)
     except (NeedsCudaError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
