@@ -30,8 +30,10 @@ import torch
 from systems import triton_runtime
 from systems.bench.baseline import (
     RECORD_COMMAND,
+    JsonDestination,
     baseline_path,
     baseline_suite,
+    json_destination_path,
     saved_timings,
     study_path,
 )
@@ -161,7 +163,7 @@ def _plan_baseline(config: pytest.Config, run: PerfRun) -> None:
                                 f"tests/perf (`{RECORD_COMMAND}`): " + "; ".join(problems))
     assert run.baseline is not None
     run.baseline_draft = run.baseline.with_name(f".{run.baseline.stem}.draft.json")
-    option.benchmark_json = run.baseline_draft
+    option.benchmark_json = JsonDestination(run.baseline_draft)
 
 
 def _plan_study(config: pytest.Config, run: PerfRun) -> None:
@@ -169,7 +171,8 @@ def _plan_study(config: pytest.Config, run: PerfRun) -> None:
         raise pytest.UsageError("--perf-study saves into a folder storage, and not together "
                                 "with --benchmark-json")
     try:
-        config.option.benchmark_json = study_path(run.storage, config.getoption("perf_study"))
+        config.option.benchmark_json = JsonDestination(
+            study_path(run.storage, config.getoption("perf_study")))
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
 
@@ -177,7 +180,8 @@ def _plan_study(config: pytest.Config, run: PerfRun) -> None:
 def _check_storage_writable(config: pytest.Config, run: PerfRun) -> None:
     """Fail before any case runs if the results could not be saved at the end."""
     option = config.option
-    folders = [Path(option.benchmark_json).parent] if option.benchmark_json else []
+    folders = ([json_destination_path(option.benchmark_json).parent] if option.benchmark_json
+               else [])
     if (option.benchmark_save or option.benchmark_autosave) and run.storage is not None:
         folders.append(run.storage)
     for folder in folders:

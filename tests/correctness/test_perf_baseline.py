@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from systems.bench.baseline import (
+    JsonDestination,
     baseline_path,
     baseline_problems,
     baseline_suite,
+    json_destination_path,
     missing_cases,
 )
 
@@ -110,3 +112,17 @@ def test_a_baseline_covers_the_suite_its_gpu_count_gates() -> None:
     assert baseline_suite(1) == "tests/perf"
     assert baseline_suite(2) == baseline_suite(8) == "tests/perf/test_distributed.py"
     assert all(m == ("test_distributed.py",) for _, gpus, m in BASELINES.values() if gpus >= 2)
+
+
+def test_json_destination_serves_both_pytest_benchmark_conventions(tmp_path: Path) -> None:
+    # 5.3 opens the path it is given; 5.2 writes into the (file) object inside `with`.
+    destination = JsonDestination(tmp_path / "run.json")
+    with open(destination, "wb") as fh:
+        fh.write(b'{"a": 1}')
+    assert json.loads((tmp_path / "run.json").read_text()) == {"a": 1}
+    with destination as fh:
+        fh.write(b'{"b": 2}')
+    assert json.loads((tmp_path / "run.json").read_text()) == {"b": 2}
+    assert json_destination_path(destination) == tmp_path / "run.json"
+    with open(tmp_path / "other.json", "wb") as handle:
+        assert json_destination_path(handle) == tmp_path / "other.json"

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 from systems.bench.gate import Timing
 from systems.bench.hardware import gpu_count, slugify
@@ -30,6 +32,36 @@ from systems.bench.history import combine_runs, next_run_path
 
 STUDIES = "studies"
 RECORD_COMMAND = "make baseline"  # pytest tests/perf --perf-profile=quick --perf-baseline
+
+
+class JsonDestination(os.PathLike):
+    """A path given to pytest-benchmark as `--benchmark-json`, which releases disagree on:
+    5.3 opens the path it is given, 5.2 takes an open file (argparse.FileType) and writes
+    inside `with`. This is a path to the first and opens itself for the second."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._file: BinaryIO | None = None
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __enter__(self) -> BinaryIO:
+        self._file = open(self.path, "wb")  # noqa: SIM115 (closed in __exit__)
+        return self._file
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def json_destination_path(option: object) -> Path:
+    """The path of a `--benchmark-json` value: a path, or an open file (pytest-benchmark 5.2)."""
+    return Path(getattr(option, "name", option))
 
 
 def baseline_suite(gpus: int) -> str:
