@@ -44,6 +44,24 @@ def test_latest_results_take_each_benchmark_from_the_newest_run(smoke_runs) -> N
     assert latest == {"fp32": runs[1].path.name, "bf16": runs[0].path.name}
 
 
+def test_runs_with_an_injected_slowdown_never_reach_a_report(smoke_runs, tmp_path) -> None:
+    # A newer copy of a real run whose cases were slowed down on purpose (the gate's test
+    # switch) must not become "the newest result" of anything.
+    newest = max(smoke_runs.rglob("*.json"))
+    slowed = json.loads(newest.read_text())
+    for bench in slowed["benchmarks"]:
+        bench["extra_info"]["injected_slowdown"] = 0.15
+    slowed["datetime"] = "2999-01-01T00:00:00"
+    copy_root = tmp_path / "benchmarks"
+    (copy_root / "gpu").mkdir(parents=True)
+    for path in smoke_runs.rglob("*.json"):
+        (copy_root / "gpu" / path.name).write_text(path.read_text())
+    (copy_root / "gpu" / "9999_slowed.json").write_text(json.dumps(slowed))
+    runs = load_runs(copy_root)
+    assert [len(r.results) for r in runs if r.path.name == "9999_slowed.json"] == [0]
+    assert all(r.file != "gpu/9999_slowed.json" for r in latest_results(runs))
+
+
 def test_end_to_end_table_lists_every_step_with_its_run(smoke_runs) -> None:
     results = latest_results(load_runs(smoke_runs))
     table = end_to_end_table(results)
