@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given, reject, settings
 from hypothesis import strategies as st
+from triton.runtime.errors import OutOfResources
 
 from systems.attention import FlashAttentionPytorch, FlashAttentionTriton, reference_attention
 from systems.attention.flash_pytorch import flash_backward as tiled_backward
@@ -198,8 +199,13 @@ def test_triton_any_shape_and_tiling(lead, n_q, n_k, d, causal, config, seed):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     problem = Problem.random((lead, n_q, n_k, d), torch.float32, device, causal, seed)
     q, k, v, do = problem.q, problem.k, problem.v, problem.do
-    o, lse = flash_forward(q, k, v, causal, config)
-    grads = flash_backward(q, k, v, o, lse, do, causal, config)
+    try:
+        o, lse = flash_forward(q, k, v, causal, config)
+        grads = flash_backward(q, k, v, o, lse, do, causal, config)
+    except OutOfResources:
+        # Large fp32 tiles at d = 128 need more shared memory than a GPU has: a property of
+        # the drawn config (the tuned configs fit), not an answer to check.
+        reject()
     exact = problem.run(_reference, torch.float64)
     tol = 2e-5 * math.sqrt(n_k)
     torch.testing.assert_close(o.double(), exact["o"], atol=tol, rtol=0)
