@@ -38,7 +38,6 @@ from systems.bench.baseline import (
     study_path,
 )
 from systems.bench.gate import CaseResult, compare, gate_table, regressions
-from systems.bench.hardware import device_slug, gpu_count, machine_description
 from systems.bench.metrics import (
     allocated_memory_bytes,
     is_out_of_memory,
@@ -50,6 +49,7 @@ from systems.bench.metrics import (
 from systems.bench.params import flatten_case
 from systems.bench.summary import BenchmarkResult, throughput_table
 from systems.bench.timing import SLOWDOWN_ENV, injected_slowdowns, synchronize
+from systems.common.hardware import device_slug, gpu_count, machine_description
 
 PERF_PROFILES = ("smoke", "quick", "full")
 _DEFAULT_STORAGE = "file://./.benchmarks"

@@ -39,7 +39,7 @@ BASELINES = {
 _COLLECT = """
 import json, sys
 import pytest
-import systems.bench.hardware as hardware
+import systems.common.hardware as hardware
 gpus = int(sys.argv[1])
 hardware.gpu_count = lambda: gpus
 

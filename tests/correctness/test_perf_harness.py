@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from systems.bench.baseline import baseline_path
-from systems.bench.hardware import device_slug
 from systems.bench.params import flatten_case
 from systems.bench.timing import SLOWDOWN_ENV, injected_slowdowns
+from systems.common.hardware import device_slug
 
 pytest_plugins = ["pytester"]
 ROOT_CONFTEST = Path(__file__).resolve().parents[2] / "conftest.py"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from systems.bench.hardware import gpu_count
+from systems.common.hardware import gpu_count
 from systems.distributed import RankPool
 
 # A collective should take well under a second here; a stuck one fails the test.

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 
 import pytest
 
-from systems.bench.hardware import gpu_count
 from systems.bench.metrics import is_out_of_memory
+from systems.common.hardware import gpu_count
 from systems.distributed import RankError, RankPool
 from systems.distributed.allreduce import bandwidths, timed_allreduces
 from systems.distributed.train_bench import TrainSpec, setup_train, teardown_train, train_round

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from systems.profiling.nvtx import nvtx_range
+from systems.common.nvtx import nvtx_range
 
 
 def reference_attention(

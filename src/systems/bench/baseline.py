@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from systems.bench.gate import Timing
-from systems.bench.hardware import gpu_count, slugify
 from systems.bench.history import combine_runs, next_run_path
+from systems.common.hardware import gpu_count, slugify
 
 STUDIES = "studies"
 RECORD_COMMAND = "make baseline"  # pytest tests/perf --perf-profile=quick --perf-baseline

@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 
 from systems.attention import ATTENTION_BACKENDS
-from systems.bench.hardware import machine_description
 from systems.bench.metrics import (
     is_out_of_memory,
     peak_memory_bytes,
@@ -32,7 +31,8 @@ from systems.bench.workloads import (
     PRECISIONS,
     build_model_workload,
 )
-from systems.cli_help import HelpFormatter
+from systems.common.cli_help import HelpFormatter
+from systems.common.hardware import machine_description
 from systems.model import MODEL_CONFIGS, get_config
 from systems.report.markdown import fmt
 

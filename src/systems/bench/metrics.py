@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from systems.bench.hardware import peak_tflops
+from systems.common.hardware import peak_tflops
 
 
 def throughput_metrics(

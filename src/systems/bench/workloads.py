@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from systems.bench.cuda_graph import CapturedStep
+from systems.common.nvtx import nvtx_range
 from systems.model import ModelConfig, TransformerLM, cross_entropy
 from systems.optim import AdamW, MixedPrecisionAdamW
-from systems.profiling.nvtx import nvtx_range
 
 MODES = ("forward", "forward_backward", "train_step")
 COMPILE_SCOPES = ("model", "blocks")

@@ -13,7 +13,7 @@ import statistics
 
 import torch.distributed as dist
 
-from systems.cli_help import HelpFormatter
+from systems.common.cli_help import HelpFormatter
 from systems.distributed.allreduce import bandwidths, timed_allreduces
 from systems.distributed.launch import worker_state
 from systems.distributed.process_group import init_from_env

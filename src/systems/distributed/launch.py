@@ -41,7 +41,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from systems.bench.hardware import gpu_count
+from systems.common.hardware import gpu_count
 from systems.distributed import pool_watchdog
 from systems.distributed.process_group import apply_safe_env, init_rank
 

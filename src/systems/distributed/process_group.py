@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from systems.bench.hardware import gpu_count
+from systems.common.hardware import gpu_count
 
 # NVLink multicast can take a shared host's GPUs out of service: keep it off in every process.
 SAFE_MULTI_GPU_ENV = {

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from systems.attention import get_attention
-from systems.profiling.nvtx import nvtx_range
+from systems.common.nvtx import nvtx_range
 
 
 def _init_linear(layer: nn.Linear) -> nn.Linear:

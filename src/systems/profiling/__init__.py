@@ -1,5 +1,5 @@
 """Profiling helpers: NVTX ranges, torch.profiler summaries, memory snapshots."""
 
-from systems.profiling.nvtx import nvtx_range
+from systems.common.nvtx import nvtx_range
 
 __all__ = ["nvtx_range"]

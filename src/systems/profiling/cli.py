@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from systems.bench.cli import recipe_overrides
-from systems.bench.hardware import device_name
 from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe, runnable_on
 from systems.bench.workloads import CUDA_GRAPH_WARMUP, MODES, PRECISIONS, build_model_workload
-from systems.cli_help import HelpFormatter
+from systems.common.cli_help import HelpFormatter
+from systems.common.hardware import device_name
 from systems.model import MODEL_CONFIGS, get_config
 from systems.profiling import step_breakdown
 from systems.profiling.compute import profile_workload

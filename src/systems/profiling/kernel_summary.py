@@ -1,7 +1,7 @@
 """Where the time goes: kernels (or CPU ops) from a torch.profiler run, by phase and kind.
 
 Each GPU kernel is attributed to the phase whose range (forward / backward / optimizer_step,
-see `systems.profiling.nvtx`) was open on the CPU when its op launched it, and to the
+see `systems.common.nvtx`) was open on the CPU when its op launched it, and to the
 attention sub-range (scores / softmax / final matmul) likewise. Without a GPU the same
 tables are built from CPU ops' self time.
 """

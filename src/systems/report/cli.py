@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from systems.cli_help import HelpFormatter
+from systems.common.cli_help import HelpFormatter
 from systems.report.compare import compare_runs
 from systems.report.history import (
     find_run,

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from systems.bench.hardware import slugify
+from systems.common.hardware import slugify
 from systems.report import accounting_tables, claims, keys, plots, tables
 from systems.report.history import Result, Run, latest_results, runs_by_device
 
