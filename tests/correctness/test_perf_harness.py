@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from systems.bench.baseline import baseline_path
 from systems.bench.params import flatten_case
@@ -41,11 +42,18 @@ def test_case(perf_case, synced_benchmark):
 '''
 
 
+def _as_a_cpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inner sessions run in this process: on a GPU host they would pick the GPU's
+    storage, GPU count and machine info. These tests describe a CPU host wherever they run."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
 @pytest.fixture
 def perf_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     # pytest-benchmark disables itself when it sees xdist's variables (we may run under -n).
     for name in [k for k in os.environ if k.startswith("PYTEST_XDIST")]:
         monkeypatch.delenv(name)
+    _as_a_cpu_host(monkeypatch)
     pytester.makeconftest(ROOT_CONFTEST.read_text())
     pytester.makepyfile(test_toy_perf=PERF_MODULE)
     return pytester
@@ -121,6 +129,7 @@ def timed_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) ->
     for name in [k for k in os.environ if k.startswith("PYTEST_XDIST")]:
         monkeypatch.delenv(name)
     monkeypatch.delenv(SLOWDOWN_ENV, raising=False)
+    _as_a_cpu_host(monkeypatch)
     pytester.makeconftest(ROOT_CONFTEST.read_text())
     perf = pytester.mkdir("tests").joinpath("perf")
     perf.mkdir()

@@ -160,7 +160,7 @@ def test_breakdown_cli_on_cpu_turns_the_graph_off_and_writes_table_and_json(
     code = main(["breakdown", "--recipe", "pytorch_baseline", "--option", "compiled=false",
                  "--option", "precision=fp32", "--size", "tiny", "--context-length", "16",
                  "--batch-size", "1", "--steps", "2", "--copy-gbps", "10",
-                 "--out", str(tmp_path)])
+                 "--device", "cpu", "--out", str(tmp_path)])
     assert code == 0
     record = json.loads((tmp_path / "breakdown.json").read_text())
     assert record["measured"].startswith("CPU ops")
