@@ -37,7 +37,7 @@ from systems.bench.baseline import (
     saved_timings,
     study_path,
 )
-from systems.bench.gate import CaseResult, compare, gate_table, regressions
+from systems.bench.gate import CaseResult, Timing, compare, gate_table, regressions
 from systems.bench.metrics import (
     allocated_memory_bytes,
     is_out_of_memory,
@@ -50,6 +50,7 @@ from systems.bench.params import flatten_case
 from systems.bench.summary import BenchmarkResult, throughput_table
 from systems.bench.timing import SLOWDOWN_ENV, injected_slowdowns, synchronize
 from systems.common.hardware import device_slug, gpu_count, machine_description
+from systems.report.history import MalformedRunError
 
 PERF_PROFILES = ("smoke", "quick", "full")
 _DEFAULT_STORAGE = "file://./.benchmarks"
@@ -64,6 +65,7 @@ class PerfRun:
     baseline: Path | None = None  # this GPU's baseline, whether or not it exists yet
     baseline_draft: Path | None = None  # --perf-baseline writes here; moved once all passed
     gate_target: Path | None = None
+    gate_baseline: dict[str, Timing] = field(default_factory=dict)  # read once, up front
     slowdowns: dict[str, float] = field(default_factory=dict)
     results: list[BenchmarkResult] = field(default_factory=list)
     gate: list[CaseResult] | None = None
@@ -132,6 +134,11 @@ def _resolve_compare_target(config: pytest.Config, run: PerfRun) -> None:
                                     f"--benchmark-compare={compare} is not a file")
     elif gate and has_baseline:
         run.gate_target = run.baseline
+    if run.gate_target is not None:  # a malformed target fails now, not after the run
+        try:
+            run.gate_baseline = saved_timings(run.gate_target)
+        except MalformedRunError as error:
+            raise pytest.UsageError(f"--perf-gate: {error}") from None
     if (default_asked or gate) and run.gate_target is None and not has_baseline:
         run.notes.append(f"nothing compared: no baseline for {device_slug()} with "
                          f"{gpu_count()} GPU(s) ({run.baseline}); record one with "
@@ -398,7 +405,7 @@ def _evaluate_gate(session: pytest.Session, run: PerfRun) -> None:
     if not current:
         run.notes.append("the gate compared nothing: no case was timed")
         return
-    run.gate = compare(saved_timings(run.gate_target), current)
+    run.gate = compare(run.gate_baseline, current)
     if regressions(run.gate):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

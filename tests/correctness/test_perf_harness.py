@@ -229,6 +229,15 @@ def test_a_failing_run_leaves_the_baseline_alone(timed_project) -> None:
     assert not list(storage(timed_project).glob("*.json"))
 
 
+def test_a_malformed_gate_target_fails_before_any_case_runs(timed_project) -> None:
+    baseline = baseline_path(storage(timed_project), 0)
+    baseline.parent.mkdir(parents=True, exist_ok=True)
+    baseline.write_text('{"benchmarks": [')  # truncated
+    result = timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-gate")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # refused at configure: nothing ran
+    assert f"--perf-gate: {baseline}: not a benchmark run" in result.stderr.str()
+
+
 def test_gate_passes_a_rerun_and_catches_an_injected_slowdown(timed_project, monkeypatch):
     timed_project.runpytest("tests/perf", "--perf-profile=quick",
                             "--perf-baseline").assert_outcomes(passed=3)

@@ -29,6 +29,7 @@ from typing import BinaryIO
 from systems.bench.gate import Timing
 from systems.bench.history import combine_runs, next_run_path
 from systems.common.hardware import gpu_count, slugify
+from systems.report.history import read_run
 
 STUDIES = "studies"
 RECORD_COMMAND = "make baseline"  # pytest tests/perf --perf-profile=quick --perf-baseline
@@ -106,9 +107,11 @@ def baseline_problems(path: Path, expected: Iterable[str]) -> list[str]:
 
 
 def saved_timings(path: Path) -> dict[str, Timing]:
-    """Median and IQR of every benchmark of a saved run, by full name."""
-    run = json.loads(path.read_text())
-    return {bench["fullname"]: Timing.from_stats(bench["stats"]) for bench in run["benchmarks"]}
+    """Median and IQR of every benchmark of a saved run, by full name; MalformedRunError
+    (naming the file) for a file that is not a run."""
+    run = read_run(path)
+    return {bench.get("fullname", bench["name"]): Timing.from_stats(bench["stats"])
+            for bench in run["benchmarks"]}
 
 
 def storage_of(run: dict, benchmarks_root: Path) -> Path:

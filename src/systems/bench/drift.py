@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from systems.bench.gate import CEILING, SPREAD_FACTOR, Timing, Verdict, judge
+from systems.report.history import MalformedRunError, read_run
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-ms", type=float, default=1.0,
                         help="judged pairs: both medians at least this long")
     args = parser.parse_args(argv)
-    pairs = drifts([json.loads(p.read_text()) for p in args.runs], args.match)
+    try:
+        runs = [read_run(path) for path in args.runs]
+    except MalformedRunError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    pairs = drifts(runs, args.match)
     long_enough = [p for p in pairs if p.shorter_s * 1e3 >= args.min_ms]
     gated = [p for p in long_enough if SPREAD_FACTOR * p.spread <= CEILING]
     print(summary_line("all", pairs))

@@ -1,11 +1,11 @@
 """Combine saved pytest-benchmark runs of one GPU into one history file.
 
-Each perf suite is saved by its own run (a GPU call cannot always fit them all), while
-`pytest --benchmark-compare` compares against the newest file only. Combining the newest
-runs of every suite into one file lets a single `pytest tests/perf --benchmark-compare`
-compare every case. Each benchmark keeps its own stats and says which run it came from.
+Parts of a study saved by separate runs (a GPU call cannot always fit them all) become one
+file, so tables and comparisons read them together. Each benchmark keeps its own stats and
+says which run it came from. (Parts of one quick-profile run become the GPU's baseline
+through `python -m systems.bench.baseline combine`, which uses the same union.)
 
-    python -m systems.bench.history .benchmarks/<GPU>/<machine-id>/0001_a.json 0002_b.json ...
+    python -m systems.bench.history .benchmarks/<GPU>/studies/0001_a.json 0002_b.json ...
 """
 
 from __future__ import annotations
