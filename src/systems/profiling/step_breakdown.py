@@ -11,6 +11,7 @@ size. Without a GPU the same table is built from CPU ops' self time, and says so
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -19,14 +20,13 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from systems.bench.attention import attention_flops
 from systems.bench.timing import synchronize, time_steps
 from systems.bench.workloads import CUDA_GRAPH_WARMUP, ModelWorkload, forward_flops
 from systems.report.markdown import fmt, markdown_table
 
 DEFAULT_MATMUL_TFLOPS = 743.0  # bf16 dense matmul 8192^3 on an H100 (the practical ceiling)
 COPY_MIB_GPU, COPY_MIB_CPU = 1024, 256  # the copy that measures the bandwidth
-# Forward + backward of attention cost 3.5 forwards (backward recomputes the scores).
-_ATTENTION_TRAIN_MULTIPLIER = 3.5
 
 # (category, pattern) in the order they are tried: the first match wins, so the specific
 # names (our Triton attention and optimizer kernels, cross-entropy) come before the broad
@@ -155,19 +155,14 @@ def floor_seconds(workload: ModelWorkload, ceilings: Ceilings) -> dict[str, floa
     if workload.mode != "train_step":
         raise ValueError(f"the breakdown is of train steps, got mode {workload.mode!r}")
     config, batch, seq = workload.config, workload.batch_size, workload.context_length
-    attention_forward = attention_matmul_flops(config, batch, seq)
-    dense = 3 * (forward_flops(config, batch, seq) - 2 * attention_forward)
-    attention = _ATTENTION_TRAIN_MULTIPLIER * attention_forward
+    heads = config.num_layers * batch * config.num_heads
+    causal = functools.partial(attention_flops, heads, seq, seq, config.head_dim, True)
+    # forward_flops counts the unmasked attention matmuls: twice the causal forward's.
+    dense = 3 * (forward_flops(config, batch, seq) - 2 * causal("forward"))
+    attention = causal("forward_backward")
     return {"matmul": dense / ceilings.matmul_flops_per_s,
             "attention": attention / ceilings.matmul_flops_per_s,
             "optimizer": optimizer_bytes(workload) / ceilings.copy_bytes_per_s}
-
-
-def attention_matmul_flops(config, batch_size: int, seq_len: int) -> float:
-    """FLOPs of one causal forward's two attention matmuls (QK^T and PV), every layer:
-    half of the full score matrix."""
-    return float(config.num_layers * batch_size * config.num_heads * 2 * 2
-                 * seq_len * seq_len * config.head_dim / 2)
 
 
 def optimizer_bytes(workload: ModelWorkload) -> float:
