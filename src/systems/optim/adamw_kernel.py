@@ -28,30 +28,15 @@ import triton.language as tl
 from systems import triton_runtime  # sets TRITON_INTERPRET before the kernel exists
 
 BLOCK_SIZE = 4096
+NUM_WARPS = 4
 _TRITON_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16,
                   torch.float16: tl.float16}
 
 
 @triton.jit
-def _adamw_kernel(block_tensor, block_start, addresses, numels, num_tensors, corrections,
-                  lr, beta1, beta2, eps, weight_decay,
-                  PARAM_DTYPE: tl.constexpr, GRAD_DTYPE: tl.constexpr,
-                  BLOCK_SIZE: tl.constexpr):
-    block = tl.program_id(0)
-    tensor = tl.load(block_tensor + block)
-    offsets = tl.load(block_start + block) + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < tl.load(numels + tensor)
-    # addresses: rows param, grad, master, exp_avg, exp_avg_sq; one column per tensor.
-    param_ptr = tl.load(addresses + tensor).to(tl.pointer_type(PARAM_DTYPE))
-    grad_ptr = tl.load(addresses + num_tensors + tensor).to(tl.pointer_type(GRAD_DTYPE))
-    master_ptr = tl.load(addresses + 2 * num_tensors + tensor).to(tl.pointer_type(tl.float32))
-    exp_avg_ptr = tl.load(addresses + 3 * num_tensors + tensor).to(tl.pointer_type(tl.float32))
-    exp_avg_sq_ptr = tl.load(addresses + 4 * num_tensors + tensor).to(
-        tl.pointer_type(tl.float32))
-    # corrections: rows lr / (1 - beta1^t) and sqrt(1 - beta2^t); one column per tensor.
-    step_size = tl.load(corrections + tensor)
-    bias_correction2_sqrt = tl.load(corrections + num_tensors + tensor)
-
+def _adamw_update(param_ptr, grad_ptr, master_ptr, exp_avg_ptr, exp_avg_sq_ptr, offsets, mask,
+                  step_size, bias_correction2_sqrt, lr, beta1, beta2, eps, weight_decay,
+                  PARAM_DTYPE: tl.constexpr):
     grad = tl.load(grad_ptr + offsets, mask=mask).to(tl.float32)
     master = tl.load(master_ptr + offsets, mask=mask)
     exp_avg = tl.load(exp_avg_ptr + offsets, mask=mask)
@@ -66,6 +51,47 @@ def _adamw_kernel(block_tensor, block_start, addresses, numels, num_tensors, cor
     tl.store(exp_avg_sq_ptr + offsets, exp_avg_sq, mask=mask)
     tl.store(param_ptr + offsets, master.to(PARAM_DTYPE, fp_downcast_rounding="rtne"),
              mask=mask)
+
+
+@triton.jit
+def _tensor_pointer(addresses, row, num_tensors, tensor, DTYPE: tl.constexpr,
+                    ALIGNED: tl.constexpr):
+    pointer = tl.load(addresses + row * num_tensors + tensor).to(tl.pointer_type(DTYPE))
+    if ALIGNED:  # the host checked: every address is a multiple of 16 bytes
+        pointer = tl.multiple_of(pointer, 16)
+    return pointer
+
+
+@triton.jit
+def _adamw_kernel(block_tensor, block_start, addresses, numels, num_tensors, corrections,
+                  lr, beta1, beta2, eps, weight_decay,
+                  PARAM_DTYPE: tl.constexpr, GRAD_DTYPE: tl.constexpr, ALIGNED: tl.constexpr,
+                  BLOCK_SIZE: tl.constexpr):
+    block = tl.program_id(0)
+    tensor = tl.load(block_tensor + block)
+    start = tl.multiple_of(tl.load(block_start + block), BLOCK_SIZE)
+    offsets = start + tl.arange(0, BLOCK_SIZE)
+    numel = tl.load(numels + tensor)
+    # addresses: rows param, grad, master, exp_avg, exp_avg_sq; one column per tensor.
+    param_ptr = _tensor_pointer(addresses, 0, num_tensors, tensor, PARAM_DTYPE, ALIGNED)
+    grad_ptr = _tensor_pointer(addresses, 1, num_tensors, tensor, GRAD_DTYPE, ALIGNED)
+    master_ptr = _tensor_pointer(addresses, 2, num_tensors, tensor, tl.float32, ALIGNED)
+    exp_avg_ptr = _tensor_pointer(addresses, 3, num_tensors, tensor, tl.float32, ALIGNED)
+    exp_avg_sq_ptr = _tensor_pointer(addresses, 4, num_tensors, tensor, tl.float32, ALIGNED)
+    # corrections: rows lr / (1 - beta1^t) and sqrt(1 - beta2^t); one column per tensor.
+    step_size = tl.load(corrections + tensor)
+    bias_correction2_sqrt = tl.load(corrections + num_tensors + tensor)
+    # Whole blocks go without a mask: with aligned addresses the compiler then moves 16
+    # bytes per load and store instead of one element (a mask built from a size read at
+    # run time would force element-wise accesses). Only each tensor's last block is masked.
+    if start + BLOCK_SIZE <= numel:
+        _adamw_update(param_ptr, grad_ptr, master_ptr, exp_avg_ptr, exp_avg_sq_ptr, offsets,
+                      None, step_size, bias_correction2_sqrt, lr, beta1, beta2, eps,
+                      weight_decay, PARAM_DTYPE)
+    else:
+        _adamw_update(param_ptr, grad_ptr, master_ptr, exp_avg_ptr, exp_avg_sq_ptr, offsets,
+                      offsets < numel, step_size, bias_correction2_sqrt, lr, beta1, beta2,
+                      eps, weight_decay, PARAM_DTYPE)
 
 
 @functools.lru_cache(maxsize=64)
@@ -85,14 +111,18 @@ def _block_table(numels: tuple[int, ...], device: torch.device
 _CAPTURED_ADDRESS_TABLES: list[torch.Tensor] = []
 
 
-def _address_table(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    addresses = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+def _address_table(tensors: list[torch.Tensor], device: torch.device
+                   ) -> tuple[torch.Tensor, bool]:
+    """The tensors' addresses on `device`, and whether all are multiples of 16 bytes."""
+    pointers = [t.data_ptr() for t in tensors]
+    aligned = all(pointer % 16 == 0 for pointer in pointers)
+    addresses = torch.tensor(pointers, dtype=torch.int64)
     if device.type != "cuda":
-        return addresses
+        return addresses, aligned
     addresses = addresses.pin_memory()  # pinned: the copy is queued without waiting
     if torch.cuda.is_current_stream_capturing():
         _CAPTURED_ADDRESS_TABLES.append(addresses)
-    return addresses.to(device, non_blocking=True)
+    return addresses.to(device, non_blocking=True), aligned
 
 
 def _bias_corrections(steps: torch.Tensor, lr: float, beta1: float,
@@ -161,11 +191,12 @@ def launch_fused_adamw_(
     step number (from 1), float64 on the parameters' device."""
     device = params[0].device
     block_tensor, block_start, numels = _block_table(tuple(p.numel() for p in params), device)
-    addresses = _address_table([t for group in (params, grads, masters, exp_avgs, exp_avg_sqs)
-                                for t in group], device)
+    addresses, aligned = _address_table(
+        [t for group in (params, grads, masters, exp_avgs, exp_avg_sqs) for t in group], device)
     _adamw_kernel[(len(block_tensor),)](
         block_tensor, block_start, addresses, numels, len(params),
         _bias_corrections(steps, lr, beta1, beta2), lr, beta1, beta2, eps, weight_decay,
         PARAM_DTYPE=_TRITON_DTYPES[params[0].dtype],
-        GRAD_DTYPE=_TRITON_DTYPES[grads[0].dtype], BLOCK_SIZE=BLOCK_SIZE, num_warps=8,
+        GRAD_DTYPE=_TRITON_DTYPES[grads[0].dtype], ALIGNED=aligned, BLOCK_SIZE=BLOCK_SIZE,
+        num_warps=NUM_WARPS,
     )
