@@ -13,6 +13,7 @@ PROFILE ?=
 PERF_ARGS ?=
 PROFILE_FLAG := $(if $(PROFILE),--perf-profile=$(PROFILE),)
 NAME ?=
+BASELINE_RUNS ?= 3
 COLUMNS := --benchmark-columns=median,iqr,mean,stddev,rounds
 
 .PHONY: bench baseline study test smoke lint report clean
@@ -33,9 +34,13 @@ bench: $(STAMP)
 
 # The complete quick profile (of tests/perf on one GPU, of the distributed suite on several), kept as .benchmarks/<GPU>/baseline_<N>gpu.json only if every
 # test passes; refused for subsets (-k, -m, other paths) and other profiles.
+# BASELINE_RUNS complete runs are pooled into it: the gate reads each case's drift between them.
 baseline: $(STAMP)
 	$(BIN)/pytest $$($(BIN)/python -m systems.bench.baseline suite) --perf-profile=quick \
 		--perf-baseline $(COLUMNS) $(PERF_ARGS)
+	for run in $$(seq 2 $(BASELINE_RUNS)); do \
+		$(BIN)/pytest $$($(BIN)/python -m systems.bench.baseline suite) --perf-profile=quick \
+			--perf-baseline --perf-baseline-repeat $(COLUMNS) $(PERF_ARGS) || exit 1; done
 
 study: $(STAMP)
 	@test -n "$(NAME)" || { echo "usage: make study NAME=<name> [PROFILE=full] [PERF_ARGS='-k ...']"; exit 2; }

@@ -16,6 +16,7 @@ slower by more than its own noise allows.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import statistics
 import tempfile
@@ -31,6 +32,7 @@ from systems import triton_runtime
 from systems.bench.baseline import (
     RECORD_COMMAND,
     JsonDestination,
+    add_repeat,
     baseline_path,
     baseline_suite,
     json_destination_path,
@@ -86,6 +88,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="record this run as this GPU's baseline "
                          "(.benchmarks/<GPU>/baseline_<N>gpu.json): the whole quick profile "
                          "of tests/perf, kept only if every test passes")
+    group.addoption("--perf-baseline-repeat", action="store_true",
+                    help="with --perf-baseline: pool this run into the existing baseline of "
+                         "the same commit instead of replacing it (the gate reads each case's "
+                         "drift between the runs)")
     group.addoption("--perf-study", metavar="NAME", default=None,
                     help="save this run as .benchmarks/<GPU>/studies/NNNN_NAME.json "
                          "(any profile or subset; never a compare target)")
@@ -163,6 +169,9 @@ def _plan_baseline(config: pytest.Config, run: PerfRun) -> None:
         (bool(config.getoption("perf_study") or option.benchmark_json),
          "--perf-study or --benchmark-json is given too"),
         (run.baseline is None, "the storage is not a folder"),
+        (config.getoption("perf_baseline_repeat")
+         and not (run.baseline is not None and run.baseline.is_file()),
+         f"--perf-baseline-repeat needs a baseline at {run.baseline} to add to"),
     ]
     problems = [reason for failed, reason in checks if failed]
     if problems:
@@ -389,9 +398,22 @@ def _keep_or_drop_baseline(session: pytest.Session, run: PerfRun) -> None:
     if draft is None or baseline is None:
         return
     if session.exitstatus == pytest.ExitCode.OK and draft.is_file():
-        draft.replace(baseline)
-        run.notes.append(f"recorded the baseline {baseline} ({len(run.results)} cases); "
-                         "commit it")
+        if not session.config.getoption("perf_baseline_repeat"):
+            draft.replace(baseline)
+            run.notes.append(f"recorded the baseline {baseline} ({len(run.results)} cases); "
+                             "commit it")
+            return
+        try:
+            pooled = add_repeat(json.loads(baseline.read_text()), json.loads(draft.read_text()))
+        except ValueError as error:
+            run.notes.append(f"baseline NOT extended ({error}); {baseline} is unchanged")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        else:
+            baseline.write_text(json.dumps(pooled, indent=4))
+            runs = len(pooled["benchmarks"][0]["extra_info"]["run_medians"])
+            run.notes.append(f"added this run to the baseline {baseline} ({runs} runs); "
+                             "commit it")
+        draft.unlink()
     else:
         draft.unlink(missing_ok=True)
         run.notes.append(f"baseline NOT recorded (the run did not pass: exit status "

@@ -7,13 +7,16 @@ import statistics
 
 import pytest
 
+from systems.bench.baseline import add_repeat
 from systems.bench.gate import (
     CEILING,
+    DRIFT_FACTOR,
     FLOOR,
     SPREAD_FACTOR,
     Timing,
     Verdict,
     compare,
+    describe,
     gate_table,
     judge,
     regressions,
@@ -101,3 +104,39 @@ def test_table_has_one_row_per_case_with_the_numbers() -> None:
 def test_a_case_needs_a_timing_on_at_least_one_side() -> None:
     with pytest.raises(ValueError, match="neither"):
         judge("x", None, None)
+
+
+def test_drift_between_baseline_runs_widens_the_threshold() -> None:
+    steady = Timing(0.010, 0.0001, run_medians=(0.0100, 0.0101, 0.0099))
+    drifting = Timing(0.010, 0.0001, run_medians=(0.0095, 0.0100, 0.0105))  # 10.5% range
+    current = Timing(0.0110, 0.0001)  # +10%
+    assert judge("x", steady, current).verdict is Verdict.SLOWER
+    wide = judge("x", drifting, current)
+    assert wide.threshold == pytest.approx(DRIFT_FACTOR * (0.0105 / 0.0095 - 1))
+    assert wide.verdict is Verdict.TOO_NOISY  # 1.5 x 10.5% exceeds the ceiling
+    assert "drift between runs 10.5%" in describe(wide)
+    assert Timing(0.010, 0.0).drift == 0.0  # a single run says nothing about drift
+
+
+def test_repeats_pool_rounds_and_keep_each_runs_median() -> None:
+    def run(commit: str, data: list[float]) -> dict:
+        return {"commit_info": {"id": commit},
+                "machine_info": {"device_name": "GPU", "gpu_count": 1},
+                "benchmarks": [{"name": "c", "fullname": "t.py::c", "extra_info": {},
+                                "stats": {"data": data, "median": statistics.median(data),
+                                          "iterations": 1}}]}
+
+    pooled = add_repeat(run("a", [1.0, 2.0, 3.0]), run("a", [4.0, 5.0, 6.0]))
+    pooled = add_repeat(pooled, run("a", [7.0, 8.0, 9.0]))
+    (bench,) = pooled["benchmarks"]
+    assert bench["stats"]["data"] == [float(x) for x in range(1, 10)]
+    assert bench["stats"]["median"] == 5.0 and bench["stats"]["rounds"] == 9
+    assert bench["extra_info"]["run_medians"] == [2.0, 5.0, 8.0]
+    timing = Timing.from_saved(bench["stats"], bench["extra_info"])
+    assert timing.run_medians == (2.0, 5.0, 8.0) and timing.drift == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="commit_info.id"):
+        add_repeat(run("a", [1.0]), run("b", [1.0]))
+    other_case = run("a", [1.0])
+    other_case["benchmarks"][0]["fullname"] = "t.py::d"
+    with pytest.raises(ValueError, match="exactly the baseline's cases"):
+        add_repeat(run("a", [1.0]), other_case)

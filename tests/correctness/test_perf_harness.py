@@ -229,6 +229,34 @@ def test_a_failing_run_leaves_the_baseline_alone(timed_project) -> None:
     assert not list(storage(timed_project).glob("*.json"))
 
 
+def test_repeats_pool_into_the_baseline_of_the_same_commit(timed_project, monkeypatch):
+    monkeypatch.setenv("SYSTEMS_COMMIT", "abc1234")
+    refused = timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-baseline",
+                                      "--perf-baseline-repeat")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR  # nothing to add to yet
+    assert "--perf-baseline-repeat needs a baseline" in refused.stderr.str()
+
+    for _ in range(2):
+        timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-baseline",
+                                *(["--perf-baseline-repeat"] if _ else [])
+                                ).assert_outcomes(passed=3)
+    baseline = baseline_path(storage(timed_project), 0)
+    benches = {b["name"]: b for b in json.loads(baseline.read_text())["benchmarks"]}
+    large = benches["test_step[large-n128]"]
+    assert large["stats"]["rounds"] == 14 == len(large["stats"]["data"])  # 7 rounds per run
+    assert len(large["extra_info"]["run_medians"]) == 2
+    assert large["extra_info"]["run_medians"] == pytest.approx([0.3, 0.3], rel=0.1)
+    assert not list(storage(timed_project).glob(".*draft*"))
+
+    monkeypatch.setenv("SYSTEMS_COMMIT", "def5678")  # another commit: never pooled
+    other = timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-baseline",
+                                    "--perf-baseline-repeat")
+    assert other.ret == pytest.ExitCode.TESTS_FAILED
+    other.stdout.fnmatch_lines(["baseline NOT extended (a repeat must match the baseline's "
+                                "commit_info.id*"])
+    assert json.loads(baseline.read_text())["benchmarks"][0]["extra_info"]["run_medians"]
+
+
 def test_a_malformed_gate_target_fails_before_any_case_runs(timed_project) -> None:
     baseline = baseline_path(storage(timed_project), 0)
     baseline.parent.mkdir(parents=True, exist_ok=True)

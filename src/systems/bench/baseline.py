@@ -32,7 +32,8 @@ from systems.common.hardware import gpu_count, slugify
 from systems.report.history import read_run
 
 STUDIES = "studies"
-RECORD_COMMAND = "make baseline"  # pytest tests/perf --perf-profile=quick --perf-baseline
+RECORD_COMMAND = "make baseline"  # pytest tests/perf --perf-profile=quick --perf-baseline,
+# then --perf-baseline-repeat for each further run (BASELINE_RUNS in the Makefile)
 
 
 class JsonDestination(os.PathLike):
@@ -110,8 +111,44 @@ def saved_timings(path: Path) -> dict[str, Timing]:
     """Median and IQR of every benchmark of a saved run, by full name; MalformedRunError
     (naming the file) for a file that is not a run."""
     run = read_run(path)
-    return {bench.get("fullname", bench["name"]): Timing.from_stats(bench["stats"])
+    return {bench.get("fullname", bench["name"]):
+            Timing.from_saved(bench["stats"], bench.get("extra_info"))
             for bench in run["benchmarks"]}
+
+
+def add_repeat(baseline: dict, repeat: dict) -> dict:
+    """`baseline` with `repeat`, another complete run of the same commit on the same GPU
+    model, pooled in: each case's rounds together (its stats recomputed over all of them)
+    and each run's median kept in `extra_info["run_medians"]`, which the gate reads as the
+    case's drift between runs. Raises ValueError when the runs do not belong together."""
+    # pytest-benchmark's own statistics, so pooled stats mean what a single run's do; it is
+    # a test requirement, so it is imported only where repeats are pooled (during a run).
+    from pytest_benchmark.stats import Stats
+    for key, what in (("commit_info", "id"), ("machine_info", "device_name"),
+                      ("machine_info", "gpu_count")):
+        if baseline[key].get(what) != repeat[key].get(what):
+            raise ValueError(f"a repeat must match the baseline's {key}.{what}: "
+                             f"{repeat[key].get(what)!r} is not {baseline[key].get(what)!r}")
+    repeats = {bench["fullname"]: bench for bench in repeat["benchmarks"]}
+    if set(repeats) != case_names(baseline):
+        raise ValueError("a repeat must hold exactly the baseline's cases; differing: "
+                         f"{sorted(set(repeats) ^ case_names(baseline))}")
+    pooled = []
+    for bench in baseline["benchmarks"]:
+        other = repeats[bench["fullname"]]
+        data = [*bench["stats"]["data"], *other["stats"]["data"]]
+        stats = Stats()
+        for value in data:
+            stats.update(value)
+        run_medians = bench["extra_info"].get("run_medians") or [bench["stats"]["median"]]
+        pooled.append({
+            **bench,
+            "stats": {**stats.as_dict(), "data": data,
+                      "iterations": bench["stats"].get("iterations", 1)},
+            "extra_info": {**bench["extra_info"],
+                           "run_medians": [*run_medians, other["stats"]["median"]]},
+        })
+    return {**baseline, "benchmarks": pooled}
 
 
 def storage_of(run: dict, benchmarks_root: Path) -> Path:

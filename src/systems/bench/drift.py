@@ -48,7 +48,7 @@ def distinct_measurements(runs: list[dict]) -> dict[str, list[Timing]]:
             stats = seen.setdefault(bench["name"], [])
             if bench["stats"] not in stats:
                 stats.append(bench["stats"])
-    return {name: [Timing.from_stats(s) for s in stats] for name, stats in seen.items()}
+    return {name: [Timing.from_saved(s) for s in stats] for name, stats in seen.items()}
 
 
 def drifts(runs: list[dict], match: str = "") -> list[Drift]:

@@ -1,11 +1,15 @@
 """A noise-aware regression gate: compare medians, with a threshold per case.
 
-Each case's threshold comes from how much that case's own rounds spread (the IQR relative
-to the median, the larger of the baseline's and the current run's), times `SPREAD_FACTOR`,
-and never below `FLOOR`: the run-to-run drift of medians that even a tight case shows on
-these shared hosts (docs/benchmarking.md gives the numbers behind both constants). A case
-whose threshold would exceed `CEILING` is too noisy to gate and is reported as such, so a
-pass never hides a case that could not have failed.
+Each case's threshold is the largest of three measured noises, and never below `FLOOR` (the
+run-to-run drift of medians that even a tight case shows on these shared hosts):
+- the spread of its own rounds (the IQR relative to the median, the larger of the
+  baseline's and the current run's) times `SPREAD_FACTOR`;
+- its drift between runs: a baseline recorded as several complete runs keeps each run's
+  median (`extra_info["run_medians"]`), and the relative range of those medians times
+  `DRIFT_FACTOR` is a change the case shows with no code change at all.
+A case whose threshold would exceed `CEILING` is too noisy to gate and is reported as such
+(with the noise that ruled it out), so a pass never hides a case that could not have
+failed. docs/benchmarking.md gives the measurements behind the constants.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from enum import Enum
 
 FLOOR = 0.06
 SPREAD_FACTOR = 2.0
+DRIFT_FACTOR = 1.5  # three runs' range understates the drift a fourth run can show
 CEILING = 0.12  # a 15% slowdown must clear every gated threshold with room for noise
 
 
@@ -34,15 +39,28 @@ class Timing:
 
     median: float
     iqr: float
+    run_medians: tuple[float, ...] = ()  # one per run, where several runs were pooled
 
     @property
     def spread(self) -> float:
         """IQR relative to the median."""
         return self.iqr / self.median if self.median > 0 else float("inf")
 
+    @property
+    def drift(self) -> float:
+        """Range of the runs' medians relative to the smallest (0 for a single run)."""
+        if len(self.run_medians) < 2:
+            return 0.0
+        low = min(self.run_medians)
+        return max(self.run_medians) / low - 1 if low > 0 else float("inf")
+
     @classmethod
-    def from_stats(cls, stats: Mapping[str, float]) -> Timing:
-        return cls(median=float(stats["median"]), iqr=float(stats["iqr"]))
+    def from_saved(cls, stats: Mapping[str, float],
+                   extra_info: Mapping[str, object] | None = None) -> Timing:
+        """From a saved benchmark's `stats` and `extra_info` (pytest-benchmark's JSON)."""
+        run_medians = (extra_info or {}).get("run_medians") or ()
+        return cls(median=float(stats["median"]), iqr=float(stats["iqr"]),
+                   run_medians=tuple(float(m) for m in run_medians))
 
 
 @dataclass(frozen=True)
@@ -64,23 +82,28 @@ class CaseResult:
         timings = [t.spread for t in (self.baseline, self.current) if t is not None]
         return max(timings) if timings else None
 
+    @property
+    def drift(self) -> float | None:
+        return None if self.baseline is None else self.baseline.drift
+
 
 def threshold(baseline: Timing, current: Timing, *, floor: float = FLOOR,
-              factor: float = SPREAD_FACTOR) -> float:
+              factor: float = SPREAD_FACTOR, drift_factor: float = DRIFT_FACTOR) -> float:
     """The relative change of the median beyond which this case counts as changed."""
-    return max(floor, factor * max(baseline.spread, current.spread))
+    return max(floor, factor * max(baseline.spread, current.spread),
+               drift_factor * baseline.drift)
 
 
 def judge(name: str, baseline: Timing | None, current: Timing | None, *,
           floor: float = FLOOR, factor: float = SPREAD_FACTOR,
-          ceiling: float = CEILING) -> CaseResult:
+          drift_factor: float = DRIFT_FACTOR, ceiling: float = CEILING) -> CaseResult:
     if baseline is None and current is None:
         raise ValueError(f"{name}: neither a baseline nor a current timing")
     if baseline is None:
         return CaseResult(name, None, current, Verdict.NEW)
     if current is None:
         return CaseResult(name, baseline, None, Verdict.NOT_RUN)
-    limit = threshold(baseline, current, floor=floor, factor=factor)
+    limit = threshold(baseline, current, floor=floor, factor=factor, drift_factor=drift_factor)
     if limit > ceiling:
         return CaseResult(name, baseline, current, Verdict.TOO_NOISY, limit)
     change = current.median / baseline.median - 1
@@ -116,7 +139,8 @@ def _pct(value: float | None, signed: bool = False) -> str:
 
 def describe(result: CaseResult) -> str:
     if result.verdict is Verdict.TOO_NOISY:
-        return f"not gated (too noisy: spread {_pct(result.spread)})"
+        drift = f", drift between runs {_pct(result.drift)}" if result.drift else ""
+        return f"not gated (too noisy: spread {_pct(result.spread)}{drift})"
     return result.verdict.value
 
 
