@@ -17,6 +17,7 @@ from systems.bench.timing import (
     DEVICE,
     WALL,
     RoundTimer,
+    TimingStats,
     device_time,
     mark,
     seconds_between,
@@ -29,6 +30,13 @@ def test_a_round_of_a_sleeping_step_measures_the_sleep() -> None:
     stats = time_steps(lambda: time.sleep(0.05), warmup=1, steps=5)
     assert stats.kind == WALL
     assert stats.min >= 0.05 and stats.median < 0.05 * 1.3
+
+
+def test_stats_carry_their_kind() -> None:
+    assert TimingStats((1.0,), kind=DEVICE).to_dict()["kind"] == DEVICE
+    assert TimingStats((1.0,)).to_dict()["kind"] == WALL
+    with pytest.raises(ValueError, match="kind"):
+        TimingStats((1.0,), kind="events")
 
 
 def test_warmup_rounds_run_first_untimed_and_end_with_a_synchronize(monkeypatch) -> None:
@@ -52,8 +60,8 @@ def test_enqueue_time_ends_when_step_returns_and_the_round_at_the_synchronize(
     # A step that only queues work: the device (here: the synchronize) takes 50 ms.
     monkeypatch.setattr(timing, "synchronize", lambda device: time.sleep(0.05))
     stats = time_steps(lambda: None, warmup=0, steps=3)
-    assert all(h < 0.01 for h in stats.host_times)
-    assert all(0.05 <= t < 0.05 * 1.3 for t in stats.times)
+    assert stats.host_median < 0.01
+    assert stats.min >= 0.05 and stats.median < 0.05 * 1.3
     assert stats.host_median == statistics.median(stats.host_times)
 
 
@@ -106,17 +114,17 @@ def test_a_driver_calls_the_rounds_and_the_core_keeps_their_times() -> None:
 
 def test_the_injected_slowdown_adds_its_fraction_to_timed_rounds_only() -> None:
     starts: list[float] = []
-    timer = RoundTimer(lambda: (starts.append(time.perf_counter()), time.sleep(0.05)),
+    timer = RoundTimer(lambda: (starts.append(time.perf_counter()), time.sleep(0.1)),
                        slowdown=0.5)
     stats = timer.measure(warmup=2, rounds=3)
-    assert starts[1] - starts[0] < 0.05 * 1.3  # a warm-up round is not slowed
-    assert all(0.075 <= t < 0.075 * 1.3 for t in stats.times)
-    assert starts[3] - starts[2] >= 0.075
+    assert starts[1] - starts[0] < 0.14  # a warm-up round is not slowed
+    assert stats.min >= 0.15 and stats.median < 0.15 * 1.2
+    assert starts[3] - starts[2] >= 0.15
 
 
 def test_first_call_is_one_round_kept_apart() -> None:
     timer = RoundTimer(lambda: time.sleep(0.03))
-    assert 0.03 <= timer.first_call() < 0.03 * 1.3
+    assert 0.03 <= timer.first_call() < 0.045
     assert len(timer.measure(warmup=0, rounds=2).times) == 2
 
 
@@ -147,7 +155,7 @@ def test_marks_on_the_cpu_read_the_host_clock() -> None:
     time.sleep(0.03)
     end = mark("cpu")
     assert start.kind == end.kind == WALL
-    assert 0.03 <= seconds_between(start, end) < 0.03 * 1.3
+    assert 0.03 <= seconds_between(start, end) < 0.045
 
 
 def test_step_timer_splits_a_step_into_phases() -> None:
@@ -158,7 +166,7 @@ def test_step_timer_splits_a_step_into_phases() -> None:
     timer.mark("second")
     phases = timer.intervals()
     assert timer.kind == WALL
-    assert 0.02 <= phases["first"] < 0.02 * 1.5 and 0.04 <= phases["second"] < 0.04 * 1.3
+    assert 0.02 <= phases["first"] < 0.035 and 0.04 <= phases["second"] < 0.055
     assert phases["total"] == pytest.approx(phases["first"] + phases["second"])
 
 

@@ -10,20 +10,24 @@ round's time, the device waited on the host (launch-bound); much smaller, the ho
 Warm-up rounds are the same rounds, run first and untimed (compilation, autotuning and lazy
 state happen there). Python's garbage collector is paused over the timed rounds, and
 enabled again after them whatever happens: a collection inside a round is noise, not the
-step's cost.
+step's cost. The perf fixture hands these rounds to pytest-benchmark, whose clock brackets
+each one; the CLI keeps the core's own times.
 
-Device time, where the device's work alone is wanted, comes from three places only:
+Device time, the device's work alone as near as it can be measured, comes from three places
+only:
 - a round whose step replays a captured CUDA graph (`CapturedStep`): the host's work is one
-  launch, so the round's time is the graph's device time plus one launch;
+  launch, so the round's host-clock time is the graph's device time plus one launch;
 - `device_time(fn)`: per-call CUDA-event times from `triton.testing.do_bench` (L2 cache
   flushed between calls), the one place that decides how kernels alone are timed;
 - marks (`mark`, `seconds_between`): on CUDA an event on the current stream, which the
   distributed step timer uses to split a step into phases without stalling the host;
-  elsewhere the host clock.
+  elsewhere the host clock (wall time).
+Events span the device's timeline between two points of its queue: idle gaps where it
+waited on the host are inside, the host's work before the first kernel is not.
 
-Every recorded number says which it is: `TimingStats.kind`, and in a benchmark's
-`extra_info` the key `timing` for its rounds (`do_bench_timing` for do_bench's numbers),
-is `WALL` ("wall") or `DEVICE` ("device").
+Every recorded number says which it is: `TimingStats.kind` and `Mark.kind`, and in a
+benchmark's `extra_info` the key `timing` for its rounds (`do_bench_timing` for do_bench's
+numbers), is `WALL` ("wall") or `DEVICE` ("device").
 """
 
 from __future__ import annotations
