@@ -223,7 +223,7 @@ def mark(device: torch.device | str) -> Mark:
     if torch.device(device).type != "cuda":
         return Mark(clock=time.perf_counter())
     event = torch.cuda.Event(enable_timing=True)
-    event.record()
+    event.record(torch.cuda.current_stream(device))
     return Mark(event=event)
 
 
