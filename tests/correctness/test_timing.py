@@ -202,3 +202,43 @@ def test_device_time_is_do_bench_samples_in_seconds(monkeypatch) -> None:
     assert asked == {"fn": step, "warmup": 100, "rep": 300, "return_mode": "all"}
     assert stats.kind == DEVICE and stats.times == (1e-3, 2e-3, 6e-3)
     assert stats.median == pytest.approx(2e-3) and stats.mean == pytest.approx(3e-3)
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event on the CPU: its time is a fake device clock, readable
+    only once it was waited for (elapsed_time of an event not yet reached is an error)."""
+
+    device_clock_ms = 0.0
+
+    def __init__(self, enable_timing: bool) -> None:
+        assert enable_timing
+        self.at_ms: float | None = None
+        self.waited = False
+
+    def record(self, stream: object) -> None:
+        self.at_ms = FakeEvent.device_clock_ms
+
+    def synchronize(self) -> None:
+        self.waited = True
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert end.waited, "read before the device reached the end event"
+        return end.at_ms - self.at_ms
+
+
+def test_step_timer_on_cuda_reads_events_in_seconds(monkeypatch) -> None:
+    """The CUDA path's glue only (no GPU here): marks are events on the current stream,
+    read in seconds after waiting for the last one."""
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: "stream")
+    monkeypatch.setattr(FakeEvent, "device_clock_ms", 10.0)
+    timer = StepTimer(torch.device("cuda"))
+    monkeypatch.setattr(FakeEvent, "device_clock_ms", 12.5)
+    timer.mark("backward")
+    monkeypatch.setattr(FakeEvent, "device_clock_ms", 20.0)
+    timer.mark("optimizer")
+    assert timer.kind == DEVICE
+    assert timer.intervals() == pytest.approx(
+        {"backward": 2.5e-3, "optimizer": 7.5e-3, "total": 10e-3})
+    with pytest.raises(ValueError, match="wall mark"):
+        seconds_between(mark("cuda"), mark("cpu"))
