@@ -18,9 +18,7 @@ from __future__ import annotations
 import gc
 import json
 import os
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +48,7 @@ from systems.bench.metrics import (
 )
 from systems.bench.params import flatten_case
 from systems.bench.summary import BenchmarkResult, throughput_table
-from systems.bench.timing import SLOWDOWN_ENV, injected_slowdowns, synchronize
+from systems.bench.timing import SLOWDOWN_ENV, RoundTimer, device_time, injected_slowdowns
 from systems.common.hardware import device_slug, gpu_count, machine_description
 from systems.report.history import MalformedRunError
 
@@ -283,12 +281,15 @@ def profile(request: pytest.FixtureRequest) -> str:
 
 
 class SynchronizedBenchmark:
-    """pytest-benchmark's `benchmark`, made correct for asynchronous GPU work.
+    """pytest-benchmark's `benchmark`, timed by the timing core (systems.bench.timing).
 
-    Every timed round ends with a device synchronize; warm-up rounds are explicit and
-    untimed; peak memory and throughput are written to `extra_info`; a CUDA out-of-memory
-    error becomes a skip whose reason names the workload. `slowdown` (test-only, from
-    SYSTEMS_PERF_INJECT_SLOWDOWN) adds that fraction of each round's own time to the round.
+    The core's rounds (host start -> step() -> device synchronize, warm-up rounds untimed,
+    the garbage collector paused) are handed to `benchmark.pedantic`, so a perf case times
+    a step as `python -m systems.bench` does; pytest-benchmark's clock brackets each round.
+    `extra_info` gets the round's kind (`timing`), enqueue time, peak memory and
+    throughput; a CUDA out-of-memory error becomes a skip whose reason names the workload.
+    `slowdown` (test-only, from SYSTEMS_PERF_INJECT_SLOWDOWN) adds that fraction of each
+    round's own time to the round.
     """
 
     def __init__(self, benchmark, device: torch.device, slowdown: float = 0.0) -> None:
@@ -311,52 +312,51 @@ class SynchronizedBenchmark:
         """`cold_start`: time the very first call on its own (JIT, autotuning and
         compilation happen there) as `extra_info["cold_start_s"]`, before the warm-up and
         before peak memory is reset."""
-
-        enqueue_seconds: list[float] = []
-
-        def timed_round() -> None:
-            start = time.perf_counter()
-            step()
-            enqueue_seconds.append(time.perf_counter() - start)
-            synchronize(self.device)
-            if self.slowdown:
-                time.sleep(self.slowdown * (time.perf_counter() - start))
-
         extra = self.benchmark.extra_info
         extra.update(info or {})
         extra.update(precision=precision, warmup_rounds=warmup, device=str(self.device))
         if self.slowdown:
             extra["injected_slowdown"] = self.slowdown
-        synchronize(self.device)
+        timer = RoundTimer(step, self.device, slowdown=self.slowdown)
         try:
             if cold_start:
-                start = time.perf_counter()
-                timed_round()
-                extra["cold_start_s"] = time.perf_counter() - start
+                extra["cold_start_s"] = timer.first_call()
             reset_peak_memory(self.device)
             # The peak includes what was allocated before timing (model, inputs, and anything
             # an earlier case left behind): record that baseline so a reader can tell them apart.
             extra["memory_allocated_before_bytes"] = allocated_memory_bytes(self.device)
-            self.benchmark.pedantic(timed_round, warmup_rounds=warmup, rounds=rounds,
-                                    iterations=1)
+            # --benchmark-disable: pedantic calls the step once, untimed; no warm-up then.
+            stats = timer.measure(warmup=0 if self.benchmark.disabled else warmup,
+                                  rounds=rounds, drive=self._pedantic)
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
             release_device_memory()
             pytest.skip(out_of_memory_reason(error))
-        # Host time until step() returned, median over the timed rounds: near the round's
-        # time, the device waited on the host (launch-bound) rather than the other way round.
-        if len(enqueue_seconds) >= rounds:
-            extra["host_enqueue_s_median"] = statistics.median(enqueue_seconds[-rounds:])
         extra["peak_memory_bytes"] = peak_memory_bytes(self.device)
         extra["peak_memory_gib"] = (
             None if extra["peak_memory_bytes"] is None else extra["peak_memory_bytes"] / 2**30
         )
-        stats = getattr(self.benchmark, "stats", None)
-        if stats is None:  # --benchmark-disable: the step ran once, untimed
+        if self.benchmark.stats is None:  # --benchmark-disable: nothing was timed
             return
-        extra.update(throughput_metrics(seconds=stats.stats.mean, flops=flops, tokens=tokens,
-                                        precision=precision, device=self.device))
+        extra["timing"] = stats.kind
+        # Near the round's time, the device waited on the host (launch-bound) rather than
+        # the other way round.
+        extra["host_enqueue_s_median"] = stats.host_median
+        extra.update(throughput_metrics(seconds=self.benchmark.stats.stats.mean, flops=flops,
+                                        tokens=tokens, precision=precision,
+                                        device=self.device))
+
+    def _pedantic(self, timed_round: Callable[[], float], rounds: int) -> None:
+        self.benchmark.pedantic(timed_round, rounds=rounds, iterations=1)
+
+    def record_device_time(self, fn: Callable[[], object], *, warmup_ms: int,
+                           rep_ms: int) -> None:
+        """do_bench's device time of `fn` (median and mean, ms) beside the rounds."""
+        stats = device_time(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
+        self.benchmark.extra_info.update(do_bench_median_ms=stats.median * 1e3,
+                                         do_bench_mean_ms=stats.mean * 1e3,
+                                         do_bench_timing=stats.kind)
 
 
 def release_device_memory() -> None:

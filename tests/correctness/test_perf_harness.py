@@ -21,6 +21,8 @@ pytest_plugins = ["pytester"]
 ROOT_CONFTEST = Path(__file__).resolve().parents[2] / "conftest.py"
 
 PERF_MODULE = '''
+import gc
+
 import torch
 from dataclasses import dataclass
 
@@ -33,12 +35,17 @@ def perf_cases(profile):
     return [Case(f"{profile}-ok", False), Case(f"{profile}-oom", True)]
 
 def test_case(perf_case, synced_benchmark):
+    collector_on = []
     def step():
+        collector_on.append(gc.isenabled())
         if perf_case.fail_with_oom:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80 GiB")
         torch.randn(64, 64) @ torch.randn(64, 64)
     synced_benchmark(step, warmup=1, rounds=3, precision="fp32", flops=2 * 64**3, tokens=64,
                      info={"size": "toy"}, cold_start=True)
+    # The first call and the warm-up run with the garbage collector, timed rounds without.
+    assert collector_on == [True, True, False, False, False]
+    assert gc.isenabled()
 '''
 
 
@@ -69,6 +76,7 @@ def test_oom_is_a_skip_with_reason_and_results_carry_throughput(perf_project) ->
     assert bench["stats"]["rounds"] == 3
     assert info["size"] == "toy" and info["precision"] == "fp32" and info["warmup_rounds"] == 1
     assert info["cold_start_s"] > 0
+    assert info["timing"] == "wall"  # rounds of an eager step: what a caller waits for
     # On the CPU a step is done when it returns: enqueue time is the whole round.
     assert 0 < info["host_enqueue_s_median"] <= bench["stats"]["max"]
     assert info["tflops"] == pytest.approx(2 * 64**3 / bench["stats"]["mean"] / 1e12)

@@ -10,8 +10,9 @@ Four studies:
   seq 256..16384: forward and backward timed, memory in use before backward recorded.
 - `test_attention_leaderboard`: q, k, v of shape (16, 16384, 64), bf16, causal, forward +
   o.sum().backward() through `torch.compile(FlashAttentionTriton.apply)`, with SDPA and
-  flex_attention on the same shape; the `triton.testing.do_bench` median goes into
-  extra_info beside pytest-benchmark's own numbers.
+  flex_attention on the same shape; the device time of `triton.testing.do_bench` (median
+  and mean, through `systems.bench.timing.device_time`) goes into extra_info beside
+  pytest-benchmark's own numbers.
 - `test_attention_device_time`: the batch-1 forward + backward of the rivals (SDPA flash and
   cuDNN, compiled flex_attention, the Triton kernels) captured in a CUDA graph and timed by
   replay. Up to seq 8192 the eager rounds above time the host queuing kernels; replay
@@ -177,8 +178,6 @@ def leaderboard_cases(profile: str) -> list[AttentionCase]:
 @pytest.mark.gpu
 def test_attention_leaderboard(perf_case: AttentionCase, device, synced_benchmark) -> None:
     """Forward, o.sum(), backward, as the CS336 2025 leaderboard times it."""
-    import triton.testing
-
     from systems.bench.attention import attention_flops, attention_function
 
     synced_benchmark.benchmark.group = "leaderboard-16x16384x64-bf16-causal"
@@ -200,11 +199,7 @@ def test_attention_leaderboard(perf_case: AttentionCase, device, synced_benchmar
         info={"implementation": perf_case.impl, "shape": list(perf_case.shape),
               "dtype": "bfloat16", "causal": True, "mode": "forward_backward(o.sum())"},
     )
-    median_ms, mean_ms = (triton.testing.do_bench(forward_backward, warmup=1000, rep=3000,
-                                                  return_mode=mode)
-                          for mode in ("median", "mean"))
-    synced_benchmark.benchmark.extra_info.update(do_bench_median_ms=median_ms,
-                                                 do_bench_mean_ms=mean_ms)
+    synced_benchmark.record_device_time(forward_backward, warmup_ms=1000, rep_ms=3000)
 
 
 test_attention_leaderboard.perf_cases = leaderboard_cases

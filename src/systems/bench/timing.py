@@ -1,13 +1,50 @@
-"""Timing GPU (or CPU) work correctly: explicit warm-up, synchronised measurement."""
+"""The one way this project times a step: the perf fixture (conftest.py), the CLI
+(`python -m systems.bench`), the step breakdown and the distributed step timer use it.
+
+What a round measures: wall time, what a caller of the step sees. A round runs
+host clock start -> `step()` -> device synchronize -> host clock end, so it holds the host's
+work (Python, kernel launches) and the device's work, whichever is the limit. The host
+time until `step()` returned is kept beside it as the round's enqueue time: close to the
+round's time, the device waited on the host (launch-bound); much smaller, the host ran ahead.
+
+Warm-up rounds are the same rounds, run first and untimed (compilation, autotuning and lazy
+state happen there). Python's garbage collector is paused over the timed rounds, and
+enabled again after them whatever happens: a collection inside a round is noise, not the
+step's cost. The perf fixture hands these rounds to pytest-benchmark, whose clock brackets
+each one; the CLI keeps the core's own times.
+
+Device time, the device's work alone as near as it can be measured, comes from three places
+only:
+- a round whose step replays a captured CUDA graph (`CapturedStep`): the host's work is one
+  launch, so the round's host-clock time is the graph's device time plus one launch;
+- `device_time(fn)`: per-call CUDA-event times from `triton.testing.do_bench` (L2 cache
+  flushed between calls), the one place that decides how kernels alone are timed;
+- marks (`mark`, `seconds_between`): on CUDA an event on the current stream, which the
+  distributed step timer uses to split a step into phases without stalling the host;
+  elsewhere the host clock (wall time).
+Events span the device's timeline between two points of its queue: idle gaps where it
+waited on the host are inside, the host's work before the first kernel is not.
+
+Every recorded number says which it is: `TimingStats.kind` and `Mark.kind`, and in a
+benchmark's `extra_info` the key `timing` for its rounds (`do_bench_timing` for do_bench's
+numbers), is `WALL` ("wall") or `DEVICE` ("device").
+"""
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
+
+from systems.bench.cuda_graph import CapturedStep
+
+WALL = "wall"
+DEVICE = "device"
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -18,18 +55,18 @@ def synchronize(device: torch.device | str) -> None:
 
 @dataclass(frozen=True)
 class TimingStats:
-    """Per-step wall times in seconds, and the host time until each step() returned.
-
-    A host time close to the step time means the device waited on the host (launch-bound);
-    a much smaller one means the host ran ahead and the device was the limit.
-    """
+    """Per-step times in seconds, of `kind` WALL or DEVICE, and for wall rounds the host
+    time until each step() returned (its enqueue time)."""
 
     times: tuple[float, ...]
     host_times: tuple[float, ...] = ()
+    kind: str = WALL
 
     def __post_init__(self) -> None:
         if not self.times:
             raise ValueError("TimingStats needs at least one measured step")
+        if self.kind not in (WALL, DEVICE):
+            raise ValueError(f"kind is {WALL!r} or {DEVICE!r}, got {self.kind!r}")
 
     @property
     def mean(self) -> float:
@@ -63,6 +100,85 @@ class TimingStats:
         return {**self.summary(), **asdict(self)}
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's garbage collector off inside, back as it was after (even on an error)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def round_kind(step: Callable[[], object]) -> str:
+    """DEVICE for a step that now replays a captured CUDA graph, else WALL."""
+    return DEVICE if isinstance(step, CapturedStep) and step.graph is not None else WALL
+
+
+# `drive(timed_round, rounds)` calls `timed_round` `rounds` times (pytest-benchmark's
+# pedantic in the perf suite, which keeps its own clock around each call).
+Driver = Callable[[Callable[[], float], int], None]
+
+
+def _loop(timed_round: Callable[[], float], rounds: int) -> None:
+    for _ in range(rounds):
+        timed_round()
+
+
+class RoundTimer:
+    """Rounds of one `step` on one `device` (see the module docstring for what a round is).
+
+    `slowdown` (test-only, from SYSTEMS_PERF_INJECT_SLOWDOWN) adds that fraction of each
+    measured round's own time to the round; warm-up rounds are not slowed.
+    """
+
+    def __init__(self, step: Callable[[], object], device: torch.device | str = "cpu", *,
+                 slowdown: float = 0.0) -> None:
+        self.step = step
+        self.device = device
+        self.slowdown = slowdown
+        self._times: list[float] = []
+        self._host_times: list[float] = []
+
+    def _round(self, *, measured: bool) -> tuple[float, float]:
+        start = time.perf_counter()
+        self.step()
+        enqueued = time.perf_counter() - start
+        synchronize(self.device)
+        if measured and self.slowdown:
+            time.sleep(self.slowdown * (time.perf_counter() - start))
+        return time.perf_counter() - start, enqueued
+
+    def _timed_round(self) -> float:
+        seconds, enqueued = self._round(measured=True)
+        self._times.append(seconds)
+        self._host_times.append(enqueued)
+        return seconds
+
+    def first_call(self) -> float:
+        """The very first call as one round on its own (compilation, JIT and autotuning
+        happen there): its seconds; it is not one of the timed rounds."""
+        synchronize(self.device)  # work queued before does not count
+        return self._round(measured=True)[0]
+
+    def measure(self, *, warmup: int, rounds: int, drive: Driver = _loop) -> TimingStats:
+        """`warmup` untimed rounds, then `rounds` timed ones with the garbage collector
+        paused, called by `drive`; the timed rounds' stats."""
+        if warmup < 0 or rounds < 1:
+            raise ValueError(f"need warmup >= 0 and rounds >= 1, got {warmup=} {rounds=}")
+        synchronize(self.device)
+        for _ in range(warmup):
+            self._round(measured=False)
+        kind = round_kind(self.step)  # after warm-up: a CapturedStep replays from here on
+        self._times.clear()
+        self._host_times.clear()
+        with gc_paused():
+            drive(self._timed_round, rounds)
+        return TimingStats(tuple(self._times), tuple(self._host_times), kind)
+
+
 def time_steps(
     step: Callable[[], object],
     *,
@@ -70,44 +186,56 @@ def time_steps(
     steps: int,
     device: torch.device | str = "cpu",
 ) -> TimingStats:
-    """Run `step` `warmup` times untimed, then time `steps` calls one by one.
-
-    On CUDA each step is bracketed by CUDA events (so host-side launch jitter between steps
-    does not count); elsewhere by `time.perf_counter` after a synchronize. Either way the
-    host time until each `step()` returned is kept as `host_times`.
-    """
-    if warmup < 0 or steps < 1:
-        raise ValueError(f"need warmup >= 0 and steps >= 1, got {warmup=} {steps=}")
-    for _ in range(warmup):
-        step()
-    synchronize(device)
-    if torch.device(device).type == "cuda":
-        return _time_with_events(step, steps)
-    times, host_times = [], []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        host_times.append(time.perf_counter() - start)
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return TimingStats(tuple(times), tuple(host_times))
+    """`warmup` untimed rounds of `step`, then `steps` timed rounds (RoundTimer.measure)."""
+    return RoundTimer(step, device).measure(warmup=warmup, rounds=steps)
 
 
-def _time_with_events(step: Callable[[], object], steps: int) -> TimingStats:
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        for _ in range(steps)
-    ]
-    host_times = []
-    for start, end in events:
-        start.record()
-        host_start = time.perf_counter()
-        step()
-        host_times.append(time.perf_counter() - host_start)
-        end.record()
-    torch.cuda.synchronize()
-    return TimingStats(tuple(start.elapsed_time(end) / 1e3 for start, end in events),
-                       tuple(host_times))
+def device_time(fn: Callable[[], object], *, warmup_ms: int = 25,
+                rep_ms: int = 100) -> TimingStats:
+    """Device time of each call of `fn` (CUDA only): `triton.testing.do_bench`, which runs
+    `fn` for about `warmup_ms` untimed, then for about `rep_ms` each call between two CUDA
+    events, with the L2 cache flushed before each."""
+    if not torch.cuda.is_available():
+        raise ValueError("device_time needs a CUDA device (on the CPU a round's wall time "
+                         "is the step's time: use time_steps)")
+    import triton.testing  # on CUDA hosts only: importing it on the CPU is not needed
+
+    per_call_ms = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
+                                          return_mode="all")
+    return TimingStats(tuple(ms / 1e3 for ms in per_call_ms), kind=DEVICE)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A point in a step: on CUDA an event recorded on the current stream (when the
+    device reaches this point of its queue), elsewhere a host clock reading."""
+
+    clock: float | None = None
+    event: torch.cuda.Event | None = None
+
+    @property
+    def kind(self) -> str:
+        return DEVICE if self.event is not None else WALL
+
+
+def mark(device: torch.device | str) -> Mark:
+    """A mark now, without waiting for the device."""
+    if torch.device(device).type != "cuda":
+        return Mark(clock=time.perf_counter())
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(torch.cuda.current_stream(device))
+    return Mark(event=event)
+
+
+def seconds_between(start: Mark, end: Mark) -> float:
+    """Seconds from `start` to `end`; for events, waits until the device reached `end`."""
+    if start.kind != end.kind:
+        raise ValueError(f"cannot time from a {start.kind} mark to a {end.kind} mark")
+    if start.event is not None and end.event is not None:
+        end.event.synchronize()
+        return start.event.elapsed_time(end.event) / 1e3
+    assert start.clock is not None and end.clock is not None
+    return end.clock - start.clock
 
 
 # A test-only switch: proves that the regression gate catches a slowdown. Never set it for

@@ -1,43 +1,39 @@
-"""Marking phases of a step on one rank: CUDA events on GPUs, host clocks on the CPU."""
+"""Marking phases of a step on one rank, with the timing core's marks: CUDA events on GPUs
+(device time), host clocks on the CPU (wall time)."""
 
 from __future__ import annotations
 
-import time
 from itertools import pairwise
 
 import torch
+
+from systems.bench.timing import mark, seconds_between
 
 
 class StepTimer:
     """`mark(name)` closes the phase that began at the previous mark (or construction).
 
     On CUDA the marks are events on the current stream, so they time the queued GPU work
-    without stalling the host; `intervals()` synchronises once and reads them all.
+    without stalling the host; `intervals()` waits for the last one and reads them all.
     """
 
     def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self._marks: list[tuple[str, object]] = [("start", self._now())]
+        self.device = device
+        self._marks = [("start", mark(device))]
 
-    def _now(self) -> object:
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+    @property
+    def kind(self) -> str:
+        """The timing core's DEVICE (CUDA events) or WALL (host clocks)."""
+        return self._marks[0][1].kind
 
     def mark(self, name: str) -> None:
-        self._marks.append((name, self._now()))
+        self._marks.append((name, mark(self.device)))
 
     def intervals(self) -> dict[str, float]:
         """Seconds of each phase, plus 'total' from construction to the last mark."""
-        if self.cuda:
-            self._marks[-1][1].synchronize()
-
-        def seconds(a: object, b: object) -> float:
-            return a.elapsed_time(b) / 1e3 if self.cuda else b - a
-
-        result = {name: seconds(prev, here)
+        if len(self._marks) < 2:
+            raise ValueError("StepTimer.intervals() needs at least one mark(name) first")
+        result = {name: seconds_between(prev, here)
                   for (_, prev), (name, here) in pairwise(self._marks)}
-        result["total"] = seconds(self._marks[0][1], self._marks[-1][1])
+        result["total"] = seconds_between(self._marks[0][1], self._marks[-1][1])
         return result
