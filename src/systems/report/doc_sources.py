@@ -224,8 +224,8 @@ def host_timings(repo: Path, file: str) -> str:
     by_shape: dict[tuple, dict[str, float]] = {}
     rounds = set()
     for t in profile.get("timings", []):
-        by_shape.setdefault(("x".join(map(str, t["shape"])), _short_dtype(t["dtype"])), {})[t["impl"]] = (
-            t["median_ms"])
+        shape = "x".join(map(str, t["shape"]))
+        by_shape.setdefault((shape, _short_dtype(t["dtype"])), {})[t["impl"]] = t["median_ms"]
         rounds.add(t.get("rounds"))
     impls = [i for i in ("triton", "sdpa_flash", "sdpa_cudnn", "sdpa", "triton_compiled")
              if any(i in times for times in by_shape.values())]
