@@ -269,3 +269,9 @@ def test_drift_block_is_the_drift_tools_summary(tmp_path: Path) -> None:
     assert "From the 2 files `*_run.json`." in block
     with pytest.raises(ValueError, match="no history files match"):
         generators(tmp_path)["drift"]("none/*.json")
+
+
+def test_markers_in_fenced_code_are_examples_left_alone(tmp_path: Path) -> None:
+    text = ("How to write a block:\n\n```markdown\n<!-- generated: nonesuch x.json -->\n"
+            "(rewritten)\n<!-- end generated -->\n```\n")
+    assert render(text, generators(tmp_path)) == text

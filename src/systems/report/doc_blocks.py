@@ -42,21 +42,25 @@ def _fail(doc: str, line: int, why: str) -> BlockError:
 
 def split_blocks(text: str, doc: str = "<doc>") -> list[str | Block]:
     """The doc as alternating plain text (str) and generated blocks, in order; the markers
-    belong to neither. Raises BlockError on an unclosed, nested or stray marker."""
+    belong to the plain text. Markers in fenced code are plain text. Raises BlockError on
+    an unclosed, nested or stray marker."""
     parts: list[str | Block] = []
     plain: list[str] = []
     opened: tuple[int, str] | None = None
     body: list[str] = []
+    fenced = False  # markers inside fenced code are examples, not blocks
     for number, line in enumerate(text.splitlines(keepends=True), start=1):
         stripped = line.strip()
-        start = _OPEN.match(stripped)
+        if not opened and stripped.startswith("```"):
+            fenced = not fenced
+        start = None if fenced else _OPEN.match(stripped)
         if start and opened:
             raise _fail(doc, number, f"generated block opened inside the one at line {opened[0]}")
         if start:
             plain.append(line)
             parts.append("".join(plain))
             plain, opened, body = [], (number, start["spec"]), []
-        elif stripped == _CLOSE:
+        elif stripped == _CLOSE and not fenced:
             if not opened:
                 raise _fail(doc, number, "end of a generated block that was never opened")
             name, *args = shlex.split(opened[1])
