@@ -173,3 +173,21 @@ def test_histories_at_any_depth_are_found_and_named_relative_to_the_root(tmp_pat
     files = sorted(r.file for run in runs for r in run.results)
     assert files == ["GPU_X/machine/0002_baseline.json", "GPU_X/studies/sweep/0003_study.json"]
     assert all_claims([r for run in runs for r in run.results]) == []  # different files
+
+
+def test_speedup_and_recipe_tables_are_ratios_of_medians_like_the_claims() -> None:
+    def skewed(result: Result, mean: float) -> Result:
+        # One slow round: the mean moves, the median does not.
+        return Result(**{**result.__dict__, "stats": {**result.stats, "mean": mean}})
+
+    attention = [skewed(_attention("reference", 4e-3, "G/0001.json"), 40e-3),
+                 skewed(_attention("triton", 1e-3, "G/0001.json"), 1e-3)]
+    speedups = speedup_table(attention, keys.IMPLEMENTATION, "reference", "triton",
+                             [keys.SEQ_LEN])
+    assert "| 4096 | 4.00 | 1.00 | 4.00x |" in speedups
+    recipes = [skewed(_result(f"test_training_recipe[2.7b-{name}]", median, "G/0002.json",
+                              size="2.7b", context_length=512, mode="train_step",
+                              recipe=name), mean)
+               for name, median, mean in (("eager", 0.3, 3.0), ("pytorch_baseline", 0.15, 0.15),
+                                          ("optimized", 0.12, 1.2))]
+    assert "| 2.7b | 512 | 300.00 | 150.00 | 120.00 | 1.25x | 2.50x |" in recipes_table(recipes)

@@ -62,6 +62,21 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def judged_groups(pairs: list[Drift], min_ms: float = 1.0) -> list[tuple[str, list[Drift]]]:
+    """(label, pairs): all pairs, those of cases at least `min_ms` long, and of those the
+    ones whose spread is small enough for the gate to judge them."""
+    long_enough = [p for p in pairs if p.shorter_s * 1e3 >= min_ms]
+    gated = [p for p in long_enough if SPREAD_FACTOR * p.spread <= CEILING]
+    return [("all", pairs), (f">= {min_ms:g} ms", long_enough),
+            (f">= {min_ms:g} ms, spread <= {CEILING / SPREAD_FACTOR:.0%}", gated)]
+
+
+def flagged(pairs: list[Drift]) -> list[Drift]:
+    """The pairs the gate's thresholds would call changed."""
+    return [p for p in pairs
+            if judge(p.name, p.first, p.second).verdict in (Verdict.SLOWER, Verdict.FASTER)]
+
+
 def summary_line(label: str, pairs: list[Drift]) -> str:
     if not pairs:
         return f"{label}: no pairs"
@@ -84,16 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     except MalformedRunError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    pairs = drifts(runs, args.match)
-    long_enough = [p for p in pairs if p.shorter_s * 1e3 >= args.min_ms]
-    gated = [p for p in long_enough if SPREAD_FACTOR * p.spread <= CEILING]
-    print(summary_line("all", pairs))
-    print(summary_line(f">= {args.min_ms:g} ms", long_enough))
-    print(summary_line(f">= {args.min_ms:g} ms, spread <= {CEILING / SPREAD_FACTOR:.0%}",
-                       gated))
-    alarms = [p for p in gated
-              if judge(p.name, p.first, p.second).verdict in (Verdict.SLOWER, Verdict.FASTER)]
-    print(f"the gate's thresholds would flag {len(alarms)} of these {len(gated)} pairs")
+    groups = judged_groups(drifts(runs, args.match), args.min_ms)
+    for label, pairs in groups:
+        print(summary_line(label, pairs))
+    gated = groups[-1][1]
+    print(f"the gate's thresholds would flag {len(flagged(gated))} of these {len(gated)} pairs")
     for pair in sorted(gated, key=lambda p: p.change, reverse=True)[:10]:
         print(f"  {pair.change:6.1%}  ratio {pair.change / pair.spread:4.1f}  spread "
               f"{pair.spread:5.1%}  "

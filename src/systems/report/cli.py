@@ -1,6 +1,7 @@
 """`python -m systems.report {results,latest,compare}`: pages and views of saved runs.
 
-results: regenerate docs/RESULTS.md and docs/img/*.png from every run under .benchmarks/
+results: regenerate docs/RESULTS.md and docs/img/*.png from every run under .benchmarks/,
+         and the generated blocks of README.md and docs/*.md
 latest:  the newest result of each benchmark over one GPU's runs, with its run file
 compare: two run files side by side, changes beyond the noise highlighted
 """
@@ -13,6 +14,8 @@ from pathlib import Path
 
 from systems.common.cli_help import HelpFormatter
 from systems.report.compare import compare_runs
+from systems.report.doc_blocks import rewrite_docs
+from systems.report.doc_sources import generators
 from systems.report.history import (
     find_run,
     latest_results,
@@ -37,6 +40,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     results.add_argument("--img", type=Path, default=None, help="default: <out's folder>/img")
     results.add_argument("--include-cpu", action="store_true",
                          help="also report CPU runs (smoke numbers, skipped by default)")
+    results.add_argument("--docs", type=Path, nargs="*", default=None,
+                         help="docs whose generated blocks to rewrite; default: the README.md "
+                         "above --out's folder and every other .md in it")
     latest = commands.add_parser("latest", help="newest result per benchmark for one GPU",
                                  formatter_class=HelpFormatter)
     latest.add_argument("--root", type=Path, default=Path(".benchmarks"),
@@ -62,7 +68,20 @@ def _run_results(args: argparse.Namespace) -> str:
     page = results_page(runs, args.out.parent, args.img or args.out.parent / "img")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(page)
-    return f"wrote {args.out} ({len(runs)} runs)"
+    # Block sources are named relative to the repository: the folder above the page's.
+    repo = args.out.parent.parent
+    docs = default_docs(args.out) if args.docs is None else args.docs
+    changed = rewrite_docs(docs, generators(repo))
+    return (f"wrote {args.out} ({len(runs)} runs); generated blocks of {len(docs)} docs, "
+            f"{len(changed)} changed{': ' if changed else ''}{', '.join(map(str, changed))}")
+
+
+def default_docs(page: Path) -> list[Path]:
+    """The prose docs around the results page: README.md one folder up, and every other
+    .md next to the page."""
+    readme = page.parent.parent / "README.md"
+    return [*([readme] if readme.is_file() else []),
+            *sorted(p for p in page.parent.glob("*.md") if p.resolve() != page.resolve())]
 
 
 def _run_latest(args: argparse.Namespace) -> str:
@@ -90,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             old, new = (load_run(find_run(ref, args.root, args.device))
                         for ref in (args.old, args.new))
             print(compare_runs(old, new))
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError) as error:  # BlockError is a ValueError
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -71,7 +71,9 @@ def device_section(device: str, runs: Sequence[Run], img_dir: Path, page_dir: Pa
     print(f"{device}: {len(runs)} runs, {len(results)} benchmarks", file=sys.stderr)
     lines = [f"## {device}\n",
              f"Newest result of each of {len(results)} benchmarks over {len(runs)} saved runs; "
-             "times are mean ± std over rounds; under each table, what its times measure and "
+             "a table of one measurement per row shows mean ± std over rounds; every ratio (the "
+             "claims, speedups and recipes) is of medians, shown beside it; under each table, "
+             "what its times measure and "
              "the history files they come from; the `run` column names the run of each "
              "number.\n"]
     lines += claims_section([r for run in runs for r in run.results])
@@ -87,7 +89,7 @@ def device_section(device: str, runs: Sequence[Run], img_dir: Path, page_dir: Pa
                       _measured(_of_kind(results, "recipe"),
                                 "Train steps (forward, loss, backward, AdamW; batch 4, bf16) "
                                 "of the recipes in `systems.bench.recipes`, side by side when "
-                                "measured in one run; speedups are ratios of means; cold s: "
+                                "measured in one run; times and speedups are medians; cold s: "
                                 "the first step alone, compilation and autotuning included. ",
                                 keys.RECIPE))
     lines += speedup_sections(results)

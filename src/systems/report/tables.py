@@ -32,6 +32,11 @@ def mean_std_ms(result: Result, digits: int = 2) -> str:
     return f"{result.mean * 1e3:.{digits}f} ± {result.stddev * 1e3:.{digits}f}"
 
 
+def median_ms(result: Result, digits: int = 2) -> str:
+    """The statistic every ratio in the report is formed from."""
+    return f"{result.median * 1e3:.{digits}f}"
+
+
 def _sort_key(*fields: str) -> Callable[[Result], tuple]:
     def key(result: Result) -> tuple:
         values = [result.get(f) for f in fields]
@@ -69,7 +74,7 @@ def speedup_table(
     label: Sequence[str], names: tuple[str, str] | None = None,
 ) -> str:
     """Pair results equal in everything but `axis` and measured in the same run (never a
-    ratio across runs or files); speedup = base / contender.
+    ratio across runs or files); speedup = base / contender, of medians.
 
     `label`: extra_info keys shown to identify each pair; `names`: the two sides' column
     names (default: the axis values).
@@ -85,19 +90,20 @@ def speedup_table(
         if r.get(axis) != contender or identity(r) not in base:
             continue
         b = base[identity(r)]
-        rows.append([*(r.get(k, "-") for k in label), mean_std_ms(b), mean_std_ms(r),
-                     f"{b.mean / r.mean:.2f}x", _gib(b.get(keys.PEAK_MEMORY)),
+        rows.append([*(r.get(k, "-") for k in label), median_ms(b), median_ms(r),
+                     f"{b.median / r.median:.2f}x", _gib(b.get(keys.PEAK_MEMORY)),
                      _gib(r.get(keys.PEAK_MEMORY)), r.short_run])
     rows.sort(key=lambda row: tuple((_SIZE_ORDER.get(v, 99), str(v)) for v in row[:len(label)]))
-    return markdown_table([*(keys.HEADERS.get(k, k) for k in label), f"{base_name} ms",
-                           f"{contender_name} ms", "speedup", f"{base_name} peak GiB",
+    return markdown_table([*(keys.HEADERS.get(k, k) for k in label), f"{base_name} median ms",
+                           f"{contender_name} median ms", "speedup", f"{base_name} peak GiB",
                            f"{contender_name} peak GiB", "run"], rows)
 
 
 def recipes_table(results: Sequence[Result], baseline: str = "pytorch_baseline",
                   contender: str = "optimized", plain: str = "eager") -> str:
     """Per model size and context: the three training recipes side by side, the speedups of
-    `contender` over `baseline` and over `plain`, and cold starts (first step, compiling)."""
+    `contender` over `baseline` and over `plain` (ratios of medians), and cold starts (first
+    step, compiling)."""
     by_workload: dict[tuple, dict[str, Result]] = {}
     for r in results:  # recipes are put side by side only when measured in one run
         if r.kind == "recipe":
@@ -111,13 +117,13 @@ def recipes_table(results: Sequence[Result], baseline: str = "pytorch_baseline",
             continue
         base, eager = recipes.get(baseline), recipes.get(plain)
         rows.append([
-            size, context, *(mean_std_ms(r) if r else "-" for r in (eager, base, ours)),
-            *(f"{r.mean / ours.mean:.2f}x" if r else "-" for r in (base, eager)),
+            size, context, *(median_ms(r) if r else "-" for r in (eager, base, ours)),
+            *(f"{r.median / ours.median:.2f}x" if r else "-" for r in (base, eager)),
             fmt(ours.get(keys.MFU), ".1%"),
             *(fmt(r.get(keys.COLD_START_S), ".1f") if r else "-" for r in (base, ours)),
             _gib(ours.get(keys.PEAK_MEMORY)), ours.short_run])
     return markdown_table(
-        ["size", "ctx", f"{plain} ms", f"{baseline} ms", f"{contender} ms",
+        ["size", "ctx", f"{plain} median ms", f"{baseline} median ms", f"{contender} median ms",
          f"vs {baseline}", f"vs {plain}", f"{contender} MFU", f"{baseline} cold s",
          f"{contender} cold s", f"{contender} peak GiB", "run"], rows)
 

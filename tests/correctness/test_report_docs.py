@@ -1,0 +1,278 @@
+"""Numbers in prose docs are generated: the committed docs' generated blocks equal what the
+report writes now from the committed histories, and no performance number is typed by hand
+outside them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from systems.report.claim_scan import scan, scan_docs
+from systems.report.cli import default_docs, main
+from systems.report.doc_blocks import BlockError, render
+from systems.report.doc_sources import generators
+
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED_DOCS = default_docs(REPO / "docs" / "RESULTS.md")
+
+
+def _first_difference(old: str, new: str) -> str:
+    for number, (a, b) in enumerate(zip(old.splitlines(), new.splitlines(), strict=False), 1):
+        if a != b:
+            return f"line {number}:\n  committed: {a}\n  generated: {b}"
+    return "line count differs"
+
+
+def test_the_docs_that_are_checked_include_the_prose_docs() -> None:
+    names = {p.relative_to(REPO).as_posix() for p in COMMITTED_DOCS}
+    assert {"README.md", "docs/attention.md", "docs/benchmarking.md"} <= names
+    assert "docs/RESULTS.md" not in names  # the page is generated whole
+
+
+@pytest.mark.parametrize("doc", COMMITTED_DOCS, ids=lambda p: p.name)
+def test_committed_generated_blocks_are_what_the_report_writes_now(doc: Path) -> None:
+    text = doc.read_text()
+    generated = render(text, generators(REPO), str(doc))
+    assert generated == text, (
+        f"{doc.relative_to(REPO)}: a generated block was edited by hand or is stale; run "
+        f"`make report` and commit. First difference at {_first_difference(text, generated)}")
+
+
+def test_committed_docs_type_no_performance_number_by_hand() -> None:
+    # docs/profiling's summaries are written whole by systems.profiling; its README is prose.
+    findings = scan_docs([*COMMITTED_DOCS, REPO / "docs" / "profiling" / "README.md"])
+    assert not findings, "performance numbers outside generated blocks (generate them, or " \
+        "allow a non-claim in systems.report.claim_scan.ALLOWED with its reason):\n" + \
+        "\n".join(map(str, findings))
+
+
+def test_attention_doc_takes_its_numbers_from_the_baseline() -> None:
+    text = (REPO / "docs" / "attention.md").read_text()
+    baseline = ".benchmarks/NVIDIA_H100_80GB_HBM3/baseline_1gpu.json"
+    for block in ("attention-eager", "attention-device-time"):
+        assert f"<!-- generated: {block} {baseline}" in text
+    assert f"From `{baseline}` (commit " in text
+    assert "Time: eager end-to-end (host included)" in text
+    assert "Time: device time (CUDA-graph replay)" in text
+    assert "Time: device time (do_bench)" in text
+
+
+# A fixture repository: one history, one doc.
+
+def _bench(name: str, impl: str, median: float, shape: list[int], mean: float | None = None,
+           **extra: object) -> dict:
+    return {"name": name, "fullname": f"tests/perf/test_attention.py::{name}",
+            "stats": {"mean": mean or median, "median": median, "stddev": median / 20},
+            "extra_info": {"implementation": impl, "shape": shape, "dtype": "bfloat16",
+                           "causal": True, "mode": "forward_backward", **extra}}
+
+
+def _write_history(repo: Path, ours_median: float = 0.002) -> str:
+    name = "hist/GPU/baseline.json"
+    path = repo / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    benchmarks = [
+        # Means far from the medians: every number shown must be a median.
+        _bench("test_attention[triton-1x1x4096x64]", "triton", ours_median, [1, 1, 4096, 64],
+               mean=0.05),
+        _bench("test_attention[sdpa_flash-1x1x4096x64]", "sdpa_flash", 0.004,
+               [1, 1, 4096, 64], mean=0.05),
+        _bench("test_attention[sdpa_cudnn-1x1x4096x64]", "sdpa_cudnn", 0.001,
+               [1, 1, 4096, 64]),
+        _bench("test_attention[sdpa_flash-1x1x8192x64]", "sdpa_flash", 0.009,
+               [1, 1, 8192, 64]),  # no ours at this shape: no row
+        _bench("test_attention_device_time[triton-1x1x4096x64]", "triton", 0.0005,
+               [1, 1, 4096, 64], mode="forward_backward (CUDA graph replay)"),
+        _bench("test_attention_device_time[sdpa_flash-1x1x4096x64]", "sdpa_flash", 0.0004,
+               [1, 1, 4096, 64], mode="forward_backward (CUDA graph replay)"),
+    ]
+    path.write_text(json.dumps({
+        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-22T01:02:03",
+        "commit_info": {"id": "abcdef0123456789", "dirty": False}, "benchmarks": benchmarks}))
+    return name
+
+
+DOC = """# Notes
+
+Prose stays as it is.
+
+<!-- generated: attention-eager {history} 1 -->
+stale text
+<!-- end generated -->
+
+Between blocks.
+
+<!-- generated: attention-device-time {history} -->
+<!-- end generated -->
+"""
+
+
+def test_blocks_are_filled_from_the_history_with_medians_time_kind_file_and_commit(
+        tmp_path: Path) -> None:
+    history = _write_history(tmp_path)
+    out = render(DOC.format(history=history), generators(tmp_path))
+    assert out.startswith("# Notes\n\nProse stays as it is.\n\n<!-- generated: attention-eager")
+    assert "stale text" not in out and "Between blocks." in out
+    eager, device = out.split("Between blocks.")
+    assert "| 1x4096x64 | bf16 | causal | 2.000 | 4.000 | 1.000 | 0.50 | 2.00 |" in eager
+    assert "8192" not in eager  # a shape we did not measure is no claim of ours
+    assert "Ours takes less time than (ours / rival below 1): SDPA flash: 1x4096x64; " \
+        "SDPA cuDNN: none." in eager
+    assert (f"Time: eager end-to-end (host included); medians in ms. From `{history}` "
+            "(commit abcdef0, recorded 2026-11-22).") in eager
+    assert "| 1x4096x64 | bf16 | causal | 0.500 | 0.400 | 1.25 |" in device
+    assert "Time: device time (CUDA-graph replay)" in device
+    assert render(out, generators(tmp_path)) == out  # rewriting is stable
+
+
+def test_a_hand_edit_or_a_new_measurement_makes_the_doc_differ(tmp_path: Path) -> None:
+    history = _write_history(tmp_path)
+    committed = render(DOC.format(history=history), generators(tmp_path))
+    edited = committed.replace("| 2.000 |", "| 1.500 |")
+    assert edited != committed and render(edited, generators(tmp_path)) == committed
+    _write_history(tmp_path, ours_median=0.003)  # the baseline is re-recorded
+    regenerated = render(committed, generators(tmp_path))
+    assert regenerated != committed and "| 3.000 |" in regenerated
+
+
+def test_results_command_rewrites_the_docs_blocks(tmp_path: Path) -> None:
+    history = _write_history(tmp_path)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    note = docs / "notes.md"
+    note.write_text(DOC.format(history=history))
+    (tmp_path / "README.md").write_text("No blocks here.\n")
+    page = docs / "RESULTS.md"
+    assert main(["results", "--root", str(tmp_path / "hist"), "--out", str(page)]) == 0
+    assert "| 2.000 | 4.000 |" in note.read_text()
+    assert (tmp_path / "README.md").read_text() == "No blocks here.\n"
+    assert default_docs(page) == [tmp_path / "README.md", note]
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("<!-- generated: nonesuch -->\n<!-- end generated -->\n", "no generator named 'nonesuch'"),
+    ("<!-- generated: gate-constants -->\nbody\n", "never closed"),
+    ("text\n<!-- end generated -->\n", "never opened"),
+    ("<!-- generated: gate-constants -->\n<!-- generated: gate-constants -->\n"
+     "<!-- end generated -->\n", "inside the one at line 1"),
+    ("<!-- generated: attention-eager missing.json 1 -->\n<!-- end generated -->\n",
+     "missing.json"),
+])
+def test_bad_blocks_are_errors_naming_the_doc_and_line(text: str, why: str,
+                                                        tmp_path: Path) -> None:
+    with pytest.raises(BlockError, match=why) as error:
+        render(text, generators(tmp_path), "notes.md")
+    assert str(error.value).startswith("notes.md:")
+
+
+def test_the_results_command_reports_a_bad_block_as_a_usage_error(tmp_path: Path,
+                                                                   capsys) -> None:
+    doc = tmp_path / "notes.md"
+    doc.write_text("<!-- generated: nonesuch -->\n<!-- end generated -->\n")
+    assert main(["results", "--root", str(tmp_path), "--out", str(tmp_path / "R.md"),
+                 "--docs", str(doc)]) == 2
+    assert "no generator named 'nonesuch'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("claim", [
+    "Ours takes 0.42 ms here.",
+    "the Triton kernels are 1.4x faster",
+    "a 12% regression",
+    "ours is faster by 0.3 at this length",
+    "240 us per call",
+    "700 TFLOP/s in bf16",
+    "up to 3.35 GB/s",
+])
+def test_the_scan_flags_a_hand_typed_performance_number(claim: str) -> None:
+    (finding,) = scan(f"# Doc\n\nSome prose.\n{claim}\n", "doc.md")
+    assert (finding.doc, finding.line) == ("doc.md", 4)
+
+
+def test_the_scan_skips_generated_blocks_code_and_allowed_non_claims() -> None:
+    text = ("<!-- generated: x -->\n| 0.42 ms | 1.4x |\n<!-- end generated -->\n"
+            "```bash\npytest --perf-profile quick  # 5% of the time\n```\n"
+            "On 2 x H200, within 3% of the no-communication step.\n"
+            "Tiles of 64 x 64, d = 128; ours is faster at d = 64.\n"
+            "The injected 15% slowdown must be caught.\n")
+    assert scan(text) == []
+
+
+def test_findings_count_lines_of_the_whole_doc() -> None:
+    text = "a\n<!-- generated: x -->\nb\nc\n<!-- end generated -->\nd 5 ms\n"
+    (finding,) = scan(text)
+    assert finding.line == 6
+
+
+def _write_profile(repo: Path, name: str, host: dict, **extra: object) -> str:
+    (repo / name).write_text(json.dumps({"label": name.split(".")[0], "gpu": "GPU fixture",
+                                         "torch": "9.9", "host_profile": host, **extra}))
+    return name
+
+
+def test_host_profile_blocks_quote_the_profile_files(tmp_path: Path) -> None:
+    # The script's first version stored ours unkeyed; the later one keys by implementation.
+    before = _write_profile(tmp_path, "before.json", {
+        "enqueue_us_per_call": 782.3, "profiled_us_per_call_by_group": {"allocation": 76.1}})
+    after = _write_profile(tmp_path, "after.json", {
+        "triton": {"enqueue_us_per_call": 228.9,
+                   "profiled_us_per_call_by_group": {"allocation": 39.9, "input checks": 5.2}},
+        "sdpa_flash": {"enqueue_us_per_call": 181.5}},
+        timings=[{"shape": [1, 1, 1024, 64], "dtype": "bfloat16", "impl": impl,
+                  "median_ms": ms, "rounds": 11}
+                 for impl, ms in (("triton", 0.251), ("sdpa_flash", 0.178))])
+    profile = generators(tmp_path)["attention-host-profile"]("triton", before, after)
+    assert "| enqueue per call (not profiled) | 782 | 229 |" in profile
+    assert "| allocation | 76 | 40 |" in profile and "| input checks | - | 5 |" in profile
+    assert "From `before.json`, `after.json` (GPU fixture, torch 9.9; the files record no " \
+        "commit)." in profile
+    timings = generators(tmp_path)["attention-host-timings"](after)
+    assert "| 1x1x1024x64 | bf16 | 0.251 | 0.178 | 1.41 |" in timings
+    assert "medians of 11 interleaved rounds" in timings
+
+
+GATE_TABLE = """- perf gate: medians vs base/line.json -
+case    baseline ms  current ms  change  threshold  verdict
+------
+tests/perf/a.py::test_a[x]    1.000    1.200  +20.0%    6.0%  SLOWER
+tests/perf/a.py::test_a[y]    0.300    0.200  -33.3%   40.0%  not gated (too noisy: spread 20.0%)
+tests/perf/b.py::test_b[z]   10.000   10.100   +1.0%    6.0%  ok
+1 ok, 1 SLOWER, 1 not gated (too noisy)
+"""
+
+
+def test_gate_blocks_quote_the_printed_gate_tables(tmp_path: Path) -> None:
+    (tmp_path / "run.txt").write_text(GATE_TABLE)
+    tallies = generators(tmp_path)["gate-tallies"]("run.txt")
+    assert "| `run.txt` | 1 ok, 1 SLOWER, 1 not gated (too noisy) | test_a[x]: 1.000 -> " \
+        "1.200 ms (+20.0%, threshold 6.0%, SLOWER) |" in tallies
+    assert "compared with `base/line.json` as it was then" in tallies
+    cases = generators(tmp_path)["gate-cases"]("run.txt", "test_b")
+    assert "| test_b[z] | 10.000 | 10.100 | +1.0% | 6.0% | ok |" in cases
+    noise = generators(tmp_path)["gate-noise"]("run.txt")
+    assert "| test_a | < 1 ms | -33.3% | test_a[y] |" in noise
+    assert "| test_a | >= 1 ms | +20.0% | test_a[x] |" in noise
+    (tmp_path / "other.txt").write_text("not a gate table\n")
+    with pytest.raises(ValueError, match="other.txt: not a gate table"):
+        generators(tmp_path)["gate-tallies"]("other.txt")
+
+
+def test_drift_block_is_the_drift_tools_summary(tmp_path: Path) -> None:
+    for i, median in enumerate((0.010, 0.011)):
+        (tmp_path / f"000{i}_run.json").write_text(json.dumps({"benchmarks": [
+            {"name": "test_x[sdpa]", "stats": {"mean": median, "median": median,
+                                               "iqr": median / 100}},
+            {"name": "test_x[ours]", "stats": {"mean": 1.0, "median": 1.0, "iqr": 0.0}}]}))
+    block = generators(tmp_path)["drift"]("*_run.json", "sdpa")
+    assert "| >= 1 ms, spread <= 6% | 1 | 1 | 10.0% | 10.0% | 10.0% | 10.0% |" in block
+    assert "The gate's thresholds would flag 1 of the last row's pairs." in block
+    assert "From the 2 files `*_run.json`." in block
+    with pytest.raises(ValueError, match="no history files match"):
+        generators(tmp_path)["drift"]("none/*.json")
+
+
+def test_markers_in_fenced_code_are_examples_left_alone(tmp_path: Path) -> None:
+    text = ("How to write a block:\n\n```markdown\n<!-- generated: nonesuch x.json -->\n"
+            "(rewritten)\n<!-- end generated -->\n```\n")
+    assert render(text, generators(tmp_path)) == text
