@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from systems.bench.attention import attention_flops
+from systems.accounting import attention_flops
 from systems.bench.timing import synchronize, time_steps
 from systems.bench.workloads import CUDA_GRAPH_WARMUP, ModelWorkload, forward_flops
 from systems.report.markdown import fmt, markdown_table
