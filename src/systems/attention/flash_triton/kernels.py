@@ -60,13 +60,13 @@ def _program_tile(seq, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.
     tensor, its rows [start, start + BLOCK), the BLOCK_D columns, and the matrix's element
     offset. LAST_TILE_FIRST runs the tiles in reverse order."""
     bh = tl.program_id(0)
+    offset = bh.to(tl.int64) * seq * HEAD_DIM
     if LAST_TILE_FIRST:
         start = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK
     else:
         start = tl.program_id(1) * BLOCK
     rows = start + tl.arange(0, BLOCK)
     cols_d = tl.arange(0, BLOCK_D)
-    offset = bh.to(tl.int64) * seq * HEAD_DIM
     return bh, start, rows, cols_d, offset
 
 
