@@ -65,7 +65,7 @@ def _inputs(shape, dtype, device, seed=0):
 
 
 def _step(impl, shape, dtype, device):
-    attend = attention_function(impl, causal=True, device=device, dtype=dtype,
+    attend = attention_function(impl, is_causal=True, device=device, dtype=dtype,
                                 n_q=shape[-2], n_k=shape[-2])
     inputs, do = _inputs(shape, dtype, device)
     return lambda: torch.autograd.grad(attend(*inputs), inputs, do)
@@ -80,7 +80,7 @@ def check_correctness(device) -> list[dict]:
         ref_o = torch.nn.functional.scaled_dot_product_attention(*exact, is_causal=True)
         ref = (ref_o, *torch.autograd.grad(ref_o, exact, do.double()))
         for impl in ("triton", "triton_compiled", "sdpa_flash"):
-            attend = attention_function(impl, causal=True, device=device, dtype=dtype,
+            attend = attention_function(impl, is_causal=True, device=device, dtype=dtype,
                                         n_q=shape[-2], n_k=shape[-2])
             o = attend(*inputs)
             got = (o, *torch.autograd.grad(o, inputs, do))

@@ -294,15 +294,31 @@ def data_parallel_bytes_per_step(
 
 # ------------------------------------------------------------------------------- FLOP counts
 SOFTMAX_FLOPS_PER_SCORE = 5  # max, subtract, exp, sum, divide
+# Backward recomputes nothing in this count and does 2.5 forwards' matmuls (dV, dP, dQ, dK
+# against QK^T and PV): the usual convention for attention FLOPs.
+ATTENTION_MODE_FLOPS = {"forward": 1.0, "backward": 2.5, "forward_backward": 3.5}
 
 
-def attention_flops(config: ModelConfig, batch_size: int, seq_len: int) -> dict[str, float]:
+def attention_flops(batch_heads: int, n_queries: int, n_keys: int, head_dim: int,
+                    is_causal: bool, mode: str = "forward") -> float:
+    """Matmul FLOPs of attention over `batch_heads` (q, k, v) matrices: 4 * BH * n_q * n_k *
+    d for a forward (QK^T and PV, 2 per multiply-add), halved under the causal mask, times
+    `ATTENTION_MODE_FLOPS[mode]`. Softmax and masking are elementwise and not counted."""
+    if mode not in ATTENTION_MODE_FLOPS:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {sorted(ATTENTION_MODE_FLOPS)}")
+    forward = 4.0 * batch_heads * n_queries * n_keys * head_dim / (2 if is_causal else 1)
+    return forward * ATTENTION_MODE_FLOPS[mode]
+
+
+def reference_attention_part_flops(config: ModelConfig, batch_size: int,
+                                   seq_len: int) -> dict[str, float]:
     """FLOPs of one forward through all layers' reference attention, split as it is profiled.
 
     The reference implementation computes the full (unmasked) score matrix, so the causal
     mask does not halve these counts. Scaling and masking are elementwise and not counted.
     """
-    scores = config.num_layers * batch_size * config.num_heads * seq_len * seq_len
-    matmul = 2.0 * scores * config.head_dim
+    batch_heads = config.num_layers * batch_size * config.num_heads
+    matmul = attention_flops(batch_heads, seq_len, seq_len, config.head_dim, False) / 2
     return {"attention_scores": matmul, "attention_softmax": float(
-        SOFTMAX_FLOPS_PER_SCORE * scores), "attention_final_matmul": matmul}
+        SOFTMAX_FLOPS_PER_SCORE * batch_heads * seq_len * seq_len),
+        "attention_final_matmul": matmul}

@@ -131,9 +131,28 @@ def test_data_parallel_communication_volumes() -> None:
         acc.data_parallel_bytes_per_step(size, ranks, "zero3")
 
 
-def test_attention_flops_split() -> None:
+def test_reference_attention_part_flops() -> None:
     config = MODEL_CONFIGS["small"]
-    flops = acc.attention_flops(config, 4, 512)
+    flops = acc.reference_attention_part_flops(config, 4, 512)
     per_matmul = config.num_layers * 4 * config.num_heads * 512 * 512 * 2 * config.head_dim
     assert flops["attention_scores"] == flops["attention_final_matmul"] == per_matmul
     assert flops["attention_softmax"] < flops["attention_scores"] / 10
+
+
+def test_attention_flops_count_the_matmuls_torch_counts() -> None:
+    """A forward's count is what torch's FLOP counter sees in plain attention (QK^T and PV,
+    n_q != n_k); the causal mask halves it and the modes scale it by 1, 2.5 and 3.5."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from systems.attention import reference_attention
+
+    q, k, v = torch.randn(3, 24, 16), torch.randn(3, 40, 16), torch.randn(3, 40, 16)
+    with FlopCounterMode(display=False) as counter:
+        reference_attention(q, k, v)
+    forward = acc.attention_flops(3, 24, 40, 16, is_causal=False)
+    assert forward == counter.get_total_flops()
+    assert acc.attention_flops(3, 24, 40, 16, is_causal=True) == forward / 2
+    for mode, factor in (("backward", 2.5), ("forward_backward", 3.5)):
+        assert acc.attention_flops(3, 24, 40, 16, False, mode) == factor * forward
+    with pytest.raises(ValueError, match="unknown mode"):
+        acc.attention_flops(3, 24, 40, 16, False, "train_step")

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from triton.runtime.errors import OutOfResources
 
 from systems.attention import FlashAttentionPytorch, FlashAttentionTriton, reference_attention
+from systems.attention.causal import causal_mask
 from systems.attention.flash_pytorch import flash_backward as tiled_backward
 from systems.attention.flash_pytorch import flash_forward as tiled_forward
 from systems.attention.flash_triton import (
@@ -65,35 +66,34 @@ class Problem:
     k: torch.Tensor
     v: torch.Tensor
     do: torch.Tensor
-    causal: bool
+    is_causal: bool
 
     @classmethod
-    def random(cls, shape, dtype: torch.dtype, device: torch.device, causal: bool,
+    def random(cls, shape, dtype: torch.dtype, device: torch.device, is_causal: bool,
                seed: int = 0) -> Problem:
         lead, n_q, n_k, d = shape
         gen = torch.Generator().manual_seed(seed)
         q, k, v, do = (torch.randn(*lead, n, d, generator=gen).to(device=device, dtype=dtype)
                        for n in (n_q, n_k, n_k, n_q))
-        return cls(q, k, v, do, causal)
+        return cls(q, k, v, do, is_causal)
 
     def run(self, attention, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """o, L and the three gradients of `attention` on inputs cast to `dtype`."""
         dtype = dtype or self.q.dtype
         q, k, v = (t.detach().to(dtype).requires_grad_() for t in (self.q, self.k, self.v))
-        o = attention(q, k, v, self.causal)
+        o = attention(q, k, v, self.is_causal)
         o.backward(self.do.to(o.dtype))
         return {"o": o, "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
 
-def _reference(q, k, v, causal):
-    return reference_attention(q, k, v, is_causal=causal)
+def _reference(q, k, v, is_causal):
+    return reference_attention(q, k, v, is_causal)
 
 
-def _logsumexp(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+def _logsumexp(q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> torch.Tensor:
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if causal:
-        keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~keep, -math.inf)
+    if is_causal:
+        scores = scores.masked_fill(~causal_mask(*scores.shape[-2:], q.device), -math.inf)
     return scores.logsumexp(dim=-1)
 
 
@@ -128,35 +128,35 @@ def poisoned_outputs(monkeypatch):
     monkeypatch.setattr(launch, "_empty_like", lambda t: torch.full_like(t, math.nan))
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
-def test_matches_float64_reference(impl, shape, dtype_name, causal, device, poisoned_outputs):
+def test_matches_float64_reference(impl, shape, dtype_name, is_causal, device, poisoned_outputs):
     dtype = DTYPES[dtype_name]
     _skip_unsupported(impl, dtype, device)
-    problem = Problem.random(shape, dtype, device, causal)
+    problem = Problem.random(shape, dtype, device, is_causal)
     check_against_reference(problem, IMPLEMENTATIONS[impl].apply, dtype)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=_shape_id)
-def test_triton_long_sequences(shape, dtype_name, causal, device, poisoned_outputs):
-    problem = Problem.random(shape, DTYPES[dtype_name], device, causal)
+def test_triton_long_sequences(shape, dtype_name, is_causal, device, poisoned_outputs):
+    problem = Problem.random(shape, DTYPES[dtype_name], device, is_causal)
     check_against_reference(problem, FlashAttentionTriton.apply, DTYPES[dtype_name])
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize(("d", "dtype_name", "offset"),
                          [(20, "fp16", 0), (17, "fp32", 0), (32, "fp32", 1)],
                          ids=["fp16-d20", "fp32-d17", "fp32-misaligned-view"])
-def test_triton_rows_tma_cannot_read(d, dtype_name, offset, causal, device, poisoned_outputs):
+def test_triton_rows_tma_cannot_read(d, dtype_name, offset, is_causal, device, poisoned_outputs):
     """Rows that are not 16-byte multiples, or a view starting off a 16-byte boundary, run
     on a zero-padded copy and still give PyTorch's answer."""
     dtype = DTYPES[dtype_name]
-    problem = Problem.random(((2,), 70, 90, d), dtype, device, causal)
+    problem = Problem.random(((2,), 70, 90, d), dtype, device, is_causal)
     if offset:
         def shifted(t: torch.Tensor) -> torch.Tensor:
             storage = torch.empty(t.numel() + offset, dtype=dtype, device=device)
@@ -169,16 +169,16 @@ def test_triton_rows_tma_cannot_read(d, dtype_name, offset, causal, device, pois
 
 
 @pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_saves_only_logsumexp_besides_inputs_and_output(impl, causal, device):
-    problem = Problem.random(((2, 3), 40, 56, 16), torch.float32, device, causal)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_saves_only_logsumexp_besides_inputs_and_output(impl, is_causal, device):
+    problem = Problem.random(((2, 3), 40, 56, 16), torch.float32, device, is_causal)
     q, k, v = (t.requires_grad_() for t in (problem.q, problem.k, problem.v))
-    o = IMPLEMENTATIONS[impl].apply(q, k, v, causal)
+    o = IMPLEMENTATIONS[impl].apply(q, k, v, is_causal)
     saved = o.grad_fn.saved_tensors
     per_query = [t for t in saved if t.shape == q.shape[:-1]]
     assert len(per_query) == 1, [tuple(t.shape) for t in saved]
     assert sum(t.numel() for t in saved) <= 4 * q.numel() + 2 * k.numel()  # nothing N^2
-    exact = _logsumexp(*(t.detach().double() for t in (q, k)), causal)
+    exact = _logsumexp(*(t.detach().double() for t in (q, k)), is_causal)
     assert torch.allclose(per_query[0].double(), exact, atol=1e-5, rtol=1e-5)
 
 
@@ -192,16 +192,16 @@ def _tile_configs() -> st.SearchStrategy[FlashConfig]:
     lead=st.lists(st.integers(1, 3), max_size=2).map(tuple),
     n_q=st.integers(1, 90), n_k=st.integers(1, 90),
     d=st.sampled_from([16, 24, 40, 64, 96, 128]),
-    causal=st.booleans(), config=_tile_configs(), seed=st.integers(0, 2**16),
+    is_causal=st.booleans(), config=_tile_configs(), seed=st.integers(0, 2**16),
 )
-def test_triton_any_shape_and_tiling(lead, n_q, n_k, d, causal, config, seed):
+def test_triton_any_shape_and_tiling(lead, n_q, n_k, d, is_causal, config, seed):
     """Any lengths (multiples of no tile), head dim and tile shape give the fp32 answer."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    problem = Problem.random((lead, n_q, n_k, d), torch.float32, device, causal, seed)
+    problem = Problem.random((lead, n_q, n_k, d), torch.float32, device, is_causal, seed)
     q, k, v, do = problem.q, problem.k, problem.v, problem.do
     try:
-        o, lse = flash_forward(q, k, v, causal, config)
-        grads = flash_backward(q, k, v, o, lse, do, causal, config)
+        o, lse = flash_forward(q, k, v, is_causal, config)
+        grads = flash_backward(q, k, v, o, lse, do, is_causal, config)
     except OutOfResources:
         # Large fp32 tiles at d = 128 need more shared memory than a GPU has: a property of
         # the drawn config (the tuned configs fit), not an answer to check.
@@ -209,7 +209,7 @@ def test_triton_any_shape_and_tiling(lead, n_q, n_k, d, causal, config, seed):
     exact = problem.run(_reference, torch.float64)
     tol = 2e-5 * math.sqrt(n_k)
     torch.testing.assert_close(o.double(), exact["o"], atol=tol, rtol=0)
-    torch.testing.assert_close(lse.double(), _logsumexp(q.double(), k.double(), causal),
+    torch.testing.assert_close(lse.double(), _logsumexp(q.double(), k.double(), is_causal),
                                atol=tol, rtol=0)
     for name, grad in zip(("dq", "dk", "dv"), grads, strict=True):
         torch.testing.assert_close(grad.double(), exact[name], atol=tol * 10, rtol=0)
@@ -217,20 +217,31 @@ def test_triton_any_shape_and_tiling(lead, n_q, n_k, d, causal, config, seed):
 
 @settings(max_examples=20, deadline=None)
 @given(
-    n_q=st.integers(1, 70), n_k=st.integers(1, 70), causal=st.booleans(),
+    n_q=st.integers(1, 70), n_k=st.integers(1, 70), is_causal=st.booleans(),
     tile_q=st.sampled_from([16, 24, 32]), tile_k=st.sampled_from([16, 24, 32]),
 )
-def test_pytorch_tiles_are_exact_in_float64(n_q, n_k, causal, tile_q, tile_k):
+def test_pytorch_tiles_are_exact_in_float64(n_q, n_k, is_causal, tile_q, tile_k):
     """In float64 the tiled algorithm agrees with plain attention to rounding."""
-    problem = Problem.random(((2,), n_q, n_k, 16), torch.float64, torch.device("cpu"), causal)
+    problem = Problem.random(((2,), n_q, n_k, 16), torch.float64, torch.device("cpu"), is_causal)
     q, k, v, do = problem.q, problem.k, problem.v, problem.do
-    o, lse = tiled_forward(q, k, v, causal, tile_q, tile_k)
-    grads = tiled_backward(q, k, v, o, lse, do, causal, tile_q, tile_k)
+    o, lse = tiled_forward(q, k, v, is_causal, tile_q, tile_k)
+    grads = tiled_backward(q, k, v, o, lse, do, is_causal, tile_q, tile_k)
     exact = problem.run(_reference, torch.float64)
     torch.testing.assert_close(o, exact["o"], atol=1e-12, rtol=0)
-    torch.testing.assert_close(lse, _logsumexp(q, k, causal), atol=1e-12, rtol=0)
+    torch.testing.assert_close(lse, _logsumexp(q, k, is_causal), atol=1e-12, rtol=0)
     for name, grad in zip(("dq", "dk", "dv"), grads, strict=True):
         torch.testing.assert_close(grad, exact[name], atol=1e-11, rtol=0)
+
+
+@pytest.mark.parametrize(("n_q", "n_k"), [(5, 5), (3, 7), (7, 3)])
+def test_causal_mask_is_the_lower_triangle_and_its_tiles(n_q, n_k):
+    """Query i sees keys 0..i, aligned at position 0 when the lengths differ; a tile placed
+    at (q_start, k_start) is that block of the whole mask."""
+    whole = causal_mask(n_q, n_k)
+    assert torch.equal(whole, torch.ones(n_q, n_k, dtype=torch.bool).tril())
+    for q_start, k_start in ((0, 1), (1, 0), (1, 1)):
+        tile = causal_mask(2, 2, q_start=q_start, k_start=k_start)
+        assert torch.equal(tile, whole[q_start:q_start + 2, k_start:k_start + 2])
 
 
 def test_pytorch_gradcheck():
@@ -239,15 +250,15 @@ def test_pytorch_gradcheck():
                                     inputs, fast_mode=True)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_recompute_backward_matches_reference(causal):
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_recompute_backward_matches_reference(is_causal):
     """The PyTorch backward used by the compiled-backward variant, run eagerly."""
-    problem = Problem.random(((2,), 48, 40, 32), torch.float32, torch.device("cpu"), causal)
+    problem = Problem.random(((2,), 48, 40, 32), torch.float32, torch.device("cpu"), is_causal)
     q, k, v, do = problem.q, problem.k, problem.v, problem.do
-    o, lse = tiled_forward(q, k, v, causal)
+    o, lse = tiled_forward(q, k, v, is_causal)
     exact = problem.run(_reference, torch.float64)
     same_dtype = problem.run(_reference, torch.float32)
-    grads = recompute_backward(q, k, v, o, lse, do, causal)
+    grads = recompute_backward(q, k, v, o, lse, do, is_causal)
     for name, grad in zip(("dq", "dk", "dv"), grads, strict=True):
         assert_close_as_pytorch(grad, same_dtype[name], exact[name], name)
 
@@ -257,7 +268,7 @@ def test_recompute_backward_matches_reference(causal):
 @pytest.mark.parametrize("variant", ["compiled_apply", "compiled_backward"])
 def test_under_torch_compile(variant, dtype_name, device):
     dtype = DTYPES[dtype_name]
-    problem = Problem.random(((4,), 512, 512, 64), dtype, device, causal=True)
+    problem = Problem.random(((4,), 512, 512, 64), dtype, device, is_causal=True)
     attention = (torch.compile(FlashAttentionTriton.apply) if variant == "compiled_apply"
                  else FlashAttentionTritonCompiledBackward.apply)
     check_against_reference(problem, attention, dtype)
@@ -271,7 +282,7 @@ def test_compiled_apply_serves_new_lengths_and_head_dims(device):
     torch._dynamo.reset()
     attention = torch.compile(FlashAttentionTriton.apply)
     for n, d in ((256, 64), (330, 64), (330, 128), (200, 96)):
-        problem = Problem.random(((2,), n, n, d), torch.bfloat16, device, causal=True)
+        problem = Problem.random(((2,), n, n, d), torch.bfloat16, device, is_causal=True)
         check_against_reference(problem, attention, torch.bfloat16)
 
 
@@ -284,7 +295,7 @@ def test_cached_launches_tell_specialisations_apart(device, poisoned_outputs):
     shapes = [((2,), 256, 256, 64), ((2,), 256, 256, 60), ((2,), 250, 250, 64)]
     for _ in range(2):
         for shape in shapes:
-            problem = Problem.random(shape, torch.float16, device, causal=True)
+            problem = Problem.random(shape, torch.float16, device, is_causal=True)
             check_against_reference(problem, FlashAttentionTriton.apply, torch.float16)
 
 

@@ -95,12 +95,12 @@ def test_triton_interpreter_rejects_bf16(monkeypatch, fresh_input_checks):
 
 
 @BOTH
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_double_backward_is_refused(attention, causal, device):
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_double_backward_is_refused(attention, is_causal, device):
     """The backward passes treat L as a constant, so their gradients must not be
     differentiated: doing so raises instead of returning a wrong second derivative."""
     q, k, v = (t.requires_grad_() for t in _qkv(device, n_q=24, n_k=40, d=16))
-    o = attention.apply(q, k, v, causal)
+    o = attention.apply(q, k, v, is_causal)
     dq, dk, dv = torch.autograd.grad(o.square().sum(), (q, k, v), create_graph=True)
     for grad, wrt in ((dq, q), (dk, k), (dv, v), (dq, v)):
         with pytest.raises(RuntimeError, match="does not support double backward"):

@@ -64,14 +64,14 @@ class AttentionCase:
     shape: tuple[int, ...]
     dtype: str
     mode: str
-    causal: bool
+    is_causal: bool
     warmup: int = 3
     rounds: int = 10
 
     @property
     def id(self) -> str:
         shape = "x".join(map(str, self.shape))
-        mask = "causal" if self.causal else "full"
+        mask = "causal" if self.is_causal else "full"
         return f"{self.impl}-{shape}-{self.dtype}-{mask}-{self.mode}"
 
     @property
@@ -80,7 +80,7 @@ class AttentionCase:
 
 
 def _sweep_case(impl: str, seq: int, d: int, dtype: str, mode: str) -> AttentionCase:
-    return AttentionCase(impl, (1, 1, seq, d), dtype, mode, causal=True)
+    return AttentionCase(impl, (1, 1, seq, d), dtype, mode, is_causal=True)
 
 
 def perf_cases(profile: str) -> list[AttentionCase]:
@@ -95,14 +95,14 @@ def perf_cases(profile: str) -> list[AttentionCase]:
     # leaderboard test's).
     sweep = [_sweep_case(impl, seq, d, "bf16", "forward_backward")
              for d, seq, impl in itertools.product((64, 128), QUICK_SEQS, RIVALS)]
-    wide = [AttentionCase(impl, (16, 1, 16384, 128), "bf16", "forward_backward", causal=True)
+    wide = [AttentionCase(impl, (16, 1, 16384, 128), "bf16", "forward_backward", is_causal=True)
             for impl in LEADERBOARD_RIVALS]
     if profile == "quick":
         return sweep + wide
     every_seq = [_sweep_case(*combo) for combo in itertools.product(
         SWEEP_IMPLEMENTATIONS, SWEEP_SEQS, HEAD_DIMS, ("fp32", "bf16"), ATTENTION_MODES)]
     # The leaderboard's shape one pass at a time: where the rivals gain or lose.
-    leaderboard_passes = [AttentionCase(impl, (16, 1, 16384, 64), "bf16", mode, causal=True)
+    leaderboard_passes = [AttentionCase(impl, (16, 1, 16384, 64), "bf16", mode, is_causal=True)
                           for impl, mode in itertools.product(RIVALS, ("forward", "backward"))]
     cases = sweep + wide + every_seq + leaderboard_passes
     return list({case.id: case for case in cases}.values())
@@ -112,7 +112,8 @@ def build_case_workload(case: AttentionCase, device: torch.device) -> AttentionW
     """The case's workload; an unsupported one or one that runs out of memory is a skip."""
     try:
         return build_attention_workload(case.impl, shape=case.shape, dtype=DTYPES[case.dtype],
-                                        mode=case.mode, causal=case.causal, device=device)
+                                        mode=case.mode, is_causal=case.is_causal,
+                                        device=device)
     except UnsupportedWorkload as reason:
         pytest.skip(f"unsupported: {reason}")
     except Exception as error:
@@ -137,7 +138,7 @@ def test_attention(perf_case: AttentionCase, device, synced_benchmark) -> None:
 
 def handout_cases(profile: str) -> list[AttentionCase]:
     def case(impl: str, seq: int, d: int, mode: str) -> AttentionCase:
-        return AttentionCase(impl, (8, seq, d), "fp32", mode, causal=False)
+        return AttentionCase(impl, (8, seq, d), "fp32", mode, is_causal=False)
 
     modes = ("forward", "backward")
     if profile == "smoke":
@@ -167,7 +168,7 @@ def leaderboard_cases(profile: str) -> list[AttentionCase]:
     def case(impl: str) -> AttentionCase:
         # SDPA's fused backends and flex_attention want (batch, heads, seq, d).
         shape = (16, 16384, 64) if impl.startswith("triton") else (16, 1, 16384, 64)
-        return AttentionCase(impl, shape, "bf16", "leaderboard", causal=True, warmup=5,
+        return AttentionCase(impl, shape, "bf16", "leaderboard", is_causal=True, warmup=5,
                              rounds=20)
 
     if profile == "quick":
@@ -178,11 +179,12 @@ def leaderboard_cases(profile: str) -> list[AttentionCase]:
 @pytest.mark.gpu
 def test_attention_leaderboard(perf_case: AttentionCase, device, synced_benchmark) -> None:
     """Forward, o.sum(), backward, as the CS336 2025 leaderboard times it."""
-    from systems.bench.attention import attention_flops, attention_function
+    from systems.accounting import attention_flops
+    from systems.bench.attention import attention_function
 
     synced_benchmark.benchmark.group = "leaderboard-16x16384x64-bf16-causal"
     try:
-        attend = attention_function(perf_case.impl, causal=True, device=device,
+        attend = attention_function(perf_case.impl, is_causal=True, device=device,
                                     dtype=torch.bfloat16, n_q=16384, n_k=16384)
     except UnsupportedWorkload as reason:
         pytest.skip(f"unsupported: {reason}")

@@ -14,11 +14,14 @@ import math
 
 import torch
 
-from systems.attention.double_backward import refuse_double_backward
+from systems.attention.autograd import (
+    backward_from_saved,
+    forward_saving_lse,
+    refuse_double_backward,
+)
+from systems.attention.causal import MASKED_SCORE, causal_mask
 from systems.attention.inputs import check_attention_inputs
 
-# Masked scores are replaced by this instead of -inf, the convention the kernels share.
-MASKED_SCORE = -1.0e6
 DEFAULT_TILE = 64
 MIN_TILE = 16
 
@@ -28,19 +31,11 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _causal_keep(q_start: int, n_rows: int, k_start: int, n_cols: int,
-                 device: torch.device) -> torch.Tensor:
-    """(n_rows, n_cols) bool: query q_start + i may see key k_start + j."""
-    rows = torch.arange(q_start, q_start + n_rows, device=device)[:, None]
-    cols = torch.arange(k_start, k_start + n_cols, device=device)[None, :]
-    return rows >= cols
-
-
 def _scores(q_tile: torch.Tensor, k_tile: torch.Tensor, scale: float, is_causal: bool,
             q_start: int, k_start: int) -> torch.Tensor:
     scores = q_tile @ k_tile.transpose(-2, -1) * scale
     if is_causal:
-        keep = _causal_keep(q_start, q_tile.shape[-2], k_start, k_tile.shape[-2], q_tile.device)
+        keep = causal_mask(q_tile.shape[-2], k_tile.shape[-2], q_tile.device, q_start, k_start)
         scores = scores.masked_fill(~keep, MASKED_SCORE)
     return scores
 
@@ -130,14 +125,9 @@ class FlashAttentionPytorch(torch.autograd.Function):
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 is_causal: bool = False) -> torch.Tensor:
         check_attention_inputs(q, k, v)
-        o, lse = flash_forward(q, k, v, is_causal)
-        ctx.save_for_backward(lse, q, k, v, o)
-        ctx.is_causal = is_causal
-        return o
+        return forward_saving_lse(ctx, flash_forward, q, k, v, is_causal)
 
     @staticmethod
     @refuse_double_backward("FlashAttentionPytorch")
     def backward(ctx, do: torch.Tensor):
-        lse, q, k, v, o = ctx.saved_tensors
-        dq, dk, dv = flash_backward(q, k, v, o, lse, do, ctx.is_causal)
-        return dq, dk, dv, None
+        return backward_from_saved(ctx, flash_backward, do)

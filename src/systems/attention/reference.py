@@ -7,6 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from systems.attention.causal import causal_mask
 from systems.common.nvtx import nvtx_range
 
 
@@ -16,13 +17,12 @@ def reference_attention(
     """softmax(q k^T / sqrt(d)) v, materialising the full score matrix.
 
     q: (..., n_queries, d); k, v: (..., n_keys, d). With `is_causal`, query i attends to
-    keys 0..i (queries and keys aligned at position 0).
+    keys 0..i (`systems.attention.causal`).
     """
     with nvtx_range("attention_scores"):
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
         if is_causal:
-            n_queries, n_keys = scores.shape[-2:]
-            mask = torch.ones(n_queries, n_keys, dtype=torch.bool, device=q.device).tril()
+            mask = causal_mask(*scores.shape[-2:], q.device)
             scores = scores.masked_fill(~mask, float("-inf"))
     with nvtx_range("attention_softmax"):
         probs = torch.softmax(scores, dim=-1)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from systems.attention.causal import causal_mask_mod
 from systems.attention.flash_pytorch import FlashAttentionPytorch
 from systems.attention.flash_triton import (
     FlashAttentionTriton,
@@ -68,8 +69,7 @@ def _compiled_flex() -> Callable[..., torch.Tensor]:
 def _causal_block_mask(n_q: int, n_k: int, device: torch.device) -> object:
     from torch.nn.attention.flex_attention import create_block_mask
 
-    return create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, n_q, n_k,
-                             device=device)
+    return create_block_mask(causal_mask_mod, None, None, n_q, n_k, device=device)
 
 
 def flex_compiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

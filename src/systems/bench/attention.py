@@ -1,7 +1,7 @@
 """Attention workloads: each implementation on random q, k, v, one pass at a time.
 
-FLOPs follow the usual convention: 4 * BH * n_q * n_k * d for a forward (two matmuls),
-halved under the causal mask; backward counts 2.5 forwards, forward+backward 3.5.
+FLOPs are `systems.accounting.attention_flops`: 4 * BH * n_q * n_k * d for a forward (two
+matmuls), halved under the causal mask; backward counts 2.5 forwards, forward+backward 3.5.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from systems.accounting import ATTENTION_MODE_FLOPS, attention_flops
 from systems.attention import get_attention, unsupported_reason
 
 ATTENTION_IMPLEMENTATIONS = (
     "reference", "reference_compiled", "sdpa_flash", "sdpa_cudnn", "flex_compiled",
     "flash_pytorch", "triton_compiled_bwd", "triton", "triton_compiled",
 )
-ATTENTION_MODES = ("forward", "backward", "forward_backward")
-_MODE_FLOPS = {"forward": 1.0, "backward": 2.5, "forward_backward": 3.5}
+ATTENTION_MODES = tuple(ATTENTION_MODE_FLOPS)
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -29,19 +29,13 @@ class UnsupportedWorkload(Exception):
     """The implementation cannot run this workload here (a recorded outcome, not a bug)."""
 
 
-def attention_flops(bh: int, n_q: int, n_k: int, head_dim: int, causal: bool,
-                    mode: str) -> float:
-    forward = 4.0 * bh * n_q * n_k * head_dim / (2 if causal else 1)
-    return forward * _MODE_FLOPS[mode]
-
-
-def attention_function(impl: str, *, causal: bool, device: torch.device, dtype: torch.dtype,
+def attention_function(impl: str, *, is_causal: bool, device: torch.device, dtype: torch.dtype,
                        n_q: int, n_k: int) -> AttentionFn:
     """The registry's `impl` with the mask bound, or UnsupportedWorkload with the reason."""
     reason = unsupported_reason(impl, device, dtype, max(n_q, n_k))
     if reason is not None:
         raise UnsupportedWorkload(f"{impl}: {reason}")
-    return functools.partial(get_attention(impl), is_causal=causal)
+    return functools.partial(get_attention(impl), is_causal=is_causal)
 
 
 @dataclass
@@ -54,7 +48,7 @@ class AttentionWorkload:
 
 
 def build_attention_workload(
-    impl: str, *, shape: tuple[int, ...], dtype: torch.dtype, mode: str, causal: bool,
+    impl: str, *, shape: tuple[int, ...], dtype: torch.dtype, mode: str, is_causal: bool,
     device: torch.device, seed: int = 0,
 ) -> AttentionWorkload:
     """q, k, v of `shape` (..., seq, d), random; `step` runs `mode` once.
@@ -65,7 +59,7 @@ def build_attention_workload(
     if mode not in ATTENTION_MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {ATTENTION_MODES}")
     *lead, seq, head_dim = shape
-    attend = attention_function(impl, causal=causal, device=device, dtype=dtype,
+    attend = attention_function(impl, is_causal=is_causal, device=device, dtype=dtype,
                                 n_q=seq, n_k=seq)
     generator = torch.Generator(device=device).manual_seed(seed)
     q, k, v, do = (torch.randn(shape, generator=generator, device=device, dtype=dtype)
@@ -73,7 +67,7 @@ def build_attention_workload(
     inputs = tuple(t.requires_grad_() for t in (q, k, v))
     info: dict[str, object] = {
         "implementation": impl, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."),
-        "causal": causal, "mode": mode,
+        "causal": is_causal, "mode": mode,  # the histories' key
     }
 
     def forward() -> None:
@@ -93,5 +87,5 @@ def build_attention_workload(
             torch.cuda.synchronize(device)
             info["memory_before_backward_bytes"] = torch.cuda.memory_allocated(device)
         step = functools.partial(torch.autograd.grad, out, inputs, do, retain_graph=True)
-    flops = attention_flops(math.prod(lead), seq, seq, head_dim, causal, mode)
+    flops = attention_flops(math.prod(lead), seq, seq, head_dim, is_causal, mode)
     return AttentionWorkload(step, flops, info)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile
 
-from systems.accounting import attention_flops
+from systems.accounting import reference_attention_part_flops
 from systems.bench.timing import synchronize
 from systems.bench.workloads import ModelWorkload
 from systems.profiling.kernel_summary import (
@@ -47,7 +47,8 @@ def profile_workload(
             workload.step()
         synchronize(workload.device)
     ops = collect_timed_ops(prof.events(), on_gpu=on_gpu)
-    flops = attention_flops(workload.config, workload.batch_size, workload.context_length)
+    flops = reference_attention_part_flops(workload.config, workload.batch_size,
+                                           workload.context_length)
     unit = "GPU kernels" if on_gpu else "CPU ops (self time; no GPU)"
     sections = [
         f"### {tag}\n",

@@ -9,25 +9,17 @@ tables are built from CPU ops' self time.
 from __future__ import annotations
 
 import bisect
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from systems.profiling import kernel_categories
+from systems.profiling.kernel_categories import KINDS
 from systems.report.markdown import fmt, markdown_table
 
 PHASES = ("forward", "backward", "optimizer_step")
 ATTENTION_REGIONS = ("attention_scores", "attention_softmax", "attention_final_matmul")
-CATEGORIES = ("matmul", "elementwise", "other")
 _ANNOTATIONS = {*PHASES, *ATTENTION_REGIONS, "attention"}
-
-_MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "_scaled_mm", "matmul", "linear",
-               "dot", "mv"}
-_MATMUL_KERNEL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|_mm_", re.IGNORECASE)
-_POINTWISE_OPS = {"add", "sub", "mul", "div", "neg", "exp", "pow", "rsqrt", "sqrt", "silu",
-                  "sigmoid", "masked_fill", "where", "copy", "to", "_to_copy", "clone", "fill",
-                  "zero", "lerp", "addcmul", "addcdiv", "tril", "ones_like", "zeros_like"}
-_ELEMENTWISE_KERNEL = re.compile(r"elementwise|multi_tensor_apply|triton_poi", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -41,19 +33,9 @@ class TimedOp:
     region: str | None
 
     @property
-    def category(self) -> str:
-        return categorize(self.op, self.name)
-
-
-def categorize(op: str, kernel: str) -> str:
-    """'matmul', 'elementwise' or 'other', from the launching op and the kernel's name."""
-    base = op.removeprefix("aten::").rstrip("_")
-    if base in _MATMUL_OPS or _MATMUL_KERNEL.search(kernel):
-        return "matmul"
-    if base.startswith("_foreach_") or base in _POINTWISE_OPS or _ELEMENTWISE_KERNEL.search(
-            kernel):
-        return "elementwise"
-    return "other"
+    def kind(self) -> str:
+        """'matmul', 'elementwise' or 'other' (`kernel_categories.kind`)."""
+        return kernel_categories.kind(self.name, self.op)
 
 
 class _Ranges:
@@ -110,7 +92,7 @@ def top_kernels_table(ops: Sequence[TimedOp], steps: int, top: int = 15) -> str:
     rows = []
     for group in ranked[:top]:
         seconds = sum(o.seconds for o in group)
-        rows.append([_short(group[0].name), group[0].category, fmt(seconds / steps, ".3f", 1e3),
+        rows.append([_short(group[0].name), group[0].kind, fmt(seconds / steps, ".3f", 1e3),
                      f"{len(group) / steps:g}", fmt(seconds / len(group), ".1f", 1e6),
                      fmt(seconds / total, ".1%")])
     return markdown_table(["kernel", "kind", "ms / step", "calls / step", "mean us", "share"],
@@ -125,17 +107,17 @@ def phase_table(ops: Sequence[TimedOp], steps: int) -> str:
         seconds = sum(op.seconds for op in in_phase)
         if not in_phase:
             continue
-        shares = category_seconds(in_phase)
+        shares = kind_seconds(in_phase)
         rows.append([phase, fmt(seconds / steps, ".2f", 1e3), len(in_phase) // steps,
-                     *(fmt(shares[c] / seconds, ".1%") for c in CATEGORIES)])
+                     *(fmt(shares[k] / seconds, ".1%") for k in KINDS)])
     return markdown_table(["phase", "ms / step", "calls / step",
-                           *(f"{c} share" for c in CATEGORIES)], rows)
+                           *(f"{k} share" for k in KINDS)], rows)
 
 
-def category_seconds(ops: Iterable[TimedOp]) -> dict[str, float]:
-    totals = dict.fromkeys(CATEGORIES, 0.0)
+def kind_seconds(ops: Iterable[TimedOp]) -> dict[str, float]:
+    totals = dict.fromkeys(KINDS, 0.0)
     for op in ops:
-        totals[op.category] += op.seconds
+        totals[op.kind] += op.seconds
     return totals
 
 

@@ -1,12 +1,12 @@
 """Where a train step's time goes: kernel time by category, each beside its floor.
 
 torch.profiler records `steps` steps of a workload (replays, for a step captured in a CUDA
-graph); every GPU kernel, copy and memset is put in a category by its name alone (inside a
-graph replay the launching op is gone, the kernel's name is what is left). Kernels of one
-stream do not overlap, so the step's wall time minus the time some kernel ran is time the
-GPU sat idle. Each category stands beside its floor: the time its work would take at the
-matmul ceiling (FLOPs) or at the copy bandwidth (bytes), where the work has an analytic
-size. Without a GPU the same table is built from CPU ops' self time, and says so.
+graph); every GPU kernel, copy and memset is put in a category by its name alone
+(`systems.profiling.kernel_categories`). Kernels of one stream do not overlap, so the
+step's wall time minus the time some kernel ran is time the GPU sat idle. Each category
+stands beside its floor: the time its work would take at the matmul ceiling (FLOPs) or at
+the copy bandwidth (bytes), where the work has an analytic size. Without a GPU the same
+table is built from CPU ops' self time, and says so.
 """
 
 from __future__ import annotations
@@ -20,43 +20,17 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from systems.bench.attention import attention_flops
+from systems.accounting import attention_flops
 from systems.bench.timing import synchronize, time_steps
 from systems.bench.workloads import CUDA_GRAPH_WARMUP, ModelWorkload, forward_flops
+from systems.profiling.kernel_categories import CATEGORIES, classify_kernel
 from systems.report.markdown import fmt, markdown_table
 
 DEFAULT_MATMUL_TFLOPS = 743.0  # bf16 dense matmul 8192^3 on an H100 (the practical ceiling)
 COPY_MIB_GPU, COPY_MIB_CPU = 1024, 256  # the copy that measures the bandwidth
 
-# (category, pattern) in the order they are tried: the first match wins, so the specific
-# names (our Triton attention and optimizer kernels, cross-entropy) come before the broad
-# ones (any gemm, any Triton pointwise kernel). GPU kernel names and CPU aten op names alike.
-KERNEL_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("memory", re.compile(r"^Memcpy|^Memset|memcpy|memset", re.IGNORECASE)),
-    ("optimizer", re.compile(r"adam|multi_tensor_apply|_foreach_|Optimizer\.step",
-                             re.IGNORECASE)),
-    ("attention", re.compile(r"flash|fmha|_attn|attention|sdpa|scaled_dot_product",
-                             re.IGNORECASE)),
-    ("loss", re.compile(r"cross_entropy|nll_loss|log_?softmax|logsumexp", re.IGNORECASE)),
-    ("matmul", re.compile(r"gemm|cutlass|cublas|nvjet|xmma|_mm_|^triton_tem_|"
-                          r"^aten::(mm|bmm|addmm|baddbmm|matmul|linear)$", re.IGNORECASE)),
-    ("norm_elementwise", re.compile(r"^triton_(poi|per|red)_|elementwise|reduce_kernel|"
-                                    r"norm|CatArray|^aten::(add|sub|mul|div|neg|exp|pow|"
-                                    r"rsqrt|sqrt|silu|sigmoid|mean|sum|where|masked_fill|"
-                                    r"copy|_to_copy|cos|sin|stack|cat|fill|zero|clone|"
-                                    r"tril)_?$", re.IGNORECASE)),
-)
-CATEGORIES = (*(name for name, _ in KERNEL_PATTERNS), "other")
 _ANNOTATION = re.compile(r"^(ProfilerStep|forward|backward|optimizer_step|attention\w*)"
                          r"(#.*)?$")
-
-
-def classify_kernel(name: str) -> str:
-    """The category of a GPU kernel (or CPU op) called `name`: one of `CATEGORIES`."""
-    for category, pattern in KERNEL_PATTERNS:
-        if pattern.search(name):
-            return category
-    return "other"
 
 
 @dataclass(frozen=True)
@@ -286,7 +260,7 @@ def breakdown_markdown(record: dict[str, object]) -> str:
         f"Floors: matmul and attention FLOPs at {record['matmul_tflops']:g} TFLOP/s; the "
         f"optimizer's bytes at {record['copy_gbps']:.0f} GB/s ({record['copy_bandwidth']}); "
         "'-' where the work has no analytic size. Categories come from kernel names alone "
-        "(`systems.profiling.step_breakdown.KERNEL_PATTERNS`): reductions and pointwise "
+        "(`systems.profiling.kernel_categories.KERNEL_PATTERNS`): reductions and pointwise "
         "kernels of an uncompiled loss count as norms and elementwise.\n",
         breakdown_table(record["rows"]), "",
     ])

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from systems.attention.double_backward import refuse_double_backward
-from systems.attention.flash_pytorch import MASKED_SCORE
+from systems.attention.autograd import (
+    backward_from_saved,
+    forward_saving_lse,
+    refuse_double_backward,
+)
+from systems.attention.causal import MASKED_SCORE, causal_mask
 from systems.attention.flash_triton.op import attention_backward, attention_forward
 
 
@@ -21,16 +25,12 @@ class FlashAttentionTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 is_causal: bool = False) -> torch.Tensor:
-        o, lse = attention_forward(q, k, v, is_causal)
-        ctx.save_for_backward(lse, q, k, v, o)
-        ctx.is_causal = is_causal
-        return o
+        return forward_saving_lse(ctx, attention_forward, q, k, v, is_causal)
 
     @staticmethod
     @refuse_double_backward("FlashAttentionTriton")
     def backward(ctx, do: torch.Tensor):
-        lse, q, k, v, o = ctx.saved_tensors
-        return (*attention_backward(q, k, v, o, lse, do, ctx.is_causal), None)
+        return backward_from_saved(ctx, attention_backward, do)
 
 
 def recompute_backward(
@@ -44,9 +44,7 @@ def recompute_backward(
     scale = q.shape[-1] ** -0.5
     scores = (q @ k.transpose(-2, -1)).float() * scale
     if is_causal:
-        n_q, n_k = scores.shape[-2:]
-        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~keep, MASKED_SCORE)
+        scores = scores.masked_fill(~causal_mask(*scores.shape[-2:], q.device), MASKED_SCORE)
     p = torch.exp(scores - lse[..., None])
     dv = p.to(do.dtype).transpose(-2, -1) @ do
     dp = (do @ v.transpose(-2, -1)).float()
@@ -64,5 +62,4 @@ class FlashAttentionTritonCompiledBackward(FlashAttentionTriton):
     @staticmethod
     @refuse_double_backward("FlashAttentionTritonCompiledBackward")
     def backward(ctx, do: torch.Tensor):
-        lse, q, k, v, o = ctx.saved_tensors
-        return (*_compiled_recompute_backward(q, k, v, o, lse, do, ctx.is_causal), None)
+        return backward_from_saved(ctx, _compiled_recompute_backward, do)

@@ -16,7 +16,11 @@ arrive as fp64 when torch.compile launches the kernels and promote the accumulat
 
 Each loop over tiles runs in two stages: tiles every row sees whole (no masking at all),
 then the few tiles cut by the causal diagonal or by the end of the sequence (masked).
-Masked scores become -1e6 (never -inf), so a row never sees exp(-inf - -inf).
+Masked scores become `causal.MASKED_SCORE` (never -inf), so a row never sees
+exp(-inf - -inf); which query sees which key is `causal.query_sees_key`'s rule (`_sees`).
+
+The three kernels open alike (`_program_tile`): a program owns one tile of rows of one
+matrix, and the query-tile programs (forward, dQ) run the last tile first.
 
 With fp32 inputs, dK and dV sum their per-query-tile products with Kahan compensation
 (`_accumulate_dot`); half-precision inputs accumulate plainly in fp32.
@@ -27,9 +31,43 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from systems.attention import causal
+
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
-MASKED_SCORE: tl.constexpr = tl.constexpr(-1.0e6)
+MASKED_SCORE: tl.constexpr = tl.constexpr(causal.MASKED_SCORE)
+
+
+@triton.jit
+def _sees(queries, keys):
+    """`causal.query_sees_key` on (broadcastable) query and key positions."""
+    return queries >= keys
+
+
+@triton.jit
+def _visible(rows, keys, n_k, IS_CAUSAL: tl.constexpr):
+    """(rows, keys) bool: the key exists and, under the causal mask, the row's query sees it."""
+    keep = keys[None, :] < n_k
+    if IS_CAUSAL:
+        keep = keep & _sees(rows[:, None], keys[None, :])
+    return keep
+
+
+@triton.jit
+def _program_tile(seq, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  LAST_TILE_FIRST: tl.constexpr):
+    """(bh, start, rows, cols_d, offset) of this program: matrix bh of a (BH, seq, HEAD_DIM)
+    tensor, its rows [start, start + BLOCK), the BLOCK_D columns, and the matrix's element
+    offset. LAST_TILE_FIRST runs the tiles in reverse order."""
+    bh = tl.program_id(0)
+    offset = bh.to(tl.int64) * seq * HEAD_DIM
+    if LAST_TILE_FIRST:
+        start = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK
+    else:
+        start = tl.program_id(1) * BLOCK
+    rows = start + tl.arange(0, BLOCK)
+    cols_d = tl.arange(0, BLOCK_D)
+    return bh, start, rows, cols_d, offset
 
 
 @triton.jit
@@ -54,11 +92,11 @@ def _next_tile(tiles, bh, start, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
 
 @triton.jit
 def _key_stages(q_start, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                CAUSAL: tl.constexpr):
+                IS_CAUSAL: tl.constexpr):
     """For a query tile: keys [0, full_end) need no mask, [full_end, end) need one."""
     full_end = (n_k // BLOCK_N) * BLOCK_N
     end = n_k
-    if CAUSAL:
+    if IS_CAUSAL:
         # A key tile is whole for every row once its last key is <= the tile's first query.
         full_end = tl.minimum(full_end, (q_start + 1) // BLOCK_N * BLOCK_N)
         end = tl.minimum(n_k, q_start + BLOCK_M)
@@ -67,11 +105,11 @@ def _key_stages(q_start, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 @triton.jit
 def _query_stages(k_start, n_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  CAUSAL: tl.constexpr):
+                  IS_CAUSAL: tl.constexpr):
     """For a key tile: queries [start, full_start) need the causal mask, [full_start, n_q) not."""
     start = 0
     full_start = 0
-    if CAUSAL:
+    if IS_CAUSAL:
         # Queries before k_start see none of the tile; from k_start + BLOCK_N - 1 on, all of it.
         start = k_start // BLOCK_M * BLOCK_M
         full_start = tl.minimum(tl.cdiv(k_start + BLOCK_N - 1, BLOCK_M) * BLOCK_M, n_q)
@@ -80,17 +118,14 @@ def _query_stages(k_start, n_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 @triton.jit
 def _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, bh, rows, offs_n, n_k, qk_scale, lo, hi,
-                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
                    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for k_start in range(lo, hi, BLOCK_N):
         k = _next_tile(k_tiles, bh, k_start, BLOCK_N, BLOCK_D)
         v = _next_tile(v_tiles, bh, k_start, BLOCK_N, BLOCK_D)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if MASKED:
-            keys = k_start + offs_n
-            keep = keys[None, :] < n_k
-            if CAUSAL:
-                keep = keep & (rows[:, None] >= keys[None, :])
+            keep = _visible(rows, k_start + offs_n, n_k, IS_CAUSAL)
             s = tl.where(keep, s * qk_scale, MASKED_SCORE)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             s = s - m_new[:, None]
@@ -110,28 +145,24 @@ def _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, bh, rows, offs_n, n_k, qk
 def flash_forward_kernel(
     Q, k_tiles, v_tiles, Out, L, n_q, n_k, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). O = softmax(Q K^T * scale) V, L = logsumexp of each row."""
-    bh = tl.program_id(0)
-    offset = bh.to(tl.int64) * n_q * HEAD_DIM
-    qk_scale = SM_SCALE * LOG2E
     # Causal query tiles at the end of the sequence do the most work: start them first.
-    q_start = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
-    rows = q_start + tl.arange(0, BLOCK_M)
-    cols_d = tl.arange(0, BLOCK_D)
+    bh, q_start, rows, cols_d, offset = _program_tile(n_q, BLOCK_M, BLOCK_D, HEAD_DIM, True)
+    qk_scale = SM_SCALE * LOG2E
     q = _load_rows(Q + offset, rows, cols_d, n_q, HEAD_DIM)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     offs_n = tl.arange(0, BLOCK_N)
-    full_end, end = _key_stages(q_start, n_k, BLOCK_M, BLOCK_N, CAUSAL)
+    full_end, end = _key_stages(q_start, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
     acc, m_i, l_i = _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, bh, rows, offs_n, n_k,
-                                   qk_scale, 0, full_end, BLOCK_D, BLOCK_N, CAUSAL, False,
+                                   qk_scale, 0, full_end, BLOCK_D, BLOCK_N, IS_CAUSAL, False,
                                    DOT_PRECISION)
     acc, m_i, l_i = _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, bh, rows, offs_n, n_k,
-                                   qk_scale, full_end, end, BLOCK_D, BLOCK_N, CAUSAL, True,
+                                   qk_scale, full_end, end, BLOCK_D, BLOCK_N, IS_CAUSAL, True,
                                    DOT_PRECISION)
     _store_rows(Out + offset, acc / l_i[:, None], rows, cols_d, n_q, HEAD_DIM)
     tl.store(L + bh.to(tl.int64) * n_q + rows, (m_i + tl.log2(l_i)) * LN2,
@@ -140,7 +171,7 @@ def flash_forward_kernel(
 
 @triton.jit
 def _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, bh, rows, offs_n, n_k, qk_scale, lo, hi,
-              BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
               MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for k_start in range(lo, hi, BLOCK_N):
         k = _next_tile(k_tiles, bh, k_start, BLOCK_N, BLOCK_D)
@@ -148,11 +179,7 @@ def _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, bh, rows, offs_n, n_k, q
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         p = tl.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
-            keys = k_start + offs_n
-            keep = keys[None, :] < n_k
-            if CAUSAL:
-                keep = keep & (rows[:, None] >= keys[None, :])
-            p = tl.where(keep, p, 0.0)
+            p = tl.where(_visible(rows, k_start + offs_n, n_k, IS_CAUSAL), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
@@ -163,15 +190,11 @@ def _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, bh, rows, offs_n, n_k, q
 def flash_backward_dq_kernel(
     Q, k_tiles, v_tiles, Out, dO, L, Delta, dQ, n_q, n_k, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). dQ = scale * dS K, and Delta = rowsum(O * dO) for dK/dV."""
-    bh = tl.program_id(0)
-    offset = bh.to(tl.int64) * n_q * HEAD_DIM
+    bh, q_start, rows, cols_d, offset = _program_tile(n_q, BLOCK_M, BLOCK_D, HEAD_DIM, True)
     qk_scale = SM_SCALE * LOG2E
-    q_start = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
-    rows = q_start + tl.arange(0, BLOCK_M)
-    cols_d = tl.arange(0, BLOCK_D)
     q = _load_rows(Q + offset, rows, cols_d, n_q, HEAD_DIM)
     do = _load_rows(dO + offset, rows, cols_d, n_q, HEAD_DIM)
     o = _load_rows(Out + offset, rows, cols_d, n_q, HEAD_DIM)
@@ -183,11 +206,11 @@ def flash_backward_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     offs_n = tl.arange(0, BLOCK_N)
-    full_end, end = _key_stages(q_start, n_k, BLOCK_M, BLOCK_N, CAUSAL)
+    full_end, end = _key_stages(q_start, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
     dq = _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, bh, rows, offs_n, n_k, qk_scale,
-                   0, full_end, BLOCK_D, BLOCK_N, CAUSAL, False, DOT_PRECISION)
+                   0, full_end, BLOCK_D, BLOCK_N, IS_CAUSAL, False, DOT_PRECISION)
     dq = _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, bh, rows, offs_n, n_k, qk_scale,
-                   full_end, end, BLOCK_D, BLOCK_N, CAUSAL, True, DOT_PRECISION)
+                   full_end, end, BLOCK_D, BLOCK_N, IS_CAUSAL, True, DOT_PRECISION)
     _store_rows(dQ + offset, dq * SM_SCALE, rows, cols_d, n_q, HEAD_DIM)
 
 
@@ -226,7 +249,7 @@ def _dkdv_stage(dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, b
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
         p_t = tl.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
-            p_t = tl.where(rows[None, :] >= keys[:, None], p_t, 0.0)
+            p_t = tl.where(_sees(rows[None, :], keys[:, None]), p_t, 0.0)
         dv, dv_carry = _accumulate_dot(dv, dv_carry, p_t.to(do.dtype), do, DOT_PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
@@ -238,18 +261,14 @@ def _dkdv_stage(dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, b
 def flash_backward_dkdv_kernel(
     q_tiles, K, V, do_tiles, L, Delta, dK, dV, n_q, n_k, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, CHECK_Q_ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, CHECK_Q_ROWS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, key tiles). dV = P^T dO and dK = scale * dS^T Q, summed over query tiles."""
-    bh = tl.program_id(0)
-    offset = bh.to(tl.int64) * n_k * HEAD_DIM
-    qk_scale = SM_SCALE * LOG2E
     # Causal key tiles at the start of the sequence are seen by the most queries: they are
     # already first in launch order.
-    k_start = tl.program_id(1) * BLOCK_N
-    keys = k_start + tl.arange(0, BLOCK_N)
-    cols_d = tl.arange(0, BLOCK_D)
+    bh, k_start, keys, cols_d, offset = _program_tile(n_k, BLOCK_N, BLOCK_D, HEAD_DIM, False)
+    qk_scale = SM_SCALE * LOG2E
     k = _load_rows(K + offset, keys, cols_d, n_k, HEAD_DIM)
     v = _load_rows(V + offset, keys, cols_d, n_k, HEAD_DIM)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -260,7 +279,7 @@ def flash_backward_dkdv_kernel(
     Delta += bh.to(tl.int64) * n_q
 
     offs_m = tl.arange(0, BLOCK_M)
-    start, full_start = _query_stages(k_start, n_q, BLOCK_M, BLOCK_N, CAUSAL)
+    start, full_start = _query_stages(k_start, n_q, BLOCK_M, BLOCK_N, IS_CAUSAL)
     dk, dv, dk_carry, dv_carry = _dkdv_stage(
         dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, bh, keys, offs_m, n_q,
         qk_scale, start, full_start, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, True, DOT_PRECISION)

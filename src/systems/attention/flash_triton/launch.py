@@ -189,7 +189,7 @@ class _Problem:
     d: int
     dtype: torch.dtype
     device: torch.device
-    causal: bool
+    is_causal: bool
     config: FlashConfig
 
     @functools.cached_property
@@ -203,7 +203,7 @@ class _Problem:
             kernel, (self.rows, _cdiv(seq, block)),
             {"SM_SCALE": self.d ** -0.5, "HEAD_DIM": self.head_dim,
              "BLOCK_D": _next_power_of_2(self.head_dim), "BLOCK_M": tiles.block_m,
-             "BLOCK_N": tiles.block_n, "CAUSAL": self.causal, **constexprs,
+             "BLOCK_N": tiles.block_n, "IS_CAUSAL": self.is_causal, **constexprs,
              "DOT_PRECISION": dot_precision(self.dtype)},
             num_warps=tiles.num_warps, num_stages=tiles.num_stages,
             device_index=self.device.index or 0)
@@ -247,16 +247,16 @@ class _Problem:
 
 @functools.lru_cache(maxsize=1024)
 def _problem(rows: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, device: torch.device,
-             causal: bool, config: FlashConfig | None) -> _Problem:
+             is_causal: bool, config: FlashConfig | None) -> _Problem:
     config = config or default_config(d, dtype, rows * _cdiv(n_q, 128), device)
-    return _Problem(rows, n_q, n_k, d, dtype, device, causal, config)
+    return _Problem(rows, n_q, n_k, d, dtype, device, is_causal, config)
 
 
-def _problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool,
+def _problem_of(q: torch.Tensor, k: torch.Tensor, is_causal: bool,
                 config: FlashConfig | None) -> _Problem:
     shape = q.shape
     return _problem(math.prod(shape[:-2]), shape[-2], k.shape[-2], shape[-1], q.dtype,
-                    q.device, causal, config)
+                    q.device, is_causal, config)
 
 
 def flash_forward(

@@ -44,30 +44,30 @@ CONFIG_FIELDS = {"forward": "forward", "dq": "backward_dq", "dkdv": "backward_dk
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def _kernel_runner(kernel: str, inputs: dict[str, torch.Tensor], causal: bool
+def _kernel_runner(kernel: str, inputs: dict[str, torch.Tensor], is_causal: bool
                    ) -> Callable[[TileConfig], torch.Tensor]:
     q, k, v, o, lse, do, delta = (inputs[n] for n in ("q", "k", "v", "o", "lse", "do", "delta"))
     if kernel == "forward":
         defaults = default_config(q.shape[-1], q.dtype)
-        return lambda tiles: flash_forward(q, k, v, causal, replace(defaults, forward=tiles))[0]
+        return lambda tiles: flash_forward(q, k, v, is_causal, replace(defaults, forward=tiles))[0]
     if kernel == "dq":
-        return lambda tiles: backward_dq(q, k, v, o, lse, do, causal, tiles)[0]
-    return lambda tiles: torch.cat(backward_dkdv(q, k, v, do, lse, delta, causal, tiles), -1)
+        return lambda tiles: backward_dq(q, k, v, o, lse, do, is_causal, tiles)[0]
+    return lambda tiles: torch.cat(backward_dkdv(q, k, v, do, lse, delta, is_causal, tiles), -1)
 
 
-def make_inputs(batch: int, seq: int, head_dim: int, dtype: torch.dtype, causal: bool,
+def make_inputs(batch: int, seq: int, head_dim: int, dtype: torch.dtype, is_causal: bool,
                 device: str = "cuda") -> dict[str, torch.Tensor]:
     q, k, v, do = (torch.randn(batch, seq, head_dim, dtype=dtype, device=device)
                    for _ in range(4))
-    o, lse = flash_forward(q, k, v, causal)
-    _, delta = backward_dq(q, k, v, o, lse, do, causal,
+    o, lse = flash_forward(q, k, v, is_causal)
+    _, delta = backward_dq(q, k, v, o, lse, do, is_causal,
                            default_config(head_dim, dtype).backward_dq)
     return {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do, "delta": delta}
 
 
-def tune_kernel(kernel: str, inputs: dict[str, torch.Tensor], causal: bool
+def tune_kernel(kernel: str, inputs: dict[str, torch.Tensor], is_causal: bool
                 ) -> list[dict[str, object]]:
-    run = _kernel_runner(kernel, inputs, causal)
+    run = _kernel_runner(kernel, inputs, is_causal)
     defaults = default_config(inputs["q"].shape[-1], inputs["q"].dtype)
     expected = run(getattr(defaults, CONFIG_FIELDS[kernel])).float()
     results = []
@@ -98,13 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel", action="append", choices=sorted(CANDIDATES))
     parser.add_argument("--json", type=Path, help="write all rows here")
     args = parser.parse_args(argv)
-    causal = not args.no_causal
+    is_causal = not args.no_causal
     rows = []
     for head_dim in args.head_dim or [64]:
         torch.manual_seed(0)
-        inputs = make_inputs(args.batch, args.seq, head_dim, DTYPES[args.dtype], causal)
+        inputs = make_inputs(args.batch, args.seq, head_dim, DTYPES[args.dtype], is_causal)
         for kernel in args.kernel or list(CANDIDATES):
-            results = tune_kernel(kernel, inputs, causal)
+            results = tune_kernel(kernel, inputs, is_causal)
             rows += [{**r, "head_dim": head_dim} for r in results]
             timed = [r for r in results if "ms" in r]
             best = min(timed, key=lambda r: r["ms"]) if timed else None

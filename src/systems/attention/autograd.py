@@ -1,4 +1,8 @@
-"""Refusing second derivatives with a clear error instead of a wrong answer.
+"""What the flash attention autograd Functions share: what forward saves for backward, and
+refusing second derivatives with a clear error instead of a wrong answer.
+
+Every flash forward returns (o, L) and saves L, q, k, v and o with the mask flag; every
+backward recomputes the gradients from those (`forward_saving_lse`, `backward_from_saved`).
 
 The flash backward passes recompute attention from L, which autograd sees as a constant:
 differentiating their gradients again would silently drop L's dependence on q and k. So a
@@ -12,6 +16,28 @@ import functools
 from collections.abc import Callable
 
 import torch
+
+AttentionForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool],
+                            tuple[torch.Tensor, torch.Tensor]]
+AttentionBackward = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def forward_saving_lse(ctx, attention_forward: AttentionForward, q: torch.Tensor,
+                       k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
+    """o from `attention_forward(q, k, v, is_causal) -> (o, L)`, saving on `ctx` what
+    `backward_from_saved` reads: L (the one tensor of shape (..., n_queries)), q, k, v, o."""
+    o, lse = attention_forward(q, k, v, is_causal)
+    ctx.save_for_backward(lse, q, k, v, o)
+    ctx.is_causal = is_causal
+    return o
+
+
+def backward_from_saved(ctx, attention_backward: AttentionBackward, do: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+    """Gradients for forward's (q, k, v, is_causal) from
+    `attention_backward(q, k, v, o, L, do, is_causal) -> (dq, dk, dv)`."""
+    lse, q, k, v, o = ctx.saved_tensors
+    return (*attention_backward(q, k, v, o, lse, do, ctx.is_causal), None)
 
 
 def refuse_double_backward(name: str) -> Callable[[Callable], Callable]:
