@@ -47,7 +47,7 @@ def profile_workload(
             workload.step()
         synchronize(workload.device)
     ops = collect_timed_ops(prof.events(), on_gpu=on_gpu)
-    flops = attention_flops(workload.config, workload.batch_size, workload.context_length)
+    flops = attention_flops(workload.config, workload.batch_size, workload.seq_len)
     unit = "GPU kernels" if on_gpu else "CPU ops (self time; no GPU)"
     sections = [
         f"### {tag}\n",
