@@ -25,6 +25,7 @@ from systems.distributed.allreduce import bandwidths, timed_allreduces
 from systems.distributed.launch import worker_state
 from systems.distributed.process_group import init_from_env
 from systems.distributed.train_bench import (
+    DATA_PARALLEL_OPTIMIZERS,
     DEFAULT_BUCKET_SIZE_MB,
     VARIANTS,
     TrainSpec,
@@ -52,7 +53,8 @@ def _allreduce(args: argparse.Namespace) -> list[dict]:
 
 
 def _train(args: argparse.Namespace) -> list[dict]:
-    spec = TrainSpec(args.variant, args.size, args.batch_size, args.seq_len, args.bucket_size_mb)
+    spec = TrainSpec(args.variant, args.size, args.batch_size, args.seq_len, args.bucket_size_mb,
+                     args.optimizer)
     setup_train(spec)
     steps = [train_round() for _ in range(args.warmup + args.steps)][args.warmup:]
     step = statistics.median(_max_over_ranks(s["step_s"]) for s in steps)
@@ -76,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_size(train, default="xl", retired=("--model",))
     add_batch_size(train, default=8, help="sequences per rank", retired=("--batch",))
     add_seq_len(train, default=128, retired=("--context",))
+    train.add_argument("--optimizer", choices=[o.value for o in DATA_PARALLEL_OPTIMIZERS],
+                       default=DATA_PARALLEL_OPTIMIZERS[0].value, help="optimizer")
     add_warmup_steps(train, warmup=2, steps=5)
     return parser
 
