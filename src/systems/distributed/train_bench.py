@@ -28,9 +28,9 @@ VARIANTS = ("none", "torch_ddp", "naive", "flat", "individual", "bucketed", "fsd
             "torch_fsdp2")
 # The optimizers a data-parallel step can build.
 DATA_PARALLEL_OPTIMIZERS = (OptimizerName.ADAMW, OptimizerName.SHARDED, OptimizerName.TORCH_ZERO)
-# Bucketed DDP's bucket when none is asked for: the size the quick perf profile gates and the
-# XL measurements in docs/distributed_notes.md use. `None` (one bucket, synchronised after
-# backward) would overlap no communication, which is what the bucketed variant is for.
+# Bucketed DDP's bucket when none is asked for (here and on the command line): the size the
+# quick perf profile gates. `None` (one bucket, synchronised after backward) would overlap no
+# communication with backward, which is what the bucketed variant is for.
 DEFAULT_BUCKET_SIZE_MB = 100.0
 
 
