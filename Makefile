@@ -55,7 +55,7 @@ smoke: $(STAMP)
 
 # docs/RESULTS.md and docs/img/*.png from every committed history under .benchmarks/.
 report: $(STAMP)
-	$(BIN)/python -m systems.report results
+	$(BIN)/python -m systems report results
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -21,7 +21,7 @@ OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/profile_gpu.log"
 if ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
     echo "error: scripts/profile_gpu.sh needs a CUDA GPU (torch.cuda.is_available() is False)." \
-         "On CPU, 'python -m systems.profiling compute --device cpu ...' still summarises CPU ops." >&2
+         "On CPU, 'python -m systems profile compute --device cpu ...' still summarises CPU ops." >&2
     exit 2
 fi
 WORK=$(mktemp -d)
@@ -51,11 +51,11 @@ pack() {  # pack ARCHIVE BUDGET_MB FILE...: tar.gz the files, smallest first, wi
 : > "$LOG"
 "$PY" -c "import torch; print('device:', torch.cuda.get_device_name(), 'torch', torch.__version__)" \
     | tee -a "$LOG" >&2
-step compute_small "$PY" -m systems.profiling compute --size small --context-length 512 \
+step compute_small "$PY" -m systems profile compute --size small --seq-len 512 \
     --precision fp32 bf16 --warmup 2 --steps 3 --out "$DOCS/small"
-step compute_2.7b "$PY" -m systems.profiling compute --size 2.7b --context-length 512 \
+step compute_2.7b "$PY" -m systems profile compute --size 2.7b --seq-len 512 \
     --precision fp32 bf16 --warmup 2 --steps 2 --out "$DOCS/2.7b"
-step memory "$PY" -m systems.profiling memory --size 2.7b --context-length 128 256 512 \
+step memory "$PY" -m systems profile memory --size 2.7b --seq-len 128 256 512 \
     --precision fp32 bf16 --mode forward train_step --steps 2 --out "$DOCS"
 
 # One compute summary from the two runs (each keeps its own header line).

@@ -14,9 +14,9 @@ from systems.profiling.activations import saved_tensor_bytes
 
 SHAPES = [
     (ModelConfig(d_model=64, d_ff=192, num_layers=2, num_heads=4, vocab_size=512,
-                 context_length=256), 4, 64),
+                 max_seq_len=256), 4, 64),
     (ModelConfig(d_model=96, d_ff=160, num_layers=3, num_heads=6, vocab_size=300,
-                 context_length=256), 3, 40),
+                 max_seq_len=256), 3, 40),
 ]
 
 

@@ -53,7 +53,7 @@ def test_time_steps_rejects_bad_counts(warmup: int, steps: int) -> None:
 @pytest.mark.parametrize("seq_len", [16, 48])
 def test_forward_flops_match_torch_flop_counter(seq_len: int) -> None:
     """Our analytic count equals what torch counts for the model's matmuls."""
-    workload = build_model_workload(TINY, batch_size=2, context_length=seq_len, mode="forward")
+    workload = build_model_workload(TINY, batch_size=2, seq_len=seq_len, mode="forward")
     tokens = torch.randint(TINY.vocab_size, (2, seq_len))
     with FlopCounterMode(display=False) as counter:
         workload.model(tokens)
@@ -76,7 +76,7 @@ def test_2p7b_train_step_flops_are_about_six_n_t() -> None:
 @pytest.mark.parametrize("mode", ["forward", "forward_backward", "train_step"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_workload_steps_run_and_train(mode: str, precision: str) -> None:
-    workload = build_model_workload(TINY, batch_size=2, context_length=16, mode=mode,
+    workload = build_model_workload(TINY, batch_size=2, seq_len=16, mode=mode,
                                     precision=precision)
     before = [p.detach().clone() for p in workload.model.parameters()]
     workload.step()
@@ -93,14 +93,14 @@ def test_workload_steps_run_and_train(mode: str, precision: str) -> None:
     [
         (dict(mode="backward"), "unknown mode"),
         (dict(precision="fp8"), "unknown precision"),
-        (dict(context_length=TINY.context_length + 1), "context_length"),
+        (dict(seq_len=TINY.max_seq_len + 1), "seq_len"),
         (dict(batch_size=0), "batch_size"),
         (dict(attention="nope"), "unknown attention"),
     ],
 )
 def test_bad_workload_arguments_are_clear_errors(kwargs, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        build_model_workload(TINY, **{"context_length": 16, **kwargs})
+        build_model_workload(TINY, **{"seq_len": 16, **kwargs})
 
 
 def test_throughput_metrics() -> None:

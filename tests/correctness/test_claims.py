@@ -67,12 +67,12 @@ def test_device_time_claims_come_from_replay_and_do_bench() -> None:
 def test_recipe_and_ddp_claims_name_both_time_kinds() -> None:
     def recipe(name: str, median: float, graph: bool) -> Result:
         return _result(f"test_training_recipe[2.7b-{name}]", median, "G/0012.json",
-                       size="2.7b", context_length=512, mode="train_step", recipe=name,
+                       size="2.7b", seq_len=512, mode="train_step", recipe=name,
                        cuda_graph=graph)
 
     def ddp(variant: str, step: float, **extra) -> Result:
         return _result(f"test_train_step[{variant}]", 1.0, "H/0008.json", variant=variant,
-                       world_size=2, model="xl", batch_per_rank=8, context=128,
+                       world_size=2, size="xl", batch_per_rank=8, seq_len=128,
                        backend="nccl", **{keys.STEP_S: step}, **extra)
 
     results = [recipe("optimized", 0.1, True), recipe("pytorch_baseline", 0.125, False),
@@ -97,7 +97,7 @@ def test_speedup_and_recipe_tables_never_pair_across_runs() -> None:
             _attention("triton", 1e-3, "G/0003_c.json")]
     assert "| 0003_c.json |" in speedup_table(across + same, keys.IMPLEMENTATION, "reference",
                                                "triton", [keys.SEQ_LEN])
-    recipes = [_result(f"r-{name}", 0.1, file, size="small", context_length=512,
+    recipes = [_result(f"r-{name}", 0.1, file, size="small", seq_len=512,
                        mode="train_step", recipe=name)
                for name, file in (("optimized", "G/0001.json"),
                                   ("pytorch_baseline", "G/0002.json"))]
@@ -127,7 +127,7 @@ def figures(monkeypatch) -> list:
 
 def test_bucket_sweep_time_axis_starts_at_zero(figures, tmp_path) -> None:
     ddp = [_result(f"b{mb}", 1.0, "H/1.json", variant="bucketed", world_size=2,
-                   **{keys.BUCKET_MB: mb, keys.STEP_S: 0.400 + mb * 1e-6})
+                   **{keys.BUCKET_SIZE_MB: mb, keys.STEP_S: 0.400 + mb * 1e-6})
            for mb in (1, 10, 100, 1000)]
     plots.ddp_variants(ddp, tmp_path / "d.png")
     (fig,) = figures

@@ -2,8 +2,8 @@
 
     common      device facts, NVTX ranges, CLI help             (imports no other layer)
     kernels     attention, the Triton runtime and launcher
-    training    model, optim, distributed, checkpoint state helpers
-    measuring   bench, profiling, report, accounting             (top)
+    training    model, optim, distributed, checkpoint state helpers, shared CLI flags
+    measuring   bench, profiling, report, accounting, the `systems` command   (top)
 
 Modules of one layer may import each other. A new top-level module or package must be
 placed in a layer here before it can land.
@@ -22,8 +22,8 @@ PACKAGE = Path(systems.__file__).parent
 LAYERS = {
     "common": 0,
     "attention": 1, "triton_runtime": 1, "triton_launcher": 1,
-    "model": 2, "optim": 2, "distributed": 2, "state_dicts": 2,
-    "bench": 3, "profiling": 3, "report": 3, "accounting": 3,
+    "model": 2, "optim": 2, "distributed": 2, "state_dicts": 2, "cli_flags": 2,
+    "bench": 3, "profiling": 3, "report": 3, "accounting": 3, "cli": 3, "__main__": 3,
 }
 
 

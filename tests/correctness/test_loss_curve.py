@@ -44,7 +44,7 @@ def loss_curve(config: ModelConfig, recipe: Recipe, data: tuple[torch.Tensor, to
                device: str, seed: int = 0) -> torch.Tensor:
     inputs, targets = data
     workload = build_recipe_workload(config, recipe, batch_size=inputs.shape[1],
-                                     context_length=inputs.shape[2], device=device, seed=seed)
+                                     seq_len=inputs.shape[2], device=device, seed=seed)
     losses = []
     for step_inputs, step_targets in zip(inputs, targets, strict=True):
         workload.load_batch(step_inputs.to(device), step_targets.to(device))

@@ -53,8 +53,8 @@ def test_bad_configuration_is_a_clear_error(make, message: str) -> None:
 
 def test_context_longer_than_the_model_is_rejected() -> None:
     model = TransformerLM(TINY)
-    too_long = torch.randint(TINY.vocab_size, (1, TINY.context_length + 1))
-    with pytest.raises(ValueError, match="exceeds the model's context_length"):
+    too_long = torch.randint(TINY.vocab_size, (1, TINY.max_seq_len + 1))
+    with pytest.raises(ValueError, match="exceeds the model's max_seq_len"):
         model(too_long)
 
 

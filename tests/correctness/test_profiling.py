@@ -28,7 +28,7 @@ from systems.profiling.timeline import (
 
 @pytest.fixture(scope="module")
 def train_step_ops():
-    workload = build_model_workload(get_config("tiny"), batch_size=2, context_length=32)
+    workload = build_model_workload(get_config("tiny"), batch_size=2, seq_len=32)
     workload.step()  # warm-up outside the trace
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         workload.step()
@@ -54,7 +54,7 @@ def test_nvtx_range_is_visible_to_torch_profiler() -> None:
 
 
 def test_compute_cli_on_cpu_writes_summary_and_trace(tmp_path, capsys) -> None:
-    code = main(["compute", "--size", "tiny", "--context-length", "32", "--mode", "train_step",
+    code = main(["compute", "--size", "tiny", "--seq-len", "32", "--mode", "train_step",
                  "--batch-size", "2", "--warmup", "1", "--steps", "1", "--device", "cpu",
                  "--out", str(tmp_path)])
     assert code == 0
@@ -66,7 +66,7 @@ def test_compute_cli_on_cpu_writes_summary_and_trace(tmp_path, capsys) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
 def test_memory_cli_without_cuda_explains_and_fails(tmp_path, capsys) -> None:
-    code = main(["memory", "--size", "2.7b", "--context-length", "128", "--out", str(tmp_path)])
+    code = main(["memory", "--size", "2.7b", "--seq-len", "128", "--out", str(tmp_path)])
     captured = capsys.readouterr()
     assert code == 2
     assert "need a CUDA GPU" in captured.err

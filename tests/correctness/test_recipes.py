@@ -24,7 +24,7 @@ def _one_step(name: str, device, config=TINY, **overrides) -> tuple[float, list[
     """Loss and gradients of one train step (the gradients are those of the initial weights,
     the same for every recipe with the same seed), and the dtype each gradient was kept in."""
     workload = build_recipe_workload(config, get_recipe(name, **overrides), batch_size=2,
-                                     context_length=48, device=device)
+                                     seq_len=48, device=device)
     loss = workload.step().item()
     grads = [p.grad for p in workload.model.parameters()]
     return loss, [g.float() for g in grads], [g.dtype for g in grads]
@@ -55,7 +55,7 @@ def _assert_close(got, expected, tol: float) -> None:
 def test_pytorch_baseline_is_pytorch_at_its_best() -> None:
     recipe = RECIPES["pytorch_baseline"]
     assert (recipe.attention, recipe.precision, recipe.compiled) == ("sdpa", "bf16", True)
-    assert recipe.options == StepOptions(optimizer="torch", cuda_graph=True)
+    assert recipe.options == StepOptions(optimizer="torch_adamw", cuda_graph=True)
     assert recipe.options.compile_scope == "model"  # the whole model, as ours
     # Under the graph, torch's AdamW is one fused kernel that counts steps on the device.
     assert torch_adamw_settings(torch.device("cuda"), cuda_graph=True) == {
@@ -70,7 +70,7 @@ def test_graphed_recipes_need_cuda_and_turn_the_graph_off_elsewhere(name: str) -
     recipe = get_recipe(name)
     assert recipe.options.cuda_graph
     with pytest.raises(ValueError, match="needs a CUDA device"):
-        build_recipe_workload(TINY, recipe, context_length=16, device="cpu")
+        build_recipe_workload(TINY, recipe, seq_len=16, device="cpu")
     on_cpu = runnable_on(recipe, "cpu")
     assert on_cpu == get_recipe(name, cuda_graph=False)
     assert runnable_on(recipe, "cuda") == recipe
@@ -85,7 +85,7 @@ def test_torch_adamw_of_the_baseline_trains_like_ours_in_fp32() -> None:
         workload = build_recipe_workload(
             TINY, get_recipe(name, precision="fp32", compiled=False, cuda_graph=False,
                              attention="reference", lr=1e-3),
-            batch_size=2, context_length=24)
+            batch_size=2, seq_len=24)
         losses[name] = torch.tensor([workload.step().item() for _ in range(20)])
     assert losses["eager"][-1] < losses["eager"][0] - 0.5
     torch.testing.assert_close(losses["pytorch_baseline"], losses["eager"], rtol=1e-5, atol=0)
@@ -93,7 +93,7 @@ def test_torch_adamw_of_the_baseline_trains_like_ours_in_fp32() -> None:
 
 def test_load_batch_feeds_the_next_step_and_checks_its_input() -> None:
     workload = build_recipe_workload(TINY, get_recipe("eager", precision="fp32"),
-                                     batch_size=2, context_length=16, seed=3)
+                                     batch_size=2, seq_len=16, seed=3)
     tokens, targets = torch.randint(TINY.vocab_size, (2, 2, 16),
                                     generator=torch.Generator().manual_seed(9))
     with torch.no_grad():
@@ -149,7 +149,7 @@ def test_cuda_graph_replays_compute_what_ordinary_steps_do(name: str) -> None:
     runs = {}
     for graphed in (False, True):
         workload = build_recipe_workload(config, get_recipe(name, cuda_graph=graphed),
-                                         batch_size=2, context_length=64, device="cuda")
+                                         batch_size=2, seq_len=64, device="cuda")
         losses = torch.stack([workload.step().clone() for _ in range(CUDA_GRAPH_WARMUP + 4)])
         params = [p.detach().clone() for p in workload.model.parameters()]
         runs[graphed] = (losses, params)
@@ -164,8 +164,8 @@ def test_cuda_graph_replays_compute_what_ordinary_steps_do(name: str) -> None:
 
 def test_cuda_graph_needs_a_capturable_optimizer() -> None:
     with pytest.raises(ValueError, match="counts steps on the GPU"):
-        build_recipe_workload(TINY, get_recipe("optimized", optimizer="ours"),
-                              context_length=16, device="cuda")
+        build_recipe_workload(TINY, get_recipe("optimized", optimizer="adamw"),
+                              seq_len=16, device="cuda")
     with pytest.raises(ValueError, match="reduce-overhead"):
         get_recipe("optimized", compile_mode="reduce-overhead")
 
@@ -177,7 +177,7 @@ def test_thirty_steps_decrease_the_loss_alike() -> None:
         workload = build_recipe_workload(
             TINY, get_recipe(name, precision="fp32", compiled=False, cuda_graph=False),
             batch_size=1,
-            context_length=32)
+            seq_len=32)
         losses[name] = torch.tensor([workload.step().item() for _ in range(30)])
     plain, optimized = losses["eager"], losses["optimized"]
     assert plain[-1] < plain[0] - 0.5
@@ -222,6 +222,10 @@ def test_recipe_overrides_and_errors() -> None:
         get_recipe("fastest")
     with pytest.raises(ValueError, match="unknown optimizer"):
         get_recipe("eager", optimizer="sgd")
+    with pytest.raises(ValueError, match="unknown optimizer 'sharded'"):  # data-parallel only
+        get_recipe("eager", optimizer="sharded")
+    with pytest.raises(ValueError, match="'ours' is now called 'adamw'"):
+        get_recipe("eager", optimizer="ours")
     for bad_lr in (0.0, -1e-3, "3e-3"):
         with pytest.raises(ValueError, match="lr must be a number > 0"):
             get_recipe("eager", lr=bad_lr)

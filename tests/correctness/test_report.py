@@ -146,7 +146,7 @@ def _attention_fixture() -> list[Result]:
 
 def test_recipes_table_puts_the_three_recipes_side_by_side() -> None:
     def recipe(name: str, size: str, mean: float) -> Result:
-        return _result(f"recipe-{size}-{name}", mean, size=size, context_length=512,
+        return _result(f"recipe-{size}-{name}", mean, size=size, seq_len=512,
                        mode="train_step", recipe=name, cold_start_s=mean * 100, mfu=0.25)
 
     results = [recipe("eager", "2.7b", 0.3), recipe("pytorch_baseline", "2.7b", 0.15),
@@ -176,7 +176,7 @@ def test_distributed_sections_render_only_with_data(tmp_path) -> None:
     ddp = [_result("naive", 0.5, variant="naive", world_size=2,
                    **{keys.STEP_S: 0.45, keys.OVERHEAD_VS_NO_COMM: 0.125}),
            *(_result(f"bucketed{mb}", 0.4 + mb / 1e4, variant="bucketed", world_size=2,
-                     **{keys.BUCKET_MB: mb, keys.STEP_S: 0.4}) for mb in (1, 10, 100))]
+                     **{keys.BUCKET_SIZE_MB: mb, keys.STEP_S: 0.4}) for mb in (1, 10, 100))]
     collectives = [_result(f"ar{s}", 1e-5 + s / 100e9, backend="nccl", world_size=2,
                            size_bytes=s, **{keys.ALGBW: s / (1e-5 + s / 100e9) / 1e9})
                    for s in (10**4, 10**6, 10**8)]

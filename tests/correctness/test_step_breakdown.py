@@ -88,7 +88,7 @@ def test_floors_match_a_count_from_the_model_itself() -> None:
     batch, seq = 2, 16
     workload = build_recipe_workload(
         config, get_recipe("pytorch_baseline", compiled=False, cuda_graph=False,
-                           precision="fp32"), batch_size=batch, context_length=seq)
+                           precision="fp32"), batch_size=batch, seq_len=seq)
     linear_weights = sum(m.weight.numel() for m in workload.model.modules()
                          if isinstance(m, torch.nn.Linear))  # projections, SwiGLU, LM head
     dense = 3 * 2 * batch * seq * linear_weights  # forward + backward, 2 FLOPs per MAC
@@ -108,7 +108,7 @@ def test_floors_match_a_count_from_the_model_itself() -> None:
 def test_bf16_parameters_over_masters_move_the_same_bytes_per_weight() -> None:
     workload = build_recipe_workload(
         TINY, get_recipe("optimized", compiled=False, cuda_graph=False, attention="sdpa"),
-        batch_size=1, context_length=8)
+        batch_size=1, seq_len=8)
     assert {p.dtype for p in workload.model.parameters()} == {torch.bfloat16}
     # bf16 gradient read and bf16 parameter written instead of one fp32 weight's 4 bytes.
     assert optimizer_bytes(workload) == 28 * TINY.num_parameters()
@@ -117,7 +117,7 @@ def test_bf16_parameters_over_masters_move_the_same_bytes_per_weight() -> None:
 def test_breakdown_cli_on_cpu_turns_the_graph_off_and_writes_table_and_json(
         tmp_path, capsys) -> None:
     code = main(["breakdown", "--recipe", "pytorch_baseline", "--option", "compiled=false",
-                 "--option", "precision=fp32", "--size", "tiny", "--context-length", "16",
+                 "--option", "precision=fp32", "--size", "tiny", "--seq-len", "16",
                  "--batch-size", "1", "--steps", "2", "--copy-gbps", "10",
                  "--device", "cpu", "--out", str(tmp_path)])
     assert code == 0

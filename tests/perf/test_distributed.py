@@ -75,10 +75,10 @@ class TrainCase:
     @property
     def id(self) -> str:
         s = self.spec
-        parts = [s.model, f"b{s.batch_per_rank}", f"ctx{s.context}", f"world{self.world_size}",
+        parts = [s.size, f"b{s.batch_per_rank}", f"ctx{s.seq_len}", f"world{self.world_size}",
                  s.variant]
         if s.variant == "bucketed":
-            parts.append(f"{s.bucket_mb:g}MB")
+            parts.append(f"{s.bucket_size_mb:g}MB")
         if s.optimizer != "adamw":
             parts.append(s.optimizer)
         return "-".join(parts)
@@ -86,10 +86,10 @@ class TrainCase:
 
 def train_cases(profile: str) -> list[TrainCase]:
     if profile == "smoke":
-        model, batch, context, world, backend = "tiny", 2, 32, 2, "gloo"
+        size, batch, seq_len, world, backend = "tiny", 2, 32, 2, "gloo"
         buckets: tuple[float, ...] = (0.1,)
     else:
-        model, batch, context, world, backend = "xl", 8, 128, gpu_count(), "nccl"
+        size, batch, seq_len, world, backend = "xl", 8, 128, gpu_count(), "nccl"
         # The bucket-size sweep is a study; the quick profile gates one bucket size.
         buckets = (1, 10, 100, 1000) if profile == "full" else (100,)
         if world < 2:
@@ -97,9 +97,10 @@ def train_cases(profile: str) -> list[TrainCase]:
     variants = [("none", None), ("torch_ddp", None), ("naive", None), ("flat", None),
                 ("individual", None), *(("bucketed", b) for b in buckets),
                 ("fsdp", None), ("torch_fsdp2", None)]
-    specs = [TrainSpec(v, model, batch, context, bucket_mb=b) for v, b in variants]
+    specs = [TrainSpec(v, size, batch, seq_len, bucket_size_mb=b) for v, b in variants]
     # The optimizer comparison runs on one wrapper so only the optimizer differs.
-    specs += [TrainSpec("bucketed", model, batch, context, bucket_mb=buckets[-1], optimizer=o)
+    specs += [TrainSpec("bucketed", size, batch, seq_len, bucket_size_mb=buckets[-1],
+                        optimizer=o)
               for o in ("sharded", "torch_zero") if profile != "quick"]
     rounds = {"smoke": 2, "quick": 5, "full": 10}[profile]
     return [TrainCase(spec, world, backend, warmup=1 if profile == "smoke" else 2,
@@ -148,7 +149,7 @@ def test_allreduce(perf_case: AllReduceCase, benchmark, pools):
     assert seconds > 0
 
 
-_NO_COMM_STEP: dict[tuple[str, int], float] = {}  # baseline per model and world size
+_NO_COMM_STEP: dict[tuple[str, int], float] = {}  # baseline per model size and world size
 
 
 def _max_over_ranks(rounds: list[list[dict]], key: str) -> list[float]:
@@ -171,7 +172,7 @@ def test_train_step(perf_case: TrainCase, benchmark, pools):
     step = statistics.median(_max_over_ranks(rounds, "step_s"))
     sync = statistics.median(_max_over_ranks(rounds, "sync_s"))
     last = rounds[-1]
-    key = (spec.model, perf_case.world_size)
+    key = (spec.size, perf_case.world_size)
     if spec.variant == "none":
         _NO_COMM_STEP[key] = step
     baseline = _NO_COMM_STEP.get(key)

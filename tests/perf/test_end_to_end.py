@@ -1,7 +1,7 @@
-"""End-to-end Transformer LM steps: size x context x mode x precision x compile.
+"""End-to-end Transformer LM steps: size x seq len x mode x precision x compile.
 
 Profiles: `smoke` (tiny model on CPU), `quick` (the regression gate's cases: every size,
-context, mode, precision and eager/compiled at least once, six cases), `full` (the whole
+seq len, mode, precision and eager/compiled at least once, six cases), `full` (the whole
 matrix and the warm-up study; select parts with -k, e.g. -k "2.7b and train_step").
 """
 
@@ -14,7 +14,7 @@ from systems.bench.workloads import MODES, build_model_workload
 from systems.model import get_config
 
 SIZES = ("small", "medium", "large", "xl", "2.7b")
-CONTEXTS = (128, 256, 512, 1024)
+SEQ_LENS = (128, 256, 512, 1024)
 PRECISIONS = ("fp32", "bf16")
 WARMUP_STUDY = (0, 1, 2, 5)
 
@@ -22,7 +22,7 @@ WARMUP_STUDY = (0, 1, 2, 5)
 @dataclass(frozen=True)
 class StepCase:
     size: str
-    context: int
+    seq_len: int
     mode: str
     precision: str
     compiled: bool
@@ -33,16 +33,16 @@ class StepCase:
     @property
     def id(self) -> str:
         compile_tag = "compiled" if self.compiled else "eager"
-        return f"{self.size}-ctx{self.context}-{self.mode}-{self.precision}-{compile_tag}"
+        return f"{self.size}-ctx{self.seq_len}-{self.mode}-{self.precision}-{compile_tag}"
 
 
 def _rounds(size: str) -> int:
     return 10 if size in ("tiny", "small", "medium") else 5
 
 
-def _case(size: str, context: int, mode: str, precision: str, compiled: bool) -> StepCase:
+def _case(size: str, seq_len: int, mode: str, precision: str, compiled: bool) -> StepCase:
     # Compilation happens in warm-up; compiled graphs need a few more rounds to settle.
-    return StepCase(size, context, mode, precision, compiled,
+    return StepCase(size, seq_len, mode, precision, compiled,
                     warmup=3 if compiled else 2, rounds=_rounds(size))
 
 
@@ -54,7 +54,7 @@ def perf_cases(profile: str) -> list[StepCase]:
         return [StepCase(**{**c.__dict__, "rounds": 3, "warmup": 1 + c.compiled}) for c in cases]
     if profile == "full":
         return [_case(*combo) for combo in
-                itertools.product(SIZES, CONTEXTS, MODES, PRECISIONS, (False, True))]
+                itertools.product(SIZES, SEQ_LENS, MODES, PRECISIONS, (False, True))]
     # Each value of every axis once, the 2.7b bf16 train step (the staff reference) and one
     # compiled step; nothing here is shorter than a few ms, so host noise stays small.
     return [
@@ -69,7 +69,7 @@ def perf_cases(profile: str) -> list[StepCase]:
 
 def run_step_case(case: StepCase, device, synced_benchmark, *, warmup: int, group: str) -> None:
     workload = build_model_workload(
-        get_config(case.size), batch_size=case.batch, context_length=case.context,
+        get_config(case.size), batch_size=case.batch, seq_len=case.seq_len,
         mode=case.mode, precision=case.precision, compiled=case.compiled, device=device,
     )
     synced_benchmark.benchmark.group = group
@@ -100,8 +100,8 @@ def warmup_cases(profile: str) -> list[WarmupCase]:
     running) only."""
     if profile == "quick":
         return []
-    size, context = ("tiny", 64) if profile == "smoke" else ("small", 512)
-    step = StepCase(size, context, "train_step", "bf16", False, rounds=5)
+    size, seq_len = ("tiny", 64) if profile == "smoke" else ("small", 512)
+    step = StepCase(size, seq_len, "train_step", "bf16", False, rounds=5)
     return [WarmupCase(w, step) for w in WARMUP_STUDY]
 
 

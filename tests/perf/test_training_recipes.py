@@ -20,13 +20,13 @@ from systems.bench.workloads import CUDA_GRAPH_WARMUP
 from systems.model import get_config
 
 SIZES = ("small", "medium", "large", "xl", "2.7b")
-CONTEXTS = (512, 2048)
+SEQ_LENS = (512, 2048)
 
 
 @dataclass(frozen=True)
 class RecipeCase:
     size: str
-    context: int
+    seq_len: int
     recipe: str
     overrides: tuple[tuple[str, object], ...] = ()
     warmup: int = 2
@@ -35,7 +35,7 @@ class RecipeCase:
 
     @property
     def id(self) -> str:
-        return "-".join([f"{self.size}-ctx{self.context}-{self.recipe}",
+        return "-".join([f"{self.size}-ctx{self.seq_len}-{self.recipe}",
                          *(f"{k}={v}" for k, v in self.overrides)])
 
 
@@ -49,8 +49,8 @@ def _warmup(recipe: str) -> int:
     return 3 if options.compiled else 2
 
 
-def _case(size: str, context: int, recipe: str) -> RecipeCase:
-    return RecipeCase(size, context, recipe, warmup=_warmup(recipe),
+def _case(size: str, seq_len: int, recipe: str) -> RecipeCase:
+    return RecipeCase(size, seq_len, recipe, warmup=_warmup(recipe),
                       rounds=10 if size in ("small", "medium") else 5)
 
 
@@ -60,20 +60,20 @@ def perf_cases(profile: str) -> list[RecipeCase]:
         return [RecipeCase("tiny", 64, recipe, cpu_only, warmup=1, rounds=3)
                 for recipe in RECIPES]
     if profile == "full":
-        return [_case(*combo) for combo in itertools.product(SIZES, CONTEXTS, RECIPES)]
+        return [_case(*combo) for combo in itertools.product(SIZES, SEQ_LENS, RECIPES)]
     strongest = ("pytorch_baseline", "optimized")  # the ratio the docs state, at more shapes
     return ([_case(size, 512, recipe) for size in ("2.7b", "small") for recipe in RECIPES]
-            + [_case(size, context, recipe) for size, context in (("2.7b", 2048), ("xl", 512))
+            + [_case(size, seq_len, recipe) for size, seq_len in (("2.7b", 2048), ("xl", 512))
                for recipe in strongest])
 
 
 def test_training_recipe(perf_case: RecipeCase, device, synced_benchmark) -> None:
     config = get_config(perf_case.size)
     recipe = fit_to_device(get_recipe(perf_case.recipe, **dict(perf_case.overrides)), config,
-                           perf_case.batch, perf_case.context, device)
+                           perf_case.batch, perf_case.seq_len, device)
     workload = build_recipe_workload(config, recipe, batch_size=perf_case.batch,
-                                     context_length=perf_case.context, device=device)
-    synced_benchmark.benchmark.group = f"recipes-{perf_case.size}-ctx{perf_case.context}"
+                                     seq_len=perf_case.seq_len, device=device)
+    synced_benchmark.benchmark.group = f"recipes-{perf_case.size}-ctx{perf_case.seq_len}"
     synced_benchmark(
         workload.step, warmup=perf_case.warmup, rounds=perf_case.rounds,
         precision=recipe.precision, flops=workload.flops, tokens=workload.tokens,

@@ -1,4 +1,4 @@
-"""`python -m systems.bench`: time forward / forward+backward / train step of a model.
+"""`systems bench`: time forward / forward+backward / train step of a model.
 
 `--recipe NAME` runs a training recipe of `systems.bench.recipes` instead of the flags'
 plain setup, with `--option KEY=VALUE` changing any of its settings, e.g.
@@ -31,24 +31,24 @@ from systems.bench.workloads import (
     PRECISIONS,
     build_model_workload,
 )
+from systems.cli_flags import add_batch_size, add_device, add_seq_len, add_size, add_warmup_steps
 from systems.common.cli_help import HelpFormatter
 from systems.common.hardware import machine_description
-from systems.model import MODEL_CONFIGS, get_config
+from systems.model import get_config
 from systems.report.markdown import fmt
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m systems.bench",
+        prog="systems bench",
         description="Time a Transformer LM step with explicit warm-up and device sync.",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--size", default="small",
-                        help=f"preset ({', '.join(MODEL_CONFIGS)}); hyperparameter flags override")
+    add_size(parser, default="small")
     for name in ("d-model", "d-ff", "num-layers", "num-heads", "vocab-size"):
         parser.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
-    parser.add_argument("--context-length", type=int, default=512, help="tokens per sequence")
-    parser.add_argument("--batch-size", type=int, default=4, help="sequences per step")
+    add_seq_len(parser, default=512)
+    add_batch_size(parser, default=4)
     parser.add_argument("--mode", action="append", choices=MODES,
                         help="repeatable; default: all three")
     parser.add_argument("--precision", choices=sorted(PRECISIONS), help="default fp32")
@@ -59,15 +59,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a training recipe's setup (precision, attention, compile, ...)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="with --recipe, repeatable: change one of its settings")
-    parser.add_argument("--warmup", type=int, default=CUDA_GRAPH_WARMUP + 1,
-                        help="untimed steps first (%(default)s: up to and including the one "
-                             "a cuda_graph step is captured in)")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu, cuda or cuda:N")
+    add_warmup_steps(parser, warmup=CUDA_GRAPH_WARMUP + 1, steps=10,
+                     warmup_help="untimed steps first (%(default)s: up to and including the "
+                                 "one a cuda_graph step is captured in)")
+    add_device(parser)
     parser.add_argument("--json", type=Path,
                         help="write results to this file (checked before anything runs)")
-    return parser.parse_args(argv)
+    return parser
 
 
 def _config_from_args(args: argparse.Namespace):
@@ -77,9 +75,8 @@ def _config_from_args(args: argparse.Namespace):
         if getattr(args, field) is not None
     }
     config = get_config(args.size)
-    context = max(config.context_length, args.context_length) if overrides else None
-    if context is not None:
-        overrides["context_length"] = context
+    if overrides:  # a model of its own: long enough for the run's sequences
+        overrides["max_seq_len"] = max(config.max_seq_len, args.seq_len)
     return config.with_overrides(**overrides) if overrides else config
 
 
@@ -179,11 +176,11 @@ def run_benchmark(args: argparse.Namespace) -> list[dict[str, object]]:
 def _build(config, args: argparse.Namespace, mode: str, overrides: dict[str, object]):
     if args.recipe is None:
         return build_model_workload(
-            config, batch_size=args.batch_size, context_length=args.context_length, mode=mode,
+            config, batch_size=args.batch_size, seq_len=args.seq_len, mode=mode,
             precision=args.precision or "fp32", compiled=args.compile,
             attention=args.attention or "reference", device=args.device)
     return build_recipe_workload(config, get_recipe(args.recipe, **overrides),
-                                 batch_size=args.batch_size, context_length=args.context_length,
+                                 batch_size=args.batch_size, seq_len=args.seq_len,
                                  device=args.device, mode=mode)
 
 
@@ -231,7 +228,7 @@ def format_table(results: list[dict[str, object]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         results = run_benchmark(args)
     except ValueError as error:

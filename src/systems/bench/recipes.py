@@ -13,6 +13,7 @@ import torch
 from systems.accounting import checkpoint_every_for_budget
 from systems.bench.workloads import ModelWorkload, StepOptions, build_model_workload, check_choice
 from systems.model import ModelConfig
+from systems.optim import OptimizerName
 
 
 @dataclass(frozen=True)
@@ -31,13 +32,13 @@ RECIPES: dict[str, Recipe] = {
     # `torch.optim.AdamW(fused=True, capturable=True)`, and the whole step replayed from a
     # CUDA graph as ours is (CUDA only: elsewhere turn it off with cuda_graph=False).
     "pytorch_baseline": Recipe("sdpa", "bf16", True, StepOptions(
-        optimizer="torch", cuda_graph=True)),
+        optimizer=OptimizerName.TORCH_ADAMW, cuda_graph=True)),
     # Triton flash attention (a custom op inside the graph), the whole model compiled, bf16
     # parameters over fp32 masters updated by one fused kernel launch, LM head +
     # cross-entropy without full logits, and the whole step replayed from a CUDA graph (CUDA
     # only: elsewhere turn it off with cuda_graph=False).
     "optimized": Recipe("flash_triton", "bf16", True, StepOptions(
-        optimizer="mixed_precision", fused_loss=True, cuda_graph=True)),
+        optimizer=OptimizerName.MIXED_PRECISION, fused_loss=True, cuda_graph=True)),
 }
 _OPTION_FIELDS = frozenset(f.name for f in fields(StepOptions))
 
@@ -64,7 +65,7 @@ def build_recipe_workload(
     recipe: Recipe,
     *,
     batch_size: int = 4,
-    context_length: int = 512,
+    seq_len: int = 512,
     device: torch.device | str = "cpu",
     seed: int = 0,
     mode: str = "train_step",
@@ -72,13 +73,13 @@ def build_recipe_workload(
     """A step of `config` (a train step unless `mode` says otherwise) run the way `recipe`
     says; same seed, same weights and batch whatever the recipe."""
     return build_model_workload(
-        config, batch_size=batch_size, context_length=context_length, mode=mode,
+        config, batch_size=batch_size, seq_len=seq_len, mode=mode,
         precision=recipe.precision, compiled=recipe.compiled, attention=recipe.attention,
         device=device, seed=seed, options=recipe.options,
     )
 
 
-def fit_to_device(recipe: Recipe, config: ModelConfig, batch_size: int, context_length: int,
+def fit_to_device(recipe: Recipe, config: ModelConfig, batch_size: int, seq_len: int,
                   device: torch.device | str) -> Recipe:
     """Turn on activation checkpointing where the analytic model says the step would not
     fit in 90% of the GPU's memory (the rest: allocator slack and transients)."""
@@ -86,6 +87,6 @@ def fit_to_device(recipe: Recipe, config: ModelConfig, batch_size: int, context_
     if device.type != "cuda" or recipe.options.checkpoint_every:
         return recipe
     budget = int(0.9 * torch.cuda.get_device_properties(device).total_memory)
-    every = checkpoint_every_for_budget(config, batch_size, context_length, recipe.precision,
+    every = checkpoint_every_for_budget(config, batch_size, seq_len, recipe.precision,
                                         budget)
     return replace(recipe, options=replace(recipe.options, checkpoint_every=every))

@@ -11,11 +11,13 @@ import torch
 from systems.bench.cuda_graph import CapturedStep
 from systems.common.nvtx import nvtx_range
 from systems.model import ModelConfig, TransformerLM, cross_entropy
-from systems.optim import AdamW, MixedPrecisionAdamW
+from systems.optim import AdamW, MixedPrecisionAdamW, OptimizerName
+from systems.optim.names import optimizer_name
 
 MODES = ("forward", "forward_backward", "train_step")
 COMPILE_SCOPES = ("model", "blocks")
-OPTIMIZERS = ("ours", "torch", "mixed_precision")
+# The optimizers a single-process step can build.
+STEP_OPTIMIZERS = (OptimizerName.ADAMW, OptimizerName.TORCH_ADAMW, OptimizerName.MIXED_PRECISION)
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 # Backward costs two forwards (grads w.r.t. activations and weights); AdamW is negligible.
 # Ordinary steps before a step is captured (`StepOptions.cuda_graph`): compiled graphs and
@@ -62,20 +64,21 @@ class StepOptions:
     compile_scope: with `compiled`, "model" compiles the whole model's forward, "blocks"
     each Transformer block (short graphs, one compile shared by all blocks).
     compile_mode: passed to torch.compile (e.g. "max-autotune", or "reduce-overhead" for
-    CUDA graphs). optimizer: "ours" (`systems.optim.AdamW`), "torch" (`torch.optim.AdamW`,
-    fused on CUDA, foreach elsewhere) or "mixed_precision" (`systems.optim.MixedPrecisionAdamW`:
+    CUDA graphs). optimizer: "adamw" (`systems.optim.AdamW`), "torch_adamw"
+    (`torch.optim.AdamW`, fused on CUDA, foreach elsewhere) or "mixed_precision"
+    (`systems.optim.MixedPrecisionAdamW`:
     the parameters become copies in the step's precision over fp32 masters, so autocast
     casts nothing). fused_loss: LM head and cross-entropy in token
     chunks (`systems.model.fused_loss`). checkpoint_every: see `TransformerLM`.
     cuda_graph: after `CUDA_GRAPH_WARMUP` ordinary steps, capture one step in a CUDA graph
     and replay it from then on (`systems.bench.cuda_graph.CapturedStep`); CUDA only, with an
-    optimizer that counts steps on the GPU ("mixed_precision" or "torch", which is then
+    optimizer that counts steps on the GPU ("mixed_precision" or "torch_adamw", which is then
     capturable). lr: the optimizer's learning rate (weight decay 0.01).
     """
 
     compile_scope: str = "model"
     compile_mode: str | None = None
-    optimizer: str = "ours"
+    optimizer: OptimizerName = OptimizerName.ADAMW
     fused_loss: bool = False
     checkpoint_every: int = 0
     cuda_graph: bool = False
@@ -83,7 +86,8 @@ class StepOptions:
 
     def __post_init__(self) -> None:
         check_choice("compile scope", self.compile_scope, COMPILE_SCOPES)
-        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        # frozen: the validated name replaces the string it was given
+        object.__setattr__(self, "optimizer", optimizer_name(self.optimizer, STEP_OPTIMIZERS))
         if isinstance(self.lr, bool) or not isinstance(self.lr, int | float) or self.lr <= 0:
             raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
         if self.cuda_graph and self.compile_mode == "reduce-overhead":
@@ -101,7 +105,7 @@ class ModelWorkload:
 
     config: ModelConfig
     batch_size: int
-    context_length: int
+    seq_len: int
     mode: str
     precision: str
     compiled: bool
@@ -115,11 +119,11 @@ class ModelWorkload:
 
     @property
     def flops(self) -> float:
-        return workload_flops(self.config, self.batch_size, self.context_length, self.mode)
+        return workload_flops(self.config, self.batch_size, self.seq_len, self.mode)
 
     @property
     def tokens(self) -> int:
-        return self.batch_size * self.context_length
+        return self.batch_size * self.seq_len
 
     def load_batch(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
         """Train the next steps on this batch: copied into the tensors the step reads, which
@@ -138,7 +142,7 @@ class ModelWorkload:
             "d_model": self.config.d_model, "d_ff": self.config.d_ff,
             "num_layers": self.config.num_layers, "num_heads": self.config.num_heads,
             "vocab_size": self.config.vocab_size, "batch_size": self.batch_size,
-            "context_length": self.context_length, "mode": self.mode,
+            "seq_len": self.seq_len, "mode": self.mode,
             "precision": self.precision, "compiled": self.compiled,
             "attention": self.attention, "parameters": self.config.num_parameters(),
             **asdict(self.options),
@@ -149,7 +153,7 @@ def build_model_workload(
     config: ModelConfig,
     *,
     batch_size: int = 4,
-    context_length: int = 512,
+    seq_len: int = 512,
     mode: str = "train_step",
     precision: str = "fp32",
     compiled: bool = False,
@@ -163,15 +167,14 @@ def build_model_workload(
     check_choice("precision", precision, PRECISIONS)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if not 1 <= context_length <= config.context_length:
+    if not 1 <= seq_len <= config.max_seq_len:
         raise ValueError(
-            f"context_length {context_length} must lie in [1, {config.context_length}] "
-            "(the model's context_length)"
+            f"seq_len {seq_len} must lie in [1, {config.max_seq_len}] (the model's max_seq_len)"
         )
     device = torch.device(device)
-    if options.cuda_graph and mode == "train_step" and options.optimizer == "ours":
+    if options.cuda_graph and mode == "train_step" and options.optimizer == OptimizerName.ADAMW:
         raise ValueError("cuda_graph needs an optimizer that counts steps on the GPU: "
-                         "optimizer='mixed_precision' or 'torch'")
+                         "optimizer='mixed_precision' or 'torch_adamw'")
     if options.cuda_graph and device.type != "cuda":
         raise ValueError(f"cuda_graph needs a CUDA device, got {device} (turn it off with "
                          "cuda_graph=False)")
@@ -181,7 +184,7 @@ def build_model_workload(
         model = TransformerLM(config, attention=attention,
                               checkpoint_every=options.checkpoint_every)
     inputs, targets = torch.randint(
-        config.vocab_size, (2, batch_size, context_length), generator=generator
+        config.vocab_size, (2, batch_size, seq_len), generator=generator
     ).to(device)
     run_model = _compile(model, options) if compiled else model
     autocast = autocast_context(device, precision)
@@ -213,7 +216,7 @@ def build_model_workload(
     if options.cuda_graph:
         step = CapturedStep(step, warmup=CUDA_GRAPH_WARMUP)
     return ModelWorkload(
-        config=config, batch_size=batch_size, context_length=context_length, mode=mode,
+        config=config, batch_size=batch_size, seq_len=seq_len, mode=mode,
         precision=precision, compiled=compiled, attention=attention, device=device,
         options=options, model=model, step=step, inputs=inputs, targets=targets,
     )
@@ -233,9 +236,9 @@ def _compile(model: TransformerLM, options: StepOptions) -> torch.nn.Module:
 def _optimizer(model: torch.nn.Module, options: StepOptions, precision: str,
                device: torch.device) -> torch.optim.Optimizer:
     name = options.optimizer
-    if name == "ours":
+    if name == OptimizerName.ADAMW:
         return AdamW(model.parameters(), lr=options.lr, weight_decay=0.01)
-    if name == "mixed_precision":
+    if name == OptimizerName.MIXED_PRECISION:
         return MixedPrecisionAdamW(model.parameters(), lr=options.lr, weight_decay=0.01,
                                    compute_dtype=PRECISIONS[precision] or torch.float32)
     return torch.optim.AdamW(model.parameters(), lr=options.lr, weight_decay=0.01,
@@ -243,7 +246,7 @@ def _optimizer(model: torch.nn.Module, options: StepOptions, precision: str,
 
 
 def torch_adamw_settings(device: torch.device, *, cuda_graph: bool) -> dict[str, bool]:
-    """Keyword arguments of `torch.optim.AdamW` for the "torch" optimizer: one fused kernel
+    """Keyword arguments of `torch.optim.AdamW` for the "torch_adamw" optimizer: one fused kernel
     over all parameters on CUDA (the multi-tensor path elsewhere), and step counts kept on
     the device when the step is captured in a CUDA graph. The learning rate stays a float:
     it is read at capture, and replays keep it, as they keep ours."""

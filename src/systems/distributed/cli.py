@@ -1,4 +1,4 @@
-"""`torchrun --nproc-per-node N -m systems.distributed {allreduce,train} ...`.
+"""`torchrun --nproc-per-node N -m systems dist {allreduce,train} ...`.
 
 The same rank-side benchmarks as tests/perf/test_distributed.py, joined through env://
 rendezvous so they run on one node or across nodes; rank 0 prints one JSON line per result
@@ -13,11 +13,25 @@ import statistics
 
 import torch.distributed as dist
 
+from systems.cli_flags import (
+    add_batch_size,
+    add_bucket_size_mb,
+    add_seq_len,
+    add_size,
+    add_warmup_steps,
+)
 from systems.common.cli_help import HelpFormatter
 from systems.distributed.allreduce import bandwidths, timed_allreduces
 from systems.distributed.launch import worker_state
 from systems.distributed.process_group import init_from_env
-from systems.distributed.train_bench import VARIANTS, TrainSpec, setup_train, train_round
+from systems.distributed.train_bench import (
+    DATA_PARALLEL_OPTIMIZERS,
+    DEFAULT_BUCKET_SIZE_MB,
+    VARIANTS,
+    TrainSpec,
+    setup_train,
+    train_round,
+)
 
 
 def _max_over_ranks(value: float) -> float:
@@ -39,15 +53,16 @@ def _allreduce(args: argparse.Namespace) -> list[dict]:
 
 
 def _train(args: argparse.Namespace) -> list[dict]:
-    spec = TrainSpec(args.variant, args.model, args.batch, args.context, args.bucket_mb)
+    spec = TrainSpec(args.variant, args.size, args.batch_size, args.seq_len, args.bucket_size_mb,
+                     args.optimizer)
     setup_train(spec)
     steps = [train_round() for _ in range(args.warmup + args.steps)][args.warmup:]
     step = statistics.median(_max_over_ranks(s["step_s"]) for s in steps)
     return [{"spec": vars(spec), "step_s": step}]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="torchrun ... -m systems.distributed",
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torchrun ... -m systems dist",
                                      description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl on GPUs")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -59,13 +74,18 @@ def main(argv: list[str] | None = None) -> None:
     train = commands.add_parser("train", help="data-parallel train steps",
                                 formatter_class=HelpFormatter)
     train.add_argument("--variant", choices=VARIANTS, default="bucketed", help="DDP variant")
-    train.add_argument("--bucket-mb", type=float, default=100.0, help="bucketed DDP's bucket")
-    train.add_argument("--model", default="xl", help="model preset")
-    train.add_argument("--batch", type=int, default=8, help="sequences per rank")
-    train.add_argument("--context", type=int, default=128, help="tokens per sequence")
-    train.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    train.add_argument("--steps", type=int, default=5, help="timed steps")
-    args = parser.parse_args(argv)
+    add_bucket_size_mb(train, default=DEFAULT_BUCKET_SIZE_MB, retired=("--bucket-mb",))
+    add_size(train, default="xl", retired=("--model",))
+    add_batch_size(train, default=8, help="sequences per rank", retired=("--batch",))
+    add_seq_len(train, default=128, retired=("--context",))
+    train.add_argument("--optimizer", choices=[o.value for o in DATA_PARALLEL_OPTIMIZERS],
+                       default=DATA_PARALLEL_OPTIMIZERS[0].value, help="optimizer")
+    add_warmup_steps(train, warmup=2, steps=5)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     worker_state["device"] = init_from_env(args.backend)
     results = _allreduce(args) if args.command == "allreduce" else _train(args)
     if dist.get_rank() == 0:

@@ -21,28 +21,41 @@ from systems.distributed.fsdp import FSDP
 from systems.distributed.launch import worker_state
 from systems.distributed.timing import StepTimer
 from systems.model import TransformerLM, cross_entropy, get_config
-from systems.optim import AdamW, ShardedOptimizer
+from systems.optim import AdamW, OptimizerName, ShardedOptimizer
+from systems.optim.names import optimizer_name
 
 VARIANTS = ("none", "torch_ddp", "naive", "flat", "individual", "bucketed", "fsdp",
             "torch_fsdp2")
-OPTIMIZERS = ("adamw", "sharded", "torch_zero")
+# The optimizers a data-parallel step can build.
+DATA_PARALLEL_OPTIMIZERS = (OptimizerName.ADAMW, OptimizerName.SHARDED, OptimizerName.TORCH_ZERO)
+# Bucketed DDP's bucket when none is asked for (here and on the command line): the size the
+# quick perf profile gates. `None` (one bucket, synchronised after backward) would overlap no
+# communication with backward, which is what the bucketed variant is for.
+DEFAULT_BUCKET_SIZE_MB = 100.0
 
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """One configuration. variant 'none': each rank trains alone (no communication)."""
+    """One configuration. variant 'none': each rank trains alone (no communication).
+    `bucket_size_mb` belongs to the bucketed variant (None there: one bucket); every other
+    variant records None, so saved results name a bucket only where one was used."""
 
     variant: str
-    model: str = "xl"
+    size: str = "xl"
     batch_per_rank: int = 8
-    context: int = 128
-    bucket_mb: float | None = None
-    optimizer: str = "adamw"
+    seq_len: int = 128
+    bucket_size_mb: float | None = DEFAULT_BUCKET_SIZE_MB
+    optimizer: OptimizerName = OptimizerName.ADAMW
     lr: float = 1e-4
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS or self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown variant/optimizer {self.variant!r}/{self.optimizer!r}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; choose one of {VARIANTS}")
+        # frozen: validated and normalised values replace the ones given
+        object.__setattr__(self, "optimizer",
+                           optimizer_name(self.optimizer, DATA_PARALLEL_OPTIMIZERS))
+        if self.variant != "bucketed":
+            object.__setattr__(self, "bucket_size_mb", None)
 
 
 def _wrap(spec: TrainSpec, model: nn.Module, device: torch.device) -> nn.Module:
@@ -58,14 +71,14 @@ def _wrap(spec: TrainSpec, model: nn.Module, device: torch.device) -> nn.Module:
     wrappers = {"naive": NaiveDDP, "flat": FlatDDP, "individual": DDPIndividualParameters,
                 "fsdp": FSDP, "none": lambda m: m}
     if spec.variant == "bucketed":
-        return DDPBucketed(model, spec.bucket_mb)
+        return DDPBucketed(model, spec.bucket_size_mb)
     return wrappers[spec.variant](model)
 
 
 def _optimizer(spec: TrainSpec, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    if spec.optimizer == "sharded":
+    if spec.optimizer == OptimizerName.SHARDED:
         return ShardedOptimizer(params, AdamW, lr=spec.lr)
-    if spec.optimizer == "torch_zero":
+    if spec.optimizer == OptimizerName.TORCH_ZERO:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(params, optimizer_class=AdamW, lr=spec.lr)
@@ -81,13 +94,13 @@ def setup_train(spec: TrainSpec) -> dict[str, Any]:
     device = worker_state["device"]
     teardown_train()
     torch.manual_seed(0)
-    config = get_config(spec.model)
+    config = get_config(spec.size)
     with device:
         model = TransformerLM(config)
     wrapped = _wrap(spec, model, device)
     optimizer = _optimizer(spec, [p for p in wrapped.parameters() if p.requires_grad])
     generator = torch.Generator().manual_seed(1 + dist.get_rank())
-    tokens = torch.randint(config.vocab_size, (spec.batch_per_rank, spec.context + 1),
+    tokens = torch.randint(config.vocab_size, (spec.batch_per_rank, spec.seq_len + 1),
                            generator=generator).to(device)
     worker_state["train"] = (spec, wrapped, optimizer, tokens)
     if device.type == "cuda":

@@ -14,11 +14,11 @@ class ModelConfig:
     num_layers: int
     num_heads: int
     vocab_size: int = 10_000
-    context_length: int = 2048
+    max_seq_len: int = 2048
     rope_theta: float = 10_000.0
 
     def __post_init__(self) -> None:
-        for field in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
+        for field in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "max_seq_len"):
             value = getattr(self, field)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{field} must be a positive integer, got {value!r}")
@@ -48,7 +48,7 @@ class ModelConfig:
 
 MODEL_CONFIGS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(d_model=64, d_ff=192, num_layers=2, num_heads=4, vocab_size=512,
-                        context_length=256),
+                        max_seq_len=256),
     "small": ModelConfig(d_model=768, d_ff=3072, num_layers=12, num_heads=12),
     "medium": ModelConfig(d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
     "large": ModelConfig(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),

@@ -31,7 +31,7 @@ class TransformerLM(nn.Module):
         self.token_embeddings = nn.Embedding(config.vocab_size, config.d_model)
         nn.init.trunc_normal_(self.token_embeddings.weight, std=1.0, a=-3.0, b=3.0)
         # One rotary table shared by all layers; it holds only non-persistent buffers.
-        rope = RotaryEmbedding(config.head_dim, config.context_length, config.rope_theta)
+        rope = RotaryEmbedding(config.head_dim, config.max_seq_len, config.rope_theta)
         self.layers = nn.ModuleList(
             TransformerBlock(config.d_model, config.num_heads, config.d_ff, rope, attention)
             for _ in range(config.num_layers)
@@ -55,10 +55,10 @@ class TransformerLM(nn.Module):
         if token_ids.dim() != 2:
             raise ValueError(f"token_ids must be (batch, seq), got shape {tuple(token_ids.shape)}")
         seq_len = token_ids.shape[1]
-        if seq_len > self.config.context_length:
+        if seq_len > self.config.max_seq_len:
             raise ValueError(
-                f"sequence length {seq_len} exceeds the model's context_length "
-                f"{self.config.context_length}"
+                f"sequence length {seq_len} exceeds the model's max_seq_len "
+                f"{self.config.max_seq_len}"
             )
         positions = torch.arange(seq_len, device=token_ids.device)
         x = self.token_embeddings(token_ids)

@@ -1,4 +1,4 @@
-"""`python -m systems.profiling {compute,memory,breakdown}`: kernel summaries, memory
+"""`systems profile {compute,memory,breakdown}`: kernel summaries, memory
 timelines and a train step's kernel time by category.
 
 compute: torch.profiler over forward / forward+backward / train step after warm-up; writes
@@ -21,9 +21,10 @@ import torch
 from systems.bench.cli import recipe_overrides
 from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe, runnable_on
 from systems.bench.workloads import CUDA_GRAPH_WARMUP, MODES, PRECISIONS, build_model_workload
+from systems.cli_flags import add_batch_size, add_device, add_seq_len, add_size, add_warmup_steps
 from systems.common.cli_help import HelpFormatter
 from systems.common.hardware import device_name
-from systems.model import MODEL_CONFIGS, get_config
+from systems.model import get_config
 from systems.profiling import step_breakdown
 from systems.profiling.compute import profile_workload
 from systems.profiling.memory import (
@@ -36,64 +37,61 @@ from systems.profiling.memory import (
 )
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m systems.profiling", description=__doc__,
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="systems profile", description=__doc__,
                                      formatter_class=HelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, modes in (("compute", list(MODES)), ("memory", ["forward", "train_step"])):
         sub = commands.add_parser(name, formatter_class=HelpFormatter)
-        sub.add_argument("--size", nargs="+", default=["small"], choices=list(MODEL_CONFIGS),
-                         help="model presets")
-        sub.add_argument("--context-length", nargs="+", type=int, default=[512],
-                         help="tokens per sequence")
+        add_size(sub, default=["small"])
+        add_seq_len(sub, default=[512])
         sub.add_argument("--mode", nargs="+", default=modes, choices=MODES, help="steps to run")
         sub.add_argument("--precision", nargs="+", default=["fp32"], choices=sorted(PRECISIONS),
                          help="precisions")
-        sub.add_argument("--batch-size", type=int, default=4, help="sequences per step")
+        add_batch_size(sub, default=4)
         sub.add_argument("--out", type=Path, required=True, help="output folder")
         sub.add_argument("--max-artifact-mb", type=float, default=15.0,
                          help="drop a trace / snapshot / HTML file larger than this")
     compute = commands.choices["compute"]
-    compute.add_argument("--warmup", type=int, default=2, help="untraced steps first")
-    compute.add_argument("--steps", type=int, default=3, help="traced steps")
+    add_warmup_steps(compute, warmup=2, steps=3, warmup_help="untraced steps first",
+                     steps_help="traced steps")
     compute.add_argument("--attention", default="reference", help="attention backend")
-    compute.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                         help="cpu, cuda or cuda:N")
+    add_device(compute)
     memory = commands.choices["memory"]
     memory.add_argument("--steps", type=int, default=2, help="recorded steps after model build")
     memory.add_argument("--no-html", action="store_true", help="skip the HTML viewers")
     _add_breakdown_parser(commands)
-    return parser.parse_args(argv)
+    return parser
 
 
 def _add_breakdown_parser(commands) -> None:
     breakdown = commands.add_parser(
         "breakdown", description=step_breakdown.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         help="kernel time of a training recipe's step by category, beside its floor")
-    breakdown.add_argument("--recipe", default="optimized", choices=sorted(RECIPES))
+    breakdown.add_argument("--recipe", default="optimized", choices=sorted(RECIPES),
+                           help="training recipe")
     breakdown.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                            help="repeatable: change one of the recipe's settings")
-    breakdown.add_argument("--size", default="2.7b", choices=list(MODEL_CONFIGS))
-    breakdown.add_argument("--context-length", type=int, default=512)
-    breakdown.add_argument("--batch-size", type=int, default=4)
-    breakdown.add_argument("--warmup", type=int, default=CUDA_GRAPH_WARMUP + 1,
-                           help="steps before timing and profiling (enough to capture a "
-                                "CUDA graph)")
-    breakdown.add_argument("--steps", type=int, default=10, help="timed, then profiled steps")
+    add_size(breakdown, default="2.7b")
+    add_seq_len(breakdown, default=512)
+    add_batch_size(breakdown, default=4)
+    add_warmup_steps(breakdown, warmup=CUDA_GRAPH_WARMUP + 1, steps=10,
+                     warmup_help="steps before timing and profiling (enough to capture a "
+                                 "CUDA graph)", steps_help="timed, then profiled steps")
     breakdown.add_argument("--matmul-tflops", type=float,
                            default=step_breakdown.DEFAULT_MATMUL_TFLOPS,
                            help="matmul ceiling for the FLOP floors")
     breakdown.add_argument("--copy-gbps", type=float,
                            help="copy bandwidth (read + written) for the byte floors; "
                                 "default: measured by a 1 GiB same-device copy")
-    breakdown.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_device(breakdown)
     breakdown.add_argument("--out", type=Path, required=True, help="output folder")
 
 
 def _header(title: str, device: str) -> str:
     return (f"# {title}\n\nDevice: {device_name(device)}; torch {torch.__version__}. "
-            f"Generated by `python -m systems.profiling`.\n")
+            f"Generated by `systems profile`.\n")
 
 
 def run_compute(args: argparse.Namespace) -> str:
@@ -101,11 +99,11 @@ def run_compute(args: argparse.Namespace) -> str:
     if torch.device(args.device).type != "cuda":
         sections.append("No CUDA device: the tables show CPU ops' self time, not GPU kernels.\n")
     for size, ctx, precision, mode in itertools.product(
-            args.size, args.context_length, args.precision, args.mode):
+            args.size, args.seq_len, args.precision, args.mode):
         tag = f"{size}_ctx{ctx}_{mode}_{precision}"
         print(f"profiling {tag} ...", file=sys.stderr)
         workload = build_model_workload(
-            get_config(size), batch_size=args.batch_size, context_length=ctx, mode=mode,
+            get_config(size), batch_size=args.batch_size, seq_len=ctx, mode=mode,
             precision=precision, attention=args.attention, device=args.device)
         result = profile_workload(workload, tag, warmup=args.warmup, steps=args.steps,
                                   out_dir=args.out, max_trace_mb=args.max_artifact_mb)
@@ -118,7 +116,7 @@ def run_compute(args: argparse.Namespace) -> str:
 def run_memory(args: argparse.Namespace) -> str:
     cases = [MemoryCase(size, get_config(size), ctx, precision, mode, args.batch_size)
              for size, ctx, precision, mode in itertools.product(
-                 args.size, args.context_length, args.precision, args.mode)]
+                 args.size, args.seq_len, args.precision, args.mode)]
     arithmetic = ["## Activation arithmetic (analytic, `systems.accounting`)\n",
                   activation_arithmetic_table(cases), ""]
     if not torch.cuda.is_available():
@@ -154,7 +152,7 @@ def run_breakdown(args: argparse.Namespace) -> str:
     recipe = runnable_on(get_recipe(args.recipe, **recipe_overrides(args.recipe, args.option)),
                          args.device)
     workload = build_recipe_workload(get_config(args.size), recipe, batch_size=args.batch_size,
-                                     context_length=args.context_length, device=args.device)
+                                     seq_len=args.seq_len, device=args.device)
     record = step_breakdown.recipe_breakdown(
         workload, recipe=args.recipe, warmup=args.warmup, steps=args.steps,
         matmul_tflops=args.matmul_tflops, copy_gbps=args.copy_gbps)
@@ -175,7 +173,7 @@ def _write(path: Path, sections: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
+    args = build_parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         text = {"compute": run_compute, "memory": run_memory,

@@ -48,7 +48,7 @@ def profile_workload(
         synchronize(workload.device)
     ops = collect_timed_ops(prof.events(), on_gpu=on_gpu)
     flops = reference_attention_part_flops(workload.config, workload.batch_size,
-                                           workload.context_length)
+                                           workload.seq_len)
     unit = "GPU kernels" if on_gpu else "CPU ops (self time; no GPU)"
     sections = [
         f"### {tag}\n",

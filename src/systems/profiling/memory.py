@@ -38,14 +38,14 @@ class NeedsCudaError(RuntimeError):
 class MemoryCase:
     size: str
     config: ModelConfig
-    context_length: int
+    seq_len: int
     precision: str
     mode: str
     batch_size: int = 4
 
     @property
     def tag(self) -> str:
-        return f"{self.size}_ctx{self.context_length}_{self.mode}_{self.precision}"
+        return f"{self.size}_ctx{self.seq_len}_{self.mode}_{self.precision}"
 
 
 @dataclass
@@ -75,7 +75,7 @@ def record_memory(
                                              clear_history=True)
     try:
         workload = build_model_workload(
-            case.config, batch_size=case.batch_size, context_length=case.context_length,
+            case.config, batch_size=case.batch_size, seq_len=case.seq_len,
             mode=case.mode, precision=case.precision, device="cuda")
         for i in range(steps):
             print(f"  [{case.tag}] step {i + 1}/{steps}", file=sys.stderr)
@@ -130,15 +130,15 @@ def activation_arithmetic_table(cases: list[MemoryCase]) -> str:
     """Residual-stream and saved-activation sizes predicted for each shape and precision."""
     rows, seen = [], set()
     for c in cases:
-        key = (c.size, c.context_length, c.precision)
+        key = (c.size, c.seq_len, c.precision)
         if key in seen:
             continue
         seen.add(key)
-        memory = step_memory(c.config, c.batch_size, c.context_length, c.precision)
+        memory = step_memory(c.config, c.batch_size, c.seq_len, c.precision)
         rows.append([
-            c.size, c.batch_size, c.context_length, c.precision,
-            fmt(residual_stream_bytes(c.config, c.batch_size, c.context_length), ".2f", 1e-6),
-            fmt(layer_activation_bytes(c.config, c.batch_size, c.context_length, c.precision),
+            c.size, c.batch_size, c.seq_len, c.precision,
+            fmt(residual_stream_bytes(c.config, c.batch_size, c.seq_len), ".2f", 1e-6),
+            fmt(layer_activation_bytes(c.config, c.batch_size, c.seq_len, c.precision),
                 ".1f", 1e-6),
             fmt(memory.activations, ".2f", 2**-30),
             fmt(memory.backward_start, ".2f", 2**-30),
@@ -154,9 +154,9 @@ def peak_memory_table(runs: list[MemoryRun]) -> str:
     rows = []
     for run in runs:
         c = run.case
-        predicted = step_memory(c.config, c.batch_size, c.context_length, c.precision,
+        predicted = step_memory(c.config, c.batch_size, c.seq_len, c.precision,
                                 c.mode).peak
-        rows.append([c.size, c.context_length, c.mode, c.precision,
+        rows.append([c.size, c.seq_len, c.mode, c.precision,
                      fmt(run.peak_allocated, ".2f", 2**-30),
                      fmt(run.timeline_peak, ".2f", 2**-30),
                      fmt(run.peak_reserved, ".2f", 2**-30), fmt(predicted, ".2f", 2**-30),

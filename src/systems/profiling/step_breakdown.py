@@ -128,7 +128,7 @@ def floor_seconds(workload: ModelWorkload, ceilings: Ceilings) -> dict[str, floa
     at the same ceiling; the optimizer's reads and writes at the copy bandwidth."""
     if workload.mode != "train_step":
         raise ValueError(f"the breakdown is of train steps, got mode {workload.mode!r}")
-    config, batch, seq = workload.config, workload.batch_size, workload.context_length
+    config, batch, seq = workload.config, workload.batch_size, workload.seq_len
     heads = config.num_layers * batch * config.num_heads
     causal = functools.partial(attention_flops, heads, seq, seq, config.head_dim, True)
     # forward_flops counts the unmasked attention matmuls: twice the causal forward's.
@@ -250,7 +250,7 @@ def breakdown_markdown(record: dict[str, object]) -> str:
     return "\n".join([
         f"### {record['recipe']}: {workload['num_layers']} layers x d_model "
         f"{workload['d_model']}, batch {workload['batch_size']} x ctx "
-        f"{workload['context_length']}, {workload['precision']}\n",
+        f"{workload['seq_len']}, {workload['precision']}\n",
         f"Measured: {record['measured']} on {record['device']}; {record['steps']} profiled "
         f"steps after {record['warmup']} warm-up steps. Profiled step wall time "
         f"{record['wall_ms']:.4g} ms (unprofiled: {record['unprofiled_wall_ms']:.4g} ms, mean "

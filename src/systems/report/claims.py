@@ -107,7 +107,7 @@ def attention_claims(results: Sequence[Result]) -> list[Claim]:
 def recipe_claims(results: Sequence[Result]) -> list[Claim]:
     """Per model size and context: our recipe / the PyTorch-only baseline's train step."""
     def workload(r: Result) -> tuple:
-        return str(r.get(keys.SIZE)), r.get(keys.CONTEXT), str(r.get(keys.MODE))
+        return str(r.get(keys.SIZE)), r.get(keys.SEQ_LEN), str(r.get(keys.MODE))
 
     return [_round_claim(f"train step {g[2]}, ctx {g[3]}", g, ours, rival, OUR_RECIPE,
                          RIVAL_RECIPE)
@@ -118,8 +118,8 @@ def recipe_claims(results: Sequence[Result]) -> list[Claim]:
 
 def _ddp_name(r: Result) -> str:
     name = str(r.get(keys.VARIANT))
-    if r.get(keys.BUCKET_MB) is not None:
-        name += f" {r.get(keys.BUCKET_MB)} MB"
+    if r.get(keys.BUCKET_SIZE_MB) is not None:
+        name += f" {r.get(keys.BUCKET_SIZE_MB)} MB"
     if r.get(keys.OPTIMIZER) not in (None, "adamw"):
         name += f", {r.get(keys.OPTIMIZER)}"
     return name
@@ -129,8 +129,8 @@ def ddp_claims(results: Sequence[Result]) -> list[Claim]:
     """Per world size and workload: each of our variants' step / PyTorch's DDP (or FSDP2
     for our FSDP), from the slowest rank's median step (CUDA events)."""
     def workload(r: Result) -> tuple:
-        return (r.get(keys.WORLD_SIZE), str(r.get("model")), r.get("batch_per_rank"),
-                r.get("context"), str(r.get(keys.BACKEND)))
+        return (r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)), r.get("batch_per_rank"),
+                r.get(keys.SEQ_LEN), str(r.get(keys.BACKEND)))
 
     claims = []
     with_steps = [r for r in results if isinstance(r.get(keys.STEP_S), int | float)]

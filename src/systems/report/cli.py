@@ -1,4 +1,4 @@
-"""`python -m systems.report {results,latest,compare}`: pages and views of saved runs.
+"""`systems report {results,latest,compare}`: pages and views of saved runs.
 
 results: regenerate docs/RESULTS.md and docs/img/*.png from every run under .benchmarks/,
          and the generated blocks of README.md and docs/*.md
@@ -29,7 +29,7 @@ from systems.report.tables import mean_std_ms
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m systems.report", description=__doc__,
+    parser = argparse.ArgumentParser(prog="systems report", description=__doc__,
                                      formatter_class=HelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     results = commands.add_parser("results", help="write the results page and its plots",

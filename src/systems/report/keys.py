@@ -5,7 +5,7 @@ If a suite renames a key, change it here. A result's kind is decided by which ke
 
 # End-to-end model steps (tests/perf/test_end_to_end.py).
 SIZE = "size"
-CONTEXT = "context_length"
+SEQ_LEN = "seq_len"  # tokens per sequence (attention results: derived from `shape`)
 BATCH = "batch_size"
 MODE = "mode"
 PRECISION = "precision"
@@ -28,7 +28,6 @@ SHAPE = "shape"
 DTYPE = "dtype"
 CAUSAL = "causal"
 PASS = MODE
-SEQ_LEN = "seq_len"
 HEAD_DIM = "head_dim"
 BATCH_HEADS = "batch_heads"
 
@@ -37,7 +36,7 @@ BATCH_HEADS = "batch_heads"
 # extra_info; the pytest-benchmark round also holds messaging to the rank processes.
 VARIANT = "variant"
 OPTIMIZER = "optimizer"
-BUCKET_MB = "bucket_mb"
+BUCKET_SIZE_MB = "bucket_size_mb"
 WORLD_SIZE = "world_size"
 BACKEND = "backend"
 SIZE_BYTES = "size_bytes"
@@ -67,14 +66,22 @@ DO_BENCH_TIME = "device time (do_bench)"
 RANK_EVENT_TIME = "eager, CUDA events per step, median of the slowest rank"
 
 # Short column headers for keys shown in tables.
-HEADERS = {SIZE: "size", CONTEXT: "ctx", MODE: "mode", PRECISION: "precision",
+HEADERS = {SIZE: "size", MODE: "mode", PRECISION: "precision",
            COMPILED: "compiled", DTYPE: "dtype", SEQ_LEN: "seq len", HEAD_DIM: "head dim",
            BATCH_HEADS: "batch x heads", IMPLEMENTATION: "implementation",
            ATTENTION: "attention"}
 
 
+# Keys runs saved before the suites spoke one vocabulary, and the key each now is.
+RETIRED_KEYS = {"context_length": SEQ_LEN, "context": SEQ_LEN, "model": SIZE,
+                "bucket_mb": BUCKET_SIZE_MB}
+
+
 def normalise(info: dict) -> dict:
-    """extra_info with the derived keys the report reads (the original keys are kept)."""
+    """extra_info with the derived keys the report reads (the original keys are kept),
+    retired keys included under their current names."""
+    info = {**{new: info[old] for old, new in RETIRED_KEYS.items()
+               if old in info and new not in info}, **info}
     shape = info.get(SHAPE)
     if IMPLEMENTATION not in info or not isinstance(shape, list) or len(shape) < 2:
         return info

@@ -32,7 +32,7 @@ def speedup_sections(results: Sequence[Result]) -> list[str]:
     pair measured in one run."""
     e2e = _of_kind(results, "end_to_end")
     attention = _of_kind(results, "attention")
-    model_label = [keys.SIZE, keys.CONTEXT, keys.MODE]
+    model_label = [keys.SIZE, keys.SEQ_LEN, keys.MODE]
     out = _section("Speedup: eager vs torch.compile",
                    tables.speedup_table(e2e, keys.COMPILED, False, True,
                                         [*model_label, keys.PRECISION], ("eager", "compiled")),

@@ -112,8 +112,8 @@ def model_step_times(results: Sequence[Result], path: Path) -> Path | None:
     modes = {r.get(keys.MODE) for r in rows}
     mode = "train_step" if "train_step" in modes else _most_common(rows, keys.MODE)
     rows = [r for r in rows if r.get(keys.MODE) == mode]
-    context = _most_common(rows, keys.CONTEXT)
-    rows = [r for r in rows if r.get(keys.CONTEXT) == context]
+    context = _most_common(rows, keys.SEQ_LEN)
+    rows = [r for r in rows if r.get(keys.SEQ_LEN) == context]
     sizes = sorted({r.get(keys.SIZE) for r in rows}, key=list(MODEL_CONFIGS).index)
     variants = sorted({(r.get(keys.PRECISION), bool(r.get(keys.COMPILED))) for r in rows})
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(sizes)), 4.5))
@@ -142,8 +142,8 @@ def _step_ms(result: Result) -> float:
 
 def _ddp_label(result: Result) -> str:
     label = f"{result.get(keys.VARIANT)}, {result.get(keys.WORLD_SIZE)} ranks"
-    if result.get(keys.BUCKET_MB) is not None:
-        label += f", {result.get(keys.BUCKET_MB)} MB"
+    if result.get(keys.BUCKET_SIZE_MB) is not None:
+        label += f", {result.get(keys.BUCKET_SIZE_MB)} MB"
     if result.get(keys.OPTIMIZER) not in (None, "adamw"):
         label += f", {result.get(keys.OPTIMIZER)}"
     return label
@@ -157,10 +157,10 @@ def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
     # The bucket sweep is one line per world size with the plain optimizer; every other
     # configuration (other variants, sharded optimizers) is a bar of its own.
     def in_sweep(r: Result) -> bool:
-        return r.get(keys.BUCKET_MB) is not None and r.get(keys.OPTIMIZER) in (None, "adamw")
+        return r.get(keys.BUCKET_SIZE_MB) is not None and r.get(keys.OPTIMIZER) in (None, "adamw")
 
     swept = sorted(filter(in_sweep, rows),
-                   key=lambda r: (r.get(keys.WORLD_SIZE) or 0, r.get(keys.BUCKET_MB)))
+                   key=lambda r: (r.get(keys.WORLD_SIZE) or 0, r.get(keys.BUCKET_SIZE_MB)))
     fixed = sorted((r for r in rows if not in_sweep(r)),
                    key=lambda r: (r.get(keys.WORLD_SIZE) or 0, str(r.get(keys.VARIANT))),
                    reverse=True)
@@ -176,7 +176,7 @@ def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
         ax = axes[0, 1]
         for world, points in groupby(swept, key=lambda r: r.get(keys.WORLD_SIZE)):
             points = list(points)
-            ax.plot([r.get(keys.BUCKET_MB) for r in points], [_step_ms(r) for r in points],
+            ax.plot([r.get(keys.BUCKET_SIZE_MB) for r in points], [_step_ms(r) for r in points],
                     marker="o", label=f"{world} ranks",
                     linestyle="-" if len(points) > 1 else "none")
         _time_axis_from_zero(ax, [_step_ms(r) for r in swept])

@@ -57,12 +57,12 @@ def _compile_tag(result: Result) -> str:
 def end_to_end_table(results: Sequence[Result]) -> str:
     """One row per end-to-end step benchmark: time, throughput, memory and the run file."""
     rows = sorted((r for r in results if r.kind == "end_to_end"),
-                  key=_sort_key(keys.SIZE, keys.CONTEXT, keys.MODE, keys.PRECISION,
+                  key=_sort_key(keys.SIZE, keys.SEQ_LEN, keys.MODE, keys.PRECISION,
                                 keys.COMPILED, keys.ATTENTION))
     return markdown_table(
         ["size", "ctx", "mode", "precision", "compile", "attention", "mean ± std ms",
          "TFLOP/s", "MFU", "tokens/s", "peak GiB", "run"],
-        [[r.get(keys.SIZE), r.get(keys.CONTEXT), r.get(keys.MODE), r.get(keys.PRECISION),
+        [[r.get(keys.SIZE), r.get(keys.SEQ_LEN), r.get(keys.MODE), r.get(keys.PRECISION),
           _compile_tag(r), r.get(keys.ATTENTION, "-"), mean_std_ms(r),
           fmt(r.get(keys.TFLOPS), ".1f"), fmt(r.get(keys.MFU), ".1%"),
           fmt(r.get(keys.TOKENS_PER_S), ",.0f"), _gib(r.get(keys.PEAK_MEMORY)), r.short_run]
@@ -107,7 +107,7 @@ def recipes_table(results: Sequence[Result], baseline: str = "pytorch_baseline",
     by_workload: dict[tuple, dict[str, Result]] = {}
     for r in results:  # recipes are put side by side only when measured in one run
         if r.kind == "recipe":
-            by_workload.setdefault((r.get(keys.SIZE), r.get(keys.CONTEXT), r.measured_in), {})[
+            by_workload.setdefault((r.get(keys.SIZE), r.get(keys.SEQ_LEN), r.measured_in), {})[
                 str(r.get(keys.RECIPE))] = r
     rows = []
     for (size, context, _), recipes in sorted(
@@ -130,9 +130,9 @@ def recipes_table(results: Sequence[Result], baseline: str = "pytorch_baseline",
 
 # What makes two results the same workload (the measured numbers are left out).
 _IDENTITY_KEYS = {
-    keys.SIZE, keys.CONTEXT, keys.BATCH, keys.MODE, keys.PRECISION, keys.COMPILED,
+    keys.SIZE, keys.SEQ_LEN, keys.BATCH, keys.MODE, keys.PRECISION, keys.COMPILED,
     keys.ATTENTION, keys.IMPLEMENTATION, keys.SEQ_LEN, keys.HEAD_DIM, keys.DTYPE, keys.PASS,
-    keys.VARIANT, keys.BUCKET_MB, keys.WORLD_SIZE, keys.BACKEND, keys.SIZE_BYTES,
+    keys.VARIANT, keys.BUCKET_SIZE_MB, keys.WORLD_SIZE, keys.BACKEND, keys.SIZE_BYTES,
     keys.CAUSAL, keys.BATCH_HEADS, "d_model", "d_ff", "num_layers", "num_heads", "vocab_size",
 }
 
@@ -143,7 +143,7 @@ def warmup_study_table(results: Sequence[Result]) -> str:
                   key=_sort_key(keys.SIZE, keys.PRECISION, keys.WARMUP_ROUNDS))
     return markdown_table(
         ["size", "ctx", "mode", "precision", "warm-up steps", "mean ± std ms", "max ms", "run"],
-        [[r.get(keys.SIZE), r.get(keys.CONTEXT), r.get(keys.MODE), r.get(keys.PRECISION),
+        [[r.get(keys.SIZE), r.get(keys.SEQ_LEN), r.get(keys.MODE), r.get(keys.PRECISION),
           r.get(keys.WARMUP_ROUNDS), mean_std_ms(r), fmt(r.stats.get("max"), ".2f", 1e3),
           r.short_run] for r in rows])
 
@@ -164,12 +164,12 @@ def attention_table(results: Sequence[Result]) -> str:
 
 def ddp_table(results: Sequence[Result]) -> str:
     rows = sorted((r for r in results if r.kind == "ddp"),
-                  key=_sort_key(keys.WORLD_SIZE, keys.VARIANT, keys.BUCKET_MB, keys.OPTIMIZER))
+                  key=_sort_key(keys.WORLD_SIZE, keys.VARIANT, keys.BUCKET_SIZE_MB, keys.OPTIMIZER))
     return markdown_table(
         ["variant", "optimizer", "world size", "bucket MB", "step ms (slowest rank, median)",
          "vs no communication", "waiting after backward", "peak GiB", "run"],
         [[r.get(keys.VARIANT), r.get(keys.OPTIMIZER, "-"), r.get(keys.WORLD_SIZE, "-"),
-          r.get(keys.BUCKET_MB, "-"), fmt(r.get(keys.STEP_S), ".1f", 1e3),
+          r.get(keys.BUCKET_SIZE_MB, "-"), fmt(r.get(keys.STEP_S), ".1f", 1e3),
           fmt(r.get(keys.OVERHEAD_VS_NO_COMM), "+.1%"),
           fmt(r.get(keys.SYNC_WAIT_FRACTION), ".1%"), fmt(r.get(keys.PEAK_MEMORY), ".2f", 2**-30),
           r.short_run] for r in rows])
@@ -194,7 +194,7 @@ def model_config(result: Result) -> ModelConfig | None:
     """The measured model's hyperparameters (as recorded), else its preset, else None."""
     if all(isinstance(result.get(f), int) for f in _CONFIG_FIELDS):
         return ModelConfig(**{f: result.get(f) for f in _CONFIG_FIELDS},
-                           context_length=max(2048, int(result.get(keys.CONTEXT) or 0)))
+                           max_seq_len=max(2048, int(result.get(keys.SEQ_LEN) or 0)))
     return MODEL_CONFIGS.get(str(result.get(keys.SIZE)))
 
 
@@ -202,14 +202,14 @@ def memory_prediction_table(results: Sequence[Result]) -> str:
     """Measured peak memory of end-to-end steps next to `systems.accounting.step_memory`."""
     rows = []
     for r in sorted((r for r in results if r.kind == "end_to_end"),
-                    key=_sort_key(keys.SIZE, keys.CONTEXT, keys.MODE, keys.PRECISION)):
+                    key=_sort_key(keys.SIZE, keys.SEQ_LEN, keys.MODE, keys.PRECISION)):
         config, measured = model_config(r), r.get(keys.PEAK_MEMORY)
         if config is None or not measured or r.get(keys.COMPILED) \
                 or r.get(keys.ATTENTION, "reference") != "reference":
             continue  # the model describes eager steps with reference attention only
-        predicted = step_memory(config, r.get(keys.BATCH, 4), r.get(keys.CONTEXT),
+        predicted = step_memory(config, r.get(keys.BATCH, 4), r.get(keys.SEQ_LEN),
                                 r.get(keys.PRECISION), r.get(keys.MODE))
-        rows.append([r.get(keys.SIZE), r.get(keys.CONTEXT), r.get(keys.MODE),
+        rows.append([r.get(keys.SIZE), r.get(keys.SEQ_LEN), r.get(keys.MODE),
                      r.get(keys.PRECISION), _gib(predicted.activations),
                      _gib(predicted.peak), _gib(measured), f"{measured / predicted.peak:.2f}"])
     return markdown_table(["size", "ctx", "mode", "precision", "predicted activations GiB",

@@ -1,0 +1,5 @@
+import sys
+
+from systems.cli import main
+
+sys.exit(main())
