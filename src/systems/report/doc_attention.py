@@ -1,0 +1,153 @@
+"""Generated doc blocks of attention measurements from one saved history: ours against
+each rival, medians of one run, with the time kind, the file and its commit.
+
+Ratios are ours / rival: below 1, ours takes less time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from systems.report import keys
+from systems.report.history import Result, load_run, read_run
+from systems.report.markdown import markdown_table
+
+OURS = "triton"
+RIVALS = ("sdpa_flash", "sdpa_cudnn", "flex_compiled")
+LABELS = {"triton": "ours", "sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN",
+          "flex_compiled": "flex (compiled)", "sdpa": "SDPA (own choice)",
+          "triton_compiled": "ours, torch.compile"}
+
+
+@dataclass(frozen=True)
+class History:
+    """One saved run file: its results and where they come from."""
+
+    label: str
+    commit: str
+    recorded: str
+    results: list[Result]
+
+    def source(self, time_kind: str, statistic: str) -> str:
+        return (f"Time: {time_kind}; {statistic}. From `{self.label}` (commit {self.commit}, "
+                f"recorded {self.recorded}).\n")
+
+
+def read_history(repo: Path, name: str) -> History:
+    path = repo / name
+    commit_info = read_run(path).get("commit_info") or {}
+    commit = str(commit_info.get("id") or "not recorded")[:7]
+    if commit_info.get("dirty"):
+        commit += ", with uncommitted changes"
+    run = load_run(path, repo)
+    return History(name, commit, run.datetime[:10] or "date not recorded", run.results)
+
+
+def short_dtype(name: object) -> str:
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(str(name), str(name))
+
+
+def _dtype(r: Result) -> str:
+    return short_dtype(r.get(keys.DTYPE))
+
+
+def _workload(r: Result) -> tuple:
+    return (r.get(keys.HEAD_DIM), r.get(keys.BATCH_HEADS), r.get(keys.SEQ_LEN), _dtype(r),
+            bool(r.get(keys.CAUSAL)))
+
+
+def rival_table(results: Sequence[Result], seconds: Callable[[Result], float | None]) -> str:
+    """Per workload: ours and each rival in ms, then ours / rival; a last paragraph lists
+    where each ratio is below 1. Implementations other than ours and the rivals are left
+    out; a workload without ours is left out."""
+    by_workload: dict[tuple, dict[str, float]] = {}
+    for r in results:
+        impl, value = str(r.get(keys.IMPLEMENTATION)), seconds(r)
+        if impl in (OURS, *RIVALS) and isinstance(value, int | float):
+            by_workload.setdefault(_workload(r), {})[impl] = value
+    rivals = [i for i in RIVALS if any(i in times for times in by_workload.values())]
+    rows, below = [], {rival: [] for rival in rivals}
+    for workload, times in sorted(by_workload.items()):
+        if OURS not in times:
+            continue
+        d, batch_heads, seq, dtype, causal = workload
+        ratios = []
+        for rival in rivals:
+            ratio = times[OURS] / times[rival] if rival in times else None
+            ratios.append("-" if ratio is None else f"{ratio:.2f}")
+            if ratio is not None and ratio < 1:
+                below[rival].append(f"{batch_heads}x{seq}x{d}")
+        rows.append([f"{batch_heads}x{seq}x{d}", dtype, "causal" if causal else "full",
+                     *(f"{times[i] * 1e3:.3f}" if i in times else "-" for i in (OURS, *rivals)),
+                     *ratios])
+    table = markdown_table(["batch·heads x seq x d", "dtype", "mask", "ours ms",
+                            *(f"{LABELS[i]} ms" for i in rivals),
+                            *(f"ours / {LABELS[i]}" for i in rivals)], rows)
+    if not table:
+        return ""
+    wins = "; ".join(f"{LABELS[rival]}: {', '.join(shapes) or 'none'}"
+                     for rival, shapes in below.items())
+    return f"{table}\n\nOurs takes less time than (ours / rival below 1): {wins}.\n"
+
+
+def _only(results: Sequence[Result], test: str, keep: Callable[[Result], bool]) -> list[Result]:
+    return [r for r in results if r.name.startswith(f"{test}[") and keep(r)]
+
+
+def _one_time_kind(results: Sequence[Result]) -> str:
+    kinds = {r.time_kind for r in results}
+    if len(kinds) != 1:
+        raise ValueError(f"expected one kind of time, found {sorted(kinds) or 'no results'}")
+    return kinds.pop()
+
+
+def _median(r: Result) -> float:
+    return r.median
+
+
+def _block(history: History, results: Sequence[Result], seconds: Callable[[Result], float | None],
+           time_kind: str | None = None) -> str:
+    table = rival_table(results, seconds)
+    if not table:
+        raise ValueError(f"{history.label} holds no such attention cases with ours in them")
+    kind = time_kind or _one_time_kind(results)
+    return table + "\n" + history.source(kind, "medians in ms")
+
+
+def attention_eager(repo: Path, history_file: str, batch: str) -> str:
+    """Eager forward + backward of `test_attention`, one batch x heads (`1`) or larger
+    problems (`large`: more than one matrix, and the leaderboard case's rounds)."""
+    history = read_history(repo, history_file)
+    if batch == "1":
+        cases = _only(history.results, "test_attention",
+                      lambda r: r.get(keys.BATCH_HEADS) == 1
+                      and r.get(keys.PASS) == "forward_backward")
+    elif batch == "large":
+        cases = [*_only(history.results, "test_attention",
+                        lambda r: (r.get(keys.BATCH_HEADS) or 0) > 1
+                        and r.get(keys.PASS) == "forward_backward"),
+                 *_only(history.results, "test_attention_leaderboard", lambda r: True)]
+    else:
+        raise ValueError(f"batch must be 1 or large, not {batch!r}")
+    return _block(history, cases, _median)
+
+
+def attention_device_time(repo: Path, history_file: str) -> str:
+    """Device time: `test_attention_device_time` (CUDA-graph replay) and the leaderboard
+    case's do_bench medians, one table each."""
+    history = read_history(repo, history_file)
+    replay = _only(history.results, "test_attention_device_time", lambda r: True)
+    board = _only(history.results, "test_attention_leaderboard",
+                  lambda r: isinstance(r.get(keys.DO_BENCH_MEDIAN_MS), int | float))
+    parts = []
+    if replay:
+        parts.append(_block(history, replay, _median))
+    if board:
+        parts.append(_block(history, board,
+                            lambda r: r.get(keys.DO_BENCH_MEDIAN_MS) / 1e3,  # type: ignore[operator]
+                            keys.DO_BENCH_TIME))
+    if not parts:
+        raise ValueError(f"{history.label} holds no device-time attention cases")
+    return "\n".join(parts)
