@@ -225,10 +225,11 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
 
 
 def pytest_benchmark_update_commit_info(config: pytest.Config, commit_info: dict) -> None:
-    # A checkout copied without its .git (e.g. to a GPU box) can still name its commit.
+    # A checkout copied without its .git (e.g. to a GPU box) can still name its commit;
+    # naming it says the copy is exactly that commit (copy a clean tree only).
     commit = os.environ.get("SYSTEMS_COMMIT")
     if commit:
-        commit_info.update(id=commit, error=None)
+        commit_info.update(id=commit, dirty=False, error=None)
 
 
 def perf_profile(config: pytest.Config) -> str:
