@@ -342,5 +342,6 @@ def test_commit_override_goes_through_the_commit_info_hook(timed_project, monkey
     timed_project.runpytest("tests/perf", "-k", "plain", "--benchmark-json=run.json")
     saved = json.loads((timed_project.path / "run.json").read_text())
     assert saved["commit_info"]["id"] == "abc1234" and saved["commit_info"]["error"] is None
+    assert saved["commit_info"]["dirty"] is False
     assert saved["benchmarks"][0]["group"] == "plain"  # from @pytest.mark.benchmark
     assert saved["machine_info"]["cudnn"] is None and "nccl" in saved["machine_info"]
