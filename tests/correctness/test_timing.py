@@ -1,6 +1,7 @@
-"""The timing core (systems.bench.timing): what a round is, warm-up, the paused garbage
-collector, enqueue time, the injected slowdown, marks and device time. On the CPU the
-device's share of a round is played by a patched `synchronize`."""
+"""The timing core (systems.bench.timing, its clocks in systems.common.clock): what a round
+is, warm-up, the paused garbage collector, enqueue time, the injected slowdown, marks and
+device time. On the CPU the device's share of a round is played by a patched
+`synchronize`."""
 
 from __future__ import annotations
 
@@ -19,10 +20,9 @@ from systems.bench.timing import (
     RoundTimer,
     TimingStats,
     device_time,
-    mark,
-    seconds_between,
     time_steps,
 )
+from systems.common.clock import mark, seconds_between
 from systems.distributed.timing import StepTimer
 
 

@@ -19,9 +19,9 @@ only:
   launch, so the round's host-clock time is the graph's device time plus one launch;
 - `device_time(fn)`: per-call CUDA-event times from `triton.testing.do_bench` (L2 cache
   flushed between calls), the one place that decides how kernels alone are timed;
-- marks (`mark`, `seconds_between`): on CUDA an event on the current stream, which the
-  distributed step timer uses to split a step into phases without stalling the host;
-  elsewhere the host clock (wall time).
+- marks (`systems.common.clock`, a layer below so that training code can use them): on
+  CUDA an event on the current stream, which the distributed step timer uses to split a
+  step into phases without stalling the host; elsewhere the host clock (wall time).
 Events span the device's timeline between two points of its queue: idle gaps where it
 waited on the host are inside, the host's work before the first kernel is not.
 
@@ -42,15 +42,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from systems.bench.cuda_graph import CapturedStep
-
-WALL = "wall"
-DEVICE = "device"
-
-
-def synchronize(device: torch.device | str) -> None:
-    """Wait for all queued work on `device` (no-op on CPU)."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+from systems.common.clock import DEVICE, WALL, synchronize
 
 
 @dataclass(frozen=True)
@@ -203,39 +195,6 @@ def device_time(fn: Callable[[], object], *, warmup_ms: int = 25,
     per_call_ms = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
                                           return_mode="all")
     return TimingStats(tuple(ms / 1e3 for ms in per_call_ms), kind=DEVICE)
-
-
-@dataclass(frozen=True)
-class Mark:
-    """A point in a step: on CUDA an event recorded on the current stream (when the
-    device reaches this point of its queue), elsewhere a host clock reading."""
-
-    clock: float | None = None
-    event: torch.cuda.Event | None = None
-
-    @property
-    def kind(self) -> str:
-        return DEVICE if self.event is not None else WALL
-
-
-def mark(device: torch.device | str) -> Mark:
-    """A mark now, without waiting for the device."""
-    if torch.device(device).type != "cuda":
-        return Mark(clock=time.perf_counter())
-    event = torch.cuda.Event(enable_timing=True)
-    event.record(torch.cuda.current_stream(device))
-    return Mark(event=event)
-
-
-def seconds_between(start: Mark, end: Mark) -> float:
-    """Seconds from `start` to `end`; for events, waits until the device reached `end`."""
-    if start.kind != end.kind:
-        raise ValueError(f"cannot time from a {start.kind} mark to a {end.kind} mark")
-    if start.event is not None and end.event is not None:
-        end.event.synchronize()
-        return start.event.elapsed_time(end.event) / 1e3
-    assert start.clock is not None and end.clock is not None
-    return end.clock - start.clock
 
 
 # A test-only switch: proves that the regression gate catches a slowdown. Never set it for

@@ -7,7 +7,7 @@ from itertools import pairwise
 
 import torch
 
-from systems.bench.timing import mark, seconds_between
+from systems.common.clock import mark, seconds_between
 
 
 class StepTimer:
