@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
+from pathlib import Path
 
 import pytest
 
 from systems.bench.baseline import add_repeat
+from systems.bench.baseline import main as baseline_main
 from systems.bench.gate import (
     CEILING,
     DRIFT_FACTOR,
@@ -140,3 +143,39 @@ def test_repeats_pool_rounds_and_keep_each_runs_median() -> None:
     other_case["benchmarks"][0]["fullname"] = "t.py::d"
     with pytest.raises(ValueError, match="exactly the baseline's cases"):
         add_repeat(run("a", [1.0]), other_case)
+
+
+def test_short_wall_timed_rounds_are_not_gated_but_device_timed_ones_are() -> None:
+    short = Timing(0.001, 0.00001, kind="wall")
+    slowed = Timing(0.0015, 0.00001, kind="wall")
+    result = judge("x", short, slowed)
+    assert result.verdict is Verdict.TOO_NOISY and result.short_wall_round
+    assert describe(result) == "not gated (wall time under 2 ms: host-bound)"
+    replayed = judge("x", Timing(0.001, 0.00001, kind="device"),
+                     Timing(0.0015, 0.00001, kind="device"))
+    assert replayed.verdict is Verdict.SLOWER
+    long_wall = judge("x", Timing(0.010, 0.0001, kind="wall"),
+                      Timing(0.0115, 0.0001, kind="wall"))
+    assert long_wall.verdict is Verdict.SLOWER
+    saved = Timing.from_saved({"median": 0.001, "iqr": 0.0}, {"timing": "wall"})
+    assert saved.short_wall_round
+
+
+def test_saved_runs_can_be_judged_again_from_the_command_line(tmp_path, capsys) -> None:
+    def saved(name: str, median: float) -> Path:
+        run = {"machine_info": {"device_name": "GPU", "gpu_count": 1},
+               "commit_info": {"id": "a"}, "datetime": "2026-01-01T00:00:00",
+               "benchmarks": [{"name": "c", "fullname": "t.py::c", "extra_info": {},
+                               "params": {}, "stats": {"median": median, "iqr": 0.0,
+                                                       "mean": median, "rounds": 5}}]}
+        path = tmp_path / name
+        path.write_text(json.dumps(run))
+        return path
+
+    base = saved("base.json", 0.010)
+    assert baseline_main(["judge", str(saved("same.json", 0.0101)), "--against",
+                          str(base)]) == 0
+    assert "1 ok" in capsys.readouterr().out
+    assert baseline_main(["judge", str(saved("slow.json", 0.0115)), "--against",
+                          str(base)]) == 1
+    assert "SLOWER" in capsys.readouterr().out

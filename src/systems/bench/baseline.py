@@ -14,6 +14,7 @@ distributed cases depend on it.
 
     python -m systems.bench.baseline combine PART.json ...   (parts of one quick run -> baseline)
     python -m systems.bench.baseline suite                   (what `make baseline` runs here)
+    python -m systems.bench.baseline judge RUN.json ...      (saved runs through the gate)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from systems.bench.gate import Timing
+from systems.bench.gate import Timing, compare, gate_table, regressions
 from systems.bench.history import combine_runs, next_run_path
 from systems.common.hardware import gpu_count, slugify
 from systems.report.history import read_run
@@ -169,6 +170,20 @@ def combine_into_baseline(parts: list[Path], benchmarks_root: Path) -> Path:
     return target
 
 
+def judge_runs(runs: list[Path], against: Path | None, benchmarks_root: Path) -> int:
+    """Print the gate's table for each saved run; 1 if any run has a regression."""
+    failed = False
+    for path in runs:
+        run = read_run(path)
+        target = against or baseline_path(storage_of(run, benchmarks_root),
+                                          int(run["machine_info"].get("gpu_count") or 0))
+        results = compare(saved_timings(target), saved_timings(path))
+        print(f"- perf gate: {path} vs {target} -")
+        print(gate_table(results))
+        failed = failed or bool(regressions(results))
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m systems.bench.baseline",
                                      description=__doc__.split("\n\n")[0])
@@ -177,10 +192,19 @@ def main(argv: list[str] | None = None) -> int:
     combine.add_argument("parts", nargs="+", type=Path, help="saved run JSON files")
     combine.add_argument("--root", type=Path, default=Path(".benchmarks"))
     commands.add_parser("suite", help="the perf tests a baseline on this host covers")
+    judge = commands.add_parser(
+        "judge", help="saved runs through the gate, against their GPU's baseline",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    judge.add_argument("runs", nargs="+", type=Path, help="saved run JSON files")
+    judge.add_argument("--against", type=Path, default=None,
+                       help="the run to compare with (default: the runs' GPU's baseline)")
+    judge.add_argument("--root", type=Path, default=Path(".benchmarks"))
     args = parser.parse_args(argv)
     if args.command == "suite":
         print(baseline_suite(gpu_count()))
         return 0
+    if args.command == "judge":
+        return judge_runs(args.runs, args.against, args.root)
     target = combine_into_baseline(args.parts, args.root)
     print(f"wrote {target}; check it is complete with "
           "`pytest tests/correctness/test_perf_baseline.py`")

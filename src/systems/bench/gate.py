@@ -8,7 +8,10 @@ run-to-run drift of medians that even a tight case shows on these shared hosts):
   median (`extra_info["run_medians"]`), and the relative range of those medians times
   `DRIFT_FACTOR` is a change the case shows with no code change at all.
 A case whose threshold would exceed `CEILING` is too noisy to gate and is reported as such
-(with the noise that ruled it out), so a pass never hides a case that could not have
+(with the noise that ruled it out), and so is a wall-timed (eager) case shorter than
+`WALL_MIN_S`: at that length a round times the host's launches and the synchronize as much
+as the GPU, and such cases moved beyond the ceiling between unchanged runs whatever their
+spread within a run had been. So a pass never hides a case that could not have
 failed. docs/benchmarking.md gives the measurements behind the constants.
 """
 
@@ -21,6 +24,8 @@ from enum import Enum
 FLOOR = 0.06
 SPREAD_FACTOR = 2.0
 DRIFT_FACTOR = 1.5  # three runs' range understates the drift a fourth run can show
+WALL_MIN_S = 2e-3
+WALL = "wall"  # extra_info["timing"] of rounds timed by the host clock (see bench.timing)
 CEILING = 0.12  # a 15% slowdown must clear every gated threshold with room for noise
 
 
@@ -40,6 +45,7 @@ class Timing:
     median: float
     iqr: float
     run_medians: tuple[float, ...] = ()  # one per run, where several runs were pooled
+    kind: str | None = None  # "wall" or "device" (extra_info["timing"]), if recorded
 
     @property
     def spread(self) -> float:
@@ -58,9 +64,16 @@ class Timing:
     def from_saved(cls, stats: Mapping[str, float],
                    extra_info: Mapping[str, object] | None = None) -> Timing:
         """From a saved benchmark's `stats` and `extra_info` (pytest-benchmark's JSON)."""
-        run_medians = (extra_info or {}).get("run_medians") or ()
+        extra_info = extra_info or {}
+        run_medians = extra_info.get("run_medians") or ()
+        kind = extra_info.get("timing")
         return cls(median=float(stats["median"]), iqr=float(stats["iqr"]),
-                   run_medians=tuple(float(m) for m in run_medians))
+                   run_medians=tuple(float(m) for m in run_medians),
+                   kind=kind if isinstance(kind, str) else None)
+
+    @property
+    def short_wall_round(self) -> bool:
+        return self.kind == WALL and self.median < WALL_MIN_S
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,7 @@ class CaseResult:
     current: Timing | None
     verdict: Verdict
     threshold: float | None = None
+    short_wall_round: bool = False  # not gated for its length, whatever its noise
 
     @property
     def change(self) -> float | None:
@@ -104,6 +118,9 @@ def judge(name: str, baseline: Timing | None, current: Timing | None, *,
     if current is None:
         return CaseResult(name, baseline, None, Verdict.NOT_RUN)
     limit = threshold(baseline, current, floor=floor, factor=factor, drift_factor=drift_factor)
+    if baseline.short_wall_round or current.short_wall_round:
+        return CaseResult(name, baseline, current, Verdict.TOO_NOISY, limit,
+                          short_wall_round=True)
     if limit > ceiling:
         return CaseResult(name, baseline, current, Verdict.TOO_NOISY, limit)
     change = current.median / baseline.median - 1
@@ -138,6 +155,8 @@ def _pct(value: float | None, signed: bool = False) -> str:
 
 
 def describe(result: CaseResult) -> str:
+    if result.short_wall_round:
+        return f"not gated (wall time under {WALL_MIN_S * 1e3:g} ms: host-bound)"
     if result.verdict is Verdict.TOO_NOISY:
         drift = f", drift between runs {_pct(result.drift)}" if result.drift else ""
         return f"not gated (too noisy: spread {_pct(result.spread)}{drift})"

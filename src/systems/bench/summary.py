@@ -24,8 +24,10 @@ class BenchmarkResult:
     def of(cls, bench) -> BenchmarkResult:
         """From a pytest-benchmark fixture that has run (its `stats` is set)."""
         stats = bench.stats.stats
+        extra_info = dict(bench.extra_info)
         return cls(bench.name, bench.fullname, stats.mean,
-                   Timing(median=stats.median, iqr=stats.iqr), dict(bench.extra_info))
+                   Timing.from_saved({"median": stats.median, "iqr": stats.iqr}, extra_info),
+                   extra_info)
 
 
 def throughput_table(results: Iterable[BenchmarkResult]) -> str:
