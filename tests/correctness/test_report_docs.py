@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from systems.report import doc_recipes
 from systems.report.claim_scan import scan, scan_docs
 from systems.report.cli import default_docs, main
 from systems.report.doc_blocks import BlockError, render
@@ -276,3 +277,33 @@ def test_markers_in_fenced_code_are_examples_left_alone(tmp_path: Path) -> None:
     text = ("How to write a block:\n\n```markdown\n<!-- generated: nonesuch x.json -->\n"
             "(rewritten)\n<!-- end generated -->\n```\n")
     assert render(text, generators(tmp_path)) == text
+
+
+def test_recipe_ratios_are_same_run_medians_of_the_committed_baseline() -> None:
+    name = ".benchmarks/NVIDIA_H100_80GB_HBM3/baseline_1gpu.json"
+    run = json.loads((REPO / name).read_text())
+    medians = {(b["params"]["size"], b["params"]["seq_len"], b["params"]["recipe"]):
+               b["stats"]["median"] for b in run["benchmarks"] if "recipe" in b["params"]}
+    block = doc_recipes.recipe_ratios(REPO, name)
+    ours, theirs = medians[("2.7b", 512, "optimized")], medians[("2.7b", 512, "pytorch_baseline")]
+    row = f"| 2.7b | 512 | {theirs * 1e3:.1f} | {ours * 1e3:.1f} | {ours / theirs:.3f} |"
+    assert row in block
+    assert f"commit {run['commit_info']['id'][:7]}" in block and "CUDA-graph replays" in block
+
+
+def test_breakdowns_stand_side_by_side_per_category(tmp_path: Path) -> None:
+    def record(recipe: str, optimizer_ms: float) -> dict:
+        return {"recipe": recipe, "machine": "GPU", "measured": "replays", "steps": 3,
+                "unprofiled_wall_ms": 10.0 + optimizer_ms,
+                "rows": [{"category": "optimizer", "ms": optimizer_ms, "floor_ms": 2.0},
+                         {"category": "matmul", "ms": 7.0, "floor_ms": None}]}
+
+    for name, optimizer_ms in (("before", 4.0), ("after", 2.5)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(record("optimized", optimizer_ms)))
+    block = doc_recipes.breakdown_side_by_side(tmp_path, "before.json", "after.json")
+    assert "| optimizer | 4.0 | 2.5 | 2.0 |" in block
+    assert "| matmul | 7.0 | 7.0 | - |" in block
+    assert "| step (unprofiled) | 14.0 | 12.5 | - |" in block
+    assert "the files record no commit" in block
+    with pytest.raises(ValueError, match="not a breakdown record"):
+        doc_recipes.breakdown_side_by_side(tmp_path, "missing.json")

@@ -178,7 +178,7 @@ def judge_runs(runs: list[Path], against: Path | None, benchmarks_root: Path) ->
         target = against or baseline_path(storage_of(run, benchmarks_root),
                                           int(run["machine_info"].get("gpu_count") or 0))
         results = compare(saved_timings(target), saved_timings(path))
-        print(f"- perf gate: {path} vs {target} -")
+        print(f"- perf gate: medians vs {target} (run {path}) -")
         print(gate_table(results))
         failed = failed or bool(regressions(results))
     return 1 if failed else 0

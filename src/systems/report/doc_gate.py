@@ -16,9 +16,10 @@ from systems.report.markdown import markdown_table
 def gate_constants() -> str:
     """The thresholds `systems.bench.gate` applies."""
     return (f"- **threshold** = max(**floor {gate.FLOOR:.0%}**, **{gate.SPREAD_FACTOR:g} x "
-            f"spread**); a case whose threshold would exceed the **ceiling of "
-            f"{gate.CEILING:.0%}** (spread above {gate.CEILING / gate.SPREAD_FACTOR:.0%}) is "
-            "`not gated`. (Constants of `systems.bench.gate`.)\n")
+            f"spread**, **{gate.DRIFT_FACTOR:g} x drift**); a case whose threshold would "
+            f"exceed the **ceiling of {gate.CEILING:.0%}** is `not gated`, and so is a "
+            f"wall-timed case whose median is under **{gate.WALL_MIN_S * 1e3:g} ms**. "
+            "(Constants of `systems.bench.gate`.)\n")
 
 
 _GATE_ROW = re.compile(r"^(?P<case>\S+::\S+)\s+(?P<base>[\d.]+)\s+(?P<cur>[\d.]+)\s+"

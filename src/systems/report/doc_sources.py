@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from systems.report import doc_attention, doc_gate, doc_profiles
+from systems.report import doc_attention, doc_gate, doc_profiles, doc_recipes
 from systems.report.doc_blocks import Generator
 
 
@@ -24,4 +24,6 @@ def generators(repo: Path) -> dict[str, Generator]:
         "gate-cases": partial(doc_gate.gate_cases, repo),
         "gate-noise": partial(doc_gate.gate_noise, repo),
         "drift": partial(doc_gate.drift_summary, repo),
+        "recipe-ratios": partial(doc_recipes.recipe_ratios, repo),
+        "breakdowns": partial(doc_recipes.breakdown_side_by_side, repo),
     }

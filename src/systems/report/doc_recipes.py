@@ -1,0 +1,83 @@
+"""Generated doc blocks for the training recipes: ours against the strongest PyTorch-only
+step in one saved run, and step breakdowns side by side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from systems.model.config import MODEL_CONFIGS
+from systems.profiling.step_breakdown import DEFAULT_MATMUL_TFLOPS
+from systems.report import keys
+from systems.report.doc_attention import read_history
+from systems.report.markdown import markdown_table
+
+OURS, RIVAL = "optimized", "pytorch_baseline"
+
+
+def recipe_ratios(repo: Path, history_name: str) -> str:
+    """Per size and sequence length: both recipes' median step, ours / theirs, and our
+    model FLOP rate beside the bf16 matmul ceiling."""
+    history = read_history(repo, history_name)
+    pairs: dict[tuple[str, int], dict[str, object]] = {}
+    for r in history.results:
+        if r.get(keys.RECIPE) in (OURS, RIVAL):
+            shape = (str(r.get(keys.SIZE)), int(r.get(keys.SEQ_LEN) or 0))
+            pairs.setdefault(shape, {})[str(r.get(keys.RECIPE))] = r
+    order = list(MODEL_CONFIGS)
+    rows = []
+    for (size, seq_len), pair in sorted(
+            pairs.items(), key=lambda kv: (order.index(kv[0][0]) if kv[0][0] in order
+                                           else len(order), kv[0][1])):
+        if OURS not in pair or RIVAL not in pair:
+            continue
+        ours, rival = pair[OURS], pair[RIVAL]
+        ratio = ours.median / rival.median
+        flops = ours.get("flops")
+        tflops = flops / ours.median / 1e12 if isinstance(flops, int | float) else None
+        rows.append([size, seq_len, f"{rival.median * 1e3:.1f}", f"{ours.median * 1e3:.1f}",
+                     f"{ratio:.3f}",
+                     "-" if tflops is None else f"{tflops:.0f}",
+                     "-" if tflops is None else f"{tflops / DEFAULT_MATMUL_TFLOPS:.1%}"])
+    if not rows:
+        raise ValueError(f"{history_name}: no size and sequence length with both the "
+                         f"{OURS} and the {RIVAL} recipe")
+    table = markdown_table(
+        ["size", "seq len", f"{RIVAL} ms", f"{OURS} ms", "ours / theirs", "our TFLOP/s",
+         f"of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s"], rows)
+    return (table + "\n\n" + history.source(
+        "CUDA-graph replays, device time plus one synchronise per round",
+        "medians of all rounds, ratios of medians; model FLOPs per step over the median"))
+
+
+def breakdown_side_by_side(repo: Path, *files: str) -> str:
+    """Kernel time per step by category, one column per breakdown file, and the floors
+    of the first file's workload."""
+    if not files:
+        raise ValueError("name at least one breakdown file")
+    records = []
+    for name in files:
+        try:
+            records.append(json.loads((repo / name).read_text()))
+        except (OSError, json.JSONDecodeError) as error:
+            raise ValueError(f"{name}: not a breakdown record ({error})") from error
+    categories = [row["category"] for row in records[0]["rows"]]
+    by_file = [{row["category"]: row for row in record["rows"]} for record in records]
+
+    def cell(row: dict | None, key: str) -> str:
+        value = None if row is None else row.get(key)
+        return "-" if value is None else f"{value:.1f}"
+
+    rows = [[category, *(cell(rows.get(category), "ms") for rows in by_file),
+             cell(by_file[0].get(category), "floor_ms")] for category in categories]
+    rows.append(["step (unprofiled)",
+                 *(f"{record['unprofiled_wall_ms']:.1f}" for record in records), "-"])
+    headers = ["category", *(f"{record['recipe']} ms ({Path(name).stem})"
+                             for record, name in zip(records, files, strict=True)),
+               "floor ms"]
+    machines = sorted({f"{r.get('machine')}, {r.get('measured')}, {r.get('steps')} steps"
+                       for r in records})
+    listed = ", ".join(f"`{name}`" for name in files)
+    return (markdown_table(headers, rows) + "\n\nTime: GPU kernel time per step by "
+            f"category (torch.profiler). From {listed} ({'; '.join(machines)}; the files "
+            "record no commit).\n")
