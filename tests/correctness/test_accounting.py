@@ -10,7 +10,7 @@ import torch
 from systems import accounting as acc
 from systems.bench.workloads import autocast_context
 from systems.model import MODEL_CONFIGS, ModelConfig, TransformerLM, cross_entropy
-from systems.profiling.activations import saved_tensor_bytes
+from systems.profiling.memory import saved_tensor_bytes
 
 SHAPES = [
     (ModelConfig(d_model=64, d_ff=192, num_layers=2, num_heads=4, vocab_size=512,

@@ -15,7 +15,7 @@ from systems.bench.recipes import (
 )
 from systems.bench.workloads import CUDA_GRAPH_WARMUP, StepOptions, torch_adamw_settings
 from systems.model import MODEL_CONFIGS, TransformerLM, cross_entropy
-from systems.profiling.activations import saved_tensor_bytes
+from systems.profiling.memory import saved_tensor_bytes
 
 TINY = MODEL_CONFIGS["tiny"]
 

@@ -27,9 +27,6 @@ RETIRED = {"--context-length", "--context", "--ctx", "--seq", "--model", "--batc
 EXPECTED_PROG = {"bench": "systems bench", "profile": "systems profile",
                  "report": "systems report", "dist": "torchrun ... -m systems dist",
                  "tune": "python -m systems.attention.flash_triton.tune"}
-# The kernel tuner's flags are renamed with the attention code (it still takes --batch for
-# batch x heads and --seq, and shows no defaults): these markers come off then.
-TUNE_PENDING = pytest.mark.xfail(strict=True, reason="tune's flags are not renamed yet")
 
 
 class _Reached(Exception):
@@ -63,9 +60,8 @@ def visible_flags(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     return [a for a in parser._actions if a.option_strings and a.help != argparse.SUPPRESS]
 
 
-def _per_subcommand(tune_marks=()) -> list:
-    return [pytest.param(name, marks=tune_marks if name == "tune" else ())
-            for name in cli.SUBCOMMANDS]
+def _per_subcommand() -> list:
+    return list(cli.SUBCOMMANDS)
 
 
 @pytest.mark.parametrize("subcommand", _per_subcommand())
@@ -100,7 +96,7 @@ def test_console_script_is_the_same_command() -> None:
     assert (module, function) == ("systems.cli", "main")
 
 
-@pytest.mark.parametrize("subcommand", _per_subcommand(TUNE_PENDING))
+@pytest.mark.parametrize("subcommand", _per_subcommand())
 def test_one_flag_per_concept(subcommand: str, monkeypatch) -> None:
     for parser in all_parsers(parser_of(subcommand, monkeypatch)):
         for action in visible_flags(parser):
@@ -116,8 +112,6 @@ def test_shared_flags_mean_the_same_everywhere(monkeypatch) -> None:
     """Where two subcommands take the same concept, it parses to the same type."""
     types: dict[str, set] = {}
     for name in cli.SUBCOMMANDS:
-        if name == "tune":
-            continue
         for parser in all_parsers(parser_of(name, monkeypatch)):
             for action in visible_flags(parser):
                 if action.dest in ("size", "batch_size", "seq_len", "bucket_size_mb"):
@@ -126,7 +120,7 @@ def test_shared_flags_mean_the_same_everywhere(monkeypatch) -> None:
                      "bucket_size_mb": {float}}
 
 
-@pytest.mark.parametrize("subcommand", _per_subcommand(TUNE_PENDING))
+@pytest.mark.parametrize("subcommand", _per_subcommand())
 def test_every_help_shows_defaults(subcommand: str, monkeypatch) -> None:
     for parser in all_parsers(parser_of(subcommand, monkeypatch)):
         assert parser.formatter_class is HelpFormatter, parser.prog

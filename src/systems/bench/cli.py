@@ -33,9 +33,9 @@ from systems.bench.workloads import (
 )
 from systems.cli_flags import add_batch_size, add_device, add_seq_len, add_size, add_warmup_steps
 from systems.common.cli_help import HelpFormatter
+from systems.common.formatting import fmt
 from systems.common.hardware import machine_description
 from systems.model import get_config
-from systems.report.markdown import fmt
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from systems.bench.gate import Timing
-from systems.report.markdown import fmt
+from systems.common.formatting import fmt
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from systems.common.formatting import fmt, markdown_table
 from systems.profiling import kernel_categories
 from systems.profiling.kernel_categories import KINDS
-from systems.report.markdown import fmt, markdown_table
 
 PHASES = ("forward", "backward", "optimizer_step")
 ATTENTION_REGIONS = ("attention_scores", "attention_softmax", "attention_final_matmul")

@@ -1,4 +1,5 @@
-"""Record CUDA allocation history for model steps; write the timeline, snapshot and summary."""
+"""Record CUDA allocation history for model steps; write the timeline, snapshot and summary.
+And measure what autograd saves for backward, to check the analytic activation model."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import gc
 import gzip
 import pickle
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from systems.accounting import (
 )
 from systems.bench.metrics import is_out_of_memory
 from systems.bench.workloads import build_model_workload
+from systems.common.formatting import fmt, markdown_table
 from systems.model import ModelConfig
 from systems.profiling.timeline import (
     Allocation,
@@ -25,7 +28,6 @@ from systems.profiling.timeline import (
     largest_allocations,
     plot_timeline,
 )
-from systems.report.markdown import fmt, markdown_table
 
 _MAX_TRACE_ENTRIES = 200_000
 
@@ -169,3 +171,20 @@ def peak_memory_table(runs: list[MemoryRun]) -> str:
 def largest_allocations_section(run: MemoryRun) -> str:
     rows = [[fmt(a.size, ".1f", 2**-20), a.count, a.where] for a in run.largest]
     return markdown_table(["size MiB", "count", "allocated at"], rows)
+
+
+def saved_tensor_bytes(run: Callable[[], object], exclude: Iterable[torch.Tensor] = ()) -> int:
+    """Bytes of distinct storages that `run()` saves for backward, minus `exclude`'s (e.g.
+    the parameters, which exist anyway). Views of one storage count once."""
+    excluded = {t.untyped_storage().data_ptr() for t in exclude}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in excluded:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return sum(saved.values())

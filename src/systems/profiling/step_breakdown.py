@@ -23,8 +23,8 @@ from torch.profiler import ProfilerActivity, profile
 from systems.accounting import attention_flops
 from systems.bench.timing import synchronize, time_steps
 from systems.bench.workloads import CUDA_GRAPH_WARMUP, ModelWorkload, forward_flops
+from systems.common.formatting import fmt, markdown_table
 from systems.profiling.kernel_categories import CATEGORIES, classify_kernel
-from systems.report.markdown import fmt, markdown_table
 
 DEFAULT_MATMUL_TFLOPS = 743.0  # bf16 dense matmul 8192^3 on an H100 (the practical ceiling)
 COPY_MIB_GPU, COPY_MIB_CPU = 1024, 256  # the copy that measures the bandwidth

@@ -6,8 +6,8 @@ import math
 from collections.abc import Sequence
 
 from systems import accounting as acc
+from systems.common.formatting import fmt, markdown_table
 from systems.model import MODEL_CONFIGS
-from systems.report.markdown import fmt, markdown_table
 
 _GIB = 2**-30
 BATCH, CONTEXT = 4, 512  # the shape of the end-to-end benchmarks

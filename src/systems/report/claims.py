@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from systems.common.formatting import markdown_table
 from systems.report import keys
 from systems.report.history import Result
-from systems.report.markdown import markdown_table
 
 # Attention: our kernel against PyTorch's best (SDPA backends, compiled flex_attention).
 OUR_ATTENTION = ("triton", "triton_compiled")

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from systems.common.cli_help import HelpFormatter
+from systems.common.formatting import markdown_table
 from systems.report.compare import compare_runs
 from systems.report.doc_blocks import rewrite_docs
 from systems.report.doc_sources import generators
@@ -23,7 +24,6 @@ from systems.report.history import (
     load_runs,
     runs_by_device,
 )
-from systems.report.markdown import markdown_table
 from systems.report.page import results_page
 from systems.report.tables import mean_std_ms
 

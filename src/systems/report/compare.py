@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from systems.common.formatting import markdown_table
 from systems.report import keys
 from systems.report.history import Result, Run
-from systems.report.markdown import markdown_table
 from systems.report.tables import mean_std_ms
 
 # A change counts when it exceeds both this fraction and the two runs' combined std.

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from systems.common.formatting import markdown_table
 from systems.report import keys
 from systems.report.history import Result, load_run, read_run
-from systems.report.markdown import markdown_table
 
 OURS = "triton"
 RIVALS = ("sdpa_flash", "sdpa_cudnn", "flex_compiled")

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from systems.bench import drift, gate
+from systems.common.formatting import markdown_table
 from systems.report.history import read_run
-from systems.report.markdown import markdown_table
 
 
 def gate_constants() -> str:

@@ -7,8 +7,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from systems.common.formatting import markdown_table
 from systems.report.doc_attention import LABELS, OURS, short_dtype
-from systems.report.markdown import markdown_table
 
 
 def _profile(repo: Path, name: str) -> dict:

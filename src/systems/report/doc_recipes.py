@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from systems.common.formatting import markdown_table
 from systems.model.config import MODEL_CONFIGS
 from systems.profiling.step_breakdown import DEFAULT_MATMUL_TFLOPS
 from systems.report import keys
 from systems.report.doc_attention import read_history
-from systems.report.markdown import markdown_table
 
 OURS, RIVAL = "optimized", "pytorch_baseline"
 

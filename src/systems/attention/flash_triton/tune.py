@@ -25,6 +25,7 @@ from systems.attention.flash_triton.launch import (
     default_config,
     flash_forward,
 )
+from systems.common.cli_help import HelpFormatter
 
 # (block_m, block_n, num_warps, num_stages); block_m tiles queries, block_n keys.
 CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
@@ -89,20 +90,26 @@ def tune_kernel(kernel: str, inputs: dict[str, torch.Tensor], is_causal: bool
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m systems.attention.flash_triton.tune")
-    parser.add_argument("--batch", type=int, default=16, help="batch x heads")
-    parser.add_argument("--seq", type=int, default=16384)
-    parser.add_argument("--head-dim", type=int, action="append")
+    parser = argparse.ArgumentParser(prog="python -m systems.attention.flash_triton.tune",
+                                     description=__doc__.split("\n\n")[0],
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--batch-heads", type=int, default=16,
+                        help="attention matrices: batch x heads")
+    parser.add_argument("--seq-len", type=int, default=16384, help="queries and keys")
+    parser.add_argument("--head-dim", type=int, action="append",
+                        help="repeatable (default: 64)")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    parser.add_argument("--no-causal", action="store_true")
-    parser.add_argument("--kernel", action="append", choices=sorted(CANDIDATES))
+    parser.add_argument("--no-causal", action="store_true", help="full attention")
+    parser.add_argument("--kernel", action="append", choices=sorted(CANDIDATES),
+                        help="repeatable (default: all)")
     parser.add_argument("--json", type=Path, help="write all rows here")
     args = parser.parse_args(argv)
     is_causal = not args.no_causal
     rows = []
     for head_dim in args.head_dim or [64]:
         torch.manual_seed(0)
-        inputs = make_inputs(args.batch, args.seq, head_dim, DTYPES[args.dtype], is_causal)
+        inputs = make_inputs(args.batch_heads, args.seq_len, head_dim, DTYPES[args.dtype],
+                             is_causal)
         for kernel in args.kernel or list(CANDIDATES):
             results = tune_kernel(kernel, inputs, is_causal)
             rows += [{**r, "head_dim": head_dim} for r in results]

@@ -1,4 +1,4 @@
-"""Markdown building blocks shared by every generated page."""
+"""Number formatting and markdown tables shared by every command and generated page."""
 
 from __future__ import annotations
 
