@@ -39,15 +39,16 @@ from systems.bench.baseline import (
 )
 from systems.bench.gate import CaseResult, Timing, compare, gate_table, regressions
 from systems.bench.metrics import (
+    BenchmarkResult,
     allocated_memory_bytes,
     is_out_of_memory,
     out_of_memory_reason,
     peak_memory_bytes,
     reset_peak_memory,
     throughput_metrics,
+    throughput_table,
 )
 from systems.bench.params import flatten_case
-from systems.bench.summary import BenchmarkResult, throughput_table
 from systems.bench.timing import SLOWDOWN_ENV, RoundTimer, device_time, injected_slowdowns
 from systems.common.hardware import device_slug, gpu_count, machine_description
 from systems.report.history import MalformedRunError

@@ -10,8 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from systems.bench import TimingStats, build_model_workload, time_steps
 from systems.bench.gate import Timing
-from systems.bench.metrics import throughput_metrics
-from systems.bench.summary import BenchmarkResult, throughput_table
+from systems.bench.metrics import BenchmarkResult, throughput_metrics, throughput_table
 from systems.bench.workloads import forward_flops, workload_flops
 from systems.model import MODEL_CONFIGS, get_config
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from systems.model import MODEL_CONFIGS, TransformerLM, cross_entropy
-from systems.model.fused_loss import LinearCrossEntropy, linear_cross_entropy
+from systems.model.loss import LinearCrossEntropy, linear_cross_entropy
 
 
 def _problem(tokens: int, d: int, vocab: int, dtype: torch.dtype = torch.float64, seed: int = 0):

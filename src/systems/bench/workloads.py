@@ -69,7 +69,7 @@ class StepOptions:
     (`systems.optim.MixedPrecisionAdamW`:
     the parameters become copies in the step's precision over fp32 masters, so autocast
     casts nothing). fused_loss: LM head and cross-entropy in token
-    chunks (`systems.model.fused_loss`). checkpoint_every: see `TransformerLM`.
+    chunks (`systems.model.loss`). checkpoint_every: see `TransformerLM`.
     cuda_graph: after `CUDA_GRAPH_WARMUP` ordinary steps, capture one step in a CUDA graph
     and replay it from then on (`systems.bench.cuda_graph.CapturedStep`); CUDA only, with an
     optimizer that counts steps on the GPU ("mixed_precision" or "torch_adamw", which is then

@@ -7,8 +7,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from systems.model.config import ModelConfig
-from systems.model.fused_loss import DEFAULT_CHUNK_TOKENS, linear_cross_entropy
 from systems.model.layers import RMSNorm, RotaryEmbedding, TransformerBlock, linear
+from systems.model.loss import DEFAULT_CHUNK_TOKENS, linear_cross_entropy
 
 
 class TransformerLM(nn.Module):
@@ -44,7 +44,7 @@ class TransformerLM(nn.Module):
         """token_ids: (batch, seq) integers -> logits (batch, seq, vocab).
 
         With `targets` (batch, seq), returns instead the mean cross-entropy through the
-        chunked LM head (`systems.model.fused_loss`), which never holds the full logits.
+        chunked LM head (`systems.model.loss`), which never holds the full logits.
         """
         hidden = self.ln_final(self._blocks(token_ids))
         if targets is None:
