@@ -191,3 +191,11 @@ def test_speedup_and_recipe_tables_are_ratios_of_medians_like_the_claims() -> No
                for name, median, mean in (("eager", 0.3, 3.0), ("pytorch_baseline", 0.15, 0.15),
                                           ("optimized", 0.12, 1.2))]
     assert "| 2.7b | 512 | 300.00 | 150.00 | 120.00 | 1.25x | 2.50x |" in recipes_table(recipes)
+
+
+def test_a_recorded_clock_names_the_time_kind_over_the_guess() -> None:
+    graphed = {keys.CUDA_GRAPH: True, keys.MODE: "train_step"}
+    assert keys.time_kind(graphed) == keys.REPLAY_TIME  # older runs: told by the option
+    # The graph was not captured by the end of warm-up: the rounds read the host clock.
+    assert keys.time_kind({**graphed, keys.TIMING: "wall"}) == keys.EAGER_TIME
+    assert keys.time_kind({keys.MODE: "forward", keys.TIMING: "device"}) == keys.REPLAY_TIME

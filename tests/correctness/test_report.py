@@ -99,9 +99,12 @@ def test_results_command_writes_page_and_plots(smoke_runs, tmp_path) -> None:
 
 
 def test_latest_command_names_the_run_file(smoke_runs, capsys) -> None:
-    assert main(["latest", "--root", str(smoke_runs), "--device", "cpu"]) == 0
+    assert main(["latest", "--root", str(smoke_runs), "--gpu", "cpu"]) == 0
     assert "_second.json" in capsys.readouterr().out
-    assert main(["latest", "--root", str(smoke_runs), "--device", "no-such-gpu"]) == 2
+    assert main(["latest", "--root", str(smoke_runs), "--gpu", "no-such-gpu"]) == 2
+    capsys.readouterr()
+    assert main(["latest", "--root", str(smoke_runs), "--device", "cpu"]) == 0  # old spelling
+    assert "_second.json" in capsys.readouterr().out
 
 
 def test_compare_highlights_a_slowdown(smoke_runs, tmp_path, capsys) -> None:
@@ -249,7 +252,7 @@ def test_report_commands_skip_a_malformed_history_with_one_warning(
     err = capsys.readouterr().err
     assert err.count(str(bad)) == 1 and "skipping" in err
     assert good.name in out.read_text() and bad.name not in out.read_text()
-    assert main(["latest", "--root", str(storage), "--device", "cpu"]) == 0
+    assert main(["latest", "--root", str(storage), "--gpu", "cpu"]) == 0
     captured = capsys.readouterr()
     assert captured.err.count(str(bad)) == 1 and good.name in captured.out
 
@@ -272,12 +275,12 @@ def test_compare_takes_run_ids_like_pytest_benchmark(smoke_runs, tmp_path, capsy
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(path.read_text())
     number = first.name[:4]
-    assert main(["compare", number, second.stem, "--root", str(root), "--device", "h100"]) == 0
+    assert main(["compare", number, second.stem, "--root", str(root), "--gpu", "h100"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"# {first.name} -> {second.name}")
     assert main(["compare", number, second.stem, "--root", str(root)]) == 2
     assert "ambiguous" in capsys.readouterr().err
-    assert main(["compare", "0099", number, "--root", str(root), "--device", "h100"]) == 2
+    assert main(["compare", "0099", number, "--root", str(root), "--gpu", "h100"]) == 2
     assert "0099: no such file, and no run with that id" in capsys.readouterr().err
 
 

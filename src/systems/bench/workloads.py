@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from systems.accounting import attention_flops
 from systems.bench.cuda_graph import CapturedStep
 from systems.common.nvtx import nvtx_range
 from systems.model import ModelConfig, TransformerLM, cross_entropy
@@ -40,8 +41,9 @@ def forward_flops(config: ModelConfig, batch_size: int, seq_len: int) -> float:
     """
     d, f, n = config.d_model, config.d_ff, config.num_layers
     per_token = 2 * (n * (4 * d * d + 3 * d * f) + d * config.vocab_size)
-    attention_per_token = n * 2 * 2 * seq_len * d
-    return float(batch_size * seq_len * (per_token + attention_per_token))
+    attention = attention_flops(n * batch_size * config.num_heads, seq_len, seq_len,
+                                config.head_dim, is_causal=False)
+    return float(batch_size * seq_len * per_token + attention)
 
 
 def workload_flops(config: ModelConfig, batch_size: int, seq_len: int, mode: str) -> float:

@@ -47,19 +47,25 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                                  formatter_class=HelpFormatter)
     latest.add_argument("--root", type=Path, default=Path(".benchmarks"),
                         help="histories, searched at any depth")
-    latest.add_argument("--device", default="", help="substring of the device name")
+    _add_gpu_filter(latest, "substring of the GPU name (case-insensitive)")
     compare = commands.add_parser(
         "compare", formatter_class=HelpFormatter,
         help="compare two saved runs", description="Two saved runs side by side. A run is a "
         "path, or a run id as pytest-benchmark takes it (0012 or 0012_quick_combined), looked "
-        "up under --root (in the GPU folder matching --device when ids repeat across GPUs).")
+        "up under --root (in the GPU folder matching --gpu when ids repeat across GPUs).")
     compare.add_argument("old", help="run file or id")
     compare.add_argument("new", help="run file or id")
     compare.add_argument("--root", type=Path, default=Path(".benchmarks"),
                          help="where run ids are looked up")
-    compare.add_argument("--device", default="",
-                         help="substring of the GPU folder that run ids are looked up in")
+    _add_gpu_filter(compare, "substring of the GPU folder that run ids are looked up in")
     return parser.parse_args(argv)
+
+
+def _add_gpu_filter(parser: argparse.ArgumentParser, help: str) -> None:
+    # --gpu, not --device: elsewhere --device is a torch device to run on, here a name filter.
+    parser.add_argument("--gpu", default="", help=help)
+    parser.add_argument("--device", dest="gpu", default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)  # its old spelling
 
 
 def _run_results(args: argparse.Namespace) -> str:
@@ -86,9 +92,9 @@ def default_docs(page: Path) -> list[Path]:
 
 def _run_latest(args: argparse.Namespace) -> str:
     groups = {d: runs for d, runs in runs_by_device(load_runs(args.root)).items()
-              if args.device.lower() in d.lower()}
+              if args.gpu.lower() in d.lower()}
     if not groups:
-        raise ValueError(f"no saved runs under {args.root} for device matching {args.device!r}")
+        raise ValueError(f"no saved runs under {args.root} for a GPU matching {args.gpu!r}")
     sections = []
     for device, runs in sorted(groups.items()):
         rows = [[r.name, mean_std_ms(r, 3), r.run]
@@ -106,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "latest":
             print(_run_latest(args))
         else:
-            old, new = (load_run(find_run(ref, args.root, args.device))
+            old, new = (load_run(find_run(ref, args.root, args.gpu))
                         for ref in (args.old, args.new))
             print(compare_runs(old, new))
     except (ValueError, FileNotFoundError) as error:  # BlockError is a ValueError

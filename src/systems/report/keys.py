@@ -57,6 +57,7 @@ WARMUP_STUDY_TEST = "test_warmup_study"
 DO_BENCH_MEDIAN_MS = "do_bench_median_ms"
 # A recipe whose whole step is replayed from one CUDA graph.
 CUDA_GRAPH = "cuda_graph"
+TIMING = "timing"  # "wall" or "device": which clock the rounds read (systems.bench.timing)
 
 # What a benchmark's time measures. Below about 1 ms an eager call is host-bound, and the
 # two kinds differ by 2-3x: never compare one with the other.
@@ -113,6 +114,9 @@ def time_kind(info: dict, name: str = "") -> str:
     and collective times) of this benchmark measures."""
     if kind(info, name) in ("ddp", "collective"):
         return RANK_EVENT_TIME
+    recorded = info.get(TIMING)  # runs saved since the timing core record it; older ones
+    if recorded in ("wall", "device"):  # are told apart by their mode and options below
+        return REPLAY_TIME if recorded == "device" else EAGER_TIME
     if "graph replay" in str(info.get(MODE, "")) or info.get(CUDA_GRAPH) is True:
         return REPLAY_TIME
     return EAGER_TIME
