@@ -21,11 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+from systems.common.clock import WALL  # extra_info["timing"] of rounds read by the host clock
+
 FLOOR = 0.06
 SPREAD_FACTOR = 2.0
 DRIFT_FACTOR = 1.5  # three runs' range understates the drift a fourth run can show
 WALL_MIN_S = 2e-3
-WALL = "wall"  # extra_info["timing"] of rounds timed by the host clock (see bench.timing)
 CEILING = 0.12  # a 15% slowdown must clear every gated threshold with room for noise
 
 
