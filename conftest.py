@@ -51,6 +51,7 @@ from systems.bench.metrics import (
 from systems.bench.params import flatten_case
 from systems.bench.timing import SLOWDOWN_ENV, RoundTimer, device_time, injected_slowdowns
 from systems.common.hardware import device_slug, gpu_count, machine_description
+from systems.report import keys
 from systems.report.history import MalformedRunError
 
 PERF_PROFILES = ("smoke", "quick", "full")
@@ -341,7 +342,7 @@ class SynchronizedBenchmark:
         )
         if self.benchmark.stats is None:  # --benchmark-disable: nothing was timed
             return
-        extra["timing"] = stats.kind
+        extra[keys.TIMING] = stats.kind
         # Near the round's time, the device waited on the host (launch-bound) rather than
         # the other way round.
         extra["host_enqueue_s_median"] = stats.host_median
@@ -412,7 +413,7 @@ def _keep_or_drop_baseline(session: pytest.Session, run: PerfRun) -> None:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         else:
             baseline.write_text(json.dumps(pooled, indent=4))
-            runs = len(pooled["benchmarks"][0]["extra_info"]["run_medians"])
+            runs = len(pooled["benchmarks"][0]["extra_info"][keys.RUN_MEDIANS])
             run.notes.append(f"added this run to the baseline {baseline} ({runs} runs); "
                              "commit it")
         draft.unlink()

@@ -30,6 +30,7 @@ from typing import BinaryIO
 from systems.bench.gate import Timing, compare, gate_table, regressions
 from systems.bench.history import combine_runs, next_run_path
 from systems.common.hardware import gpu_count, slugify
+from systems.report import keys
 from systems.report.history import read_run
 
 STUDIES = "studies"
@@ -111,7 +112,11 @@ def baseline_problems(path: Path, expected: Iterable[str]) -> list[str]:
 def saved_timings(path: Path) -> dict[str, Timing]:
     """Median and IQR of every benchmark of a saved run, by full name; MalformedRunError
     (naming the file) for a file that is not a run."""
-    run = read_run(path)
+    return run_timings(read_run(path))
+
+
+def run_timings(run: dict) -> dict[str, Timing]:
+    """`saved_timings` of a run already read."""
     return {bench.get("fullname", bench["name"]):
             Timing.from_saved(bench["stats"], bench.get("extra_info"))
             for bench in run["benchmarks"]}
@@ -141,13 +146,13 @@ def add_repeat(baseline: dict, repeat: dict) -> dict:
         stats = Stats()
         for value in data:
             stats.update(value)
-        run_medians = bench["extra_info"].get("run_medians") or [bench["stats"]["median"]]
+        run_medians = bench["extra_info"].get(keys.RUN_MEDIANS) or [bench["stats"]["median"]]
         pooled.append({
             **bench,
             "stats": {**stats.as_dict(), "data": data,
                       "iterations": bench["stats"].get("iterations", 1)},
             "extra_info": {**bench["extra_info"],
-                           "run_medians": [*run_medians, other["stats"]["median"]]},
+                           keys.RUN_MEDIANS: [*run_medians, other["stats"]["median"]]},
         })
     return {**baseline, "benchmarks": pooled}
 
@@ -177,7 +182,7 @@ def judge_runs(runs: list[Path], against: Path | None, benchmarks_root: Path) ->
         run = read_run(path)
         target = against or baseline_path(storage_of(run, benchmarks_root),
                                           int(run["machine_info"].get("gpu_count") or 0))
-        results = compare(saved_timings(target), saved_timings(path))
+        results = compare(saved_timings(target), run_timings(run))
         print(f"- perf gate: medians vs {target} (run {path}) -")
         print(gate_table(results))
         failed = failed or bool(regressions(results))

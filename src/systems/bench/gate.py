@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from systems.common.clock import WALL  # extra_info["timing"] of rounds read by the host clock
+from systems.common.clock import WALL
+from systems.report import keys
 
 FLOOR = 0.06
 SPREAD_FACTOR = 2.0
@@ -66,8 +67,8 @@ class Timing:
                    extra_info: Mapping[str, object] | None = None) -> Timing:
         """From a saved benchmark's `stats` and `extra_info` (pytest-benchmark's JSON)."""
         extra_info = extra_info or {}
-        run_medians = extra_info.get("run_medians") or ()
-        kind = extra_info.get("timing")
+        run_medians = extra_info.get(keys.RUN_MEDIANS) or ()
+        kind = extra_info.get(keys.TIMING)
         return cls(median=float(stats["median"]), iqr=float(stats["iqr"]),
                    run_medians=tuple(float(m) for m in run_medians),
                    kind=kind if isinstance(kind, str) else None)
@@ -84,7 +85,6 @@ class CaseResult:
     current: Timing | None
     verdict: Verdict
     threshold: float | None = None
-    short_wall_round: bool = False  # not gated for its length, whatever its noise
 
     @property
     def change(self) -> float | None:
@@ -100,6 +100,11 @@ class CaseResult:
     @property
     def drift(self) -> float | None:
         return None if self.baseline is None else self.baseline.drift
+
+    @property
+    def short_wall_round(self) -> bool:
+        """Not gated for its length, whatever its noise."""
+        return any(t is not None and t.short_wall_round for t in (self.baseline, self.current))
 
 
 def threshold(baseline: Timing, current: Timing, *, floor: float = FLOOR,
@@ -119,10 +124,7 @@ def judge(name: str, baseline: Timing | None, current: Timing | None, *,
     if current is None:
         return CaseResult(name, baseline, None, Verdict.NOT_RUN)
     limit = threshold(baseline, current, floor=floor, factor=factor, drift_factor=drift_factor)
-    if baseline.short_wall_round or current.short_wall_round:
-        return CaseResult(name, baseline, current, Verdict.TOO_NOISY, limit,
-                          short_wall_round=True)
-    if limit > ceiling:
+    if baseline.short_wall_round or current.short_wall_round or limit > ceiling:
         return CaseResult(name, baseline, current, Verdict.TOO_NOISY, limit)
     change = current.median / baseline.median - 1
     if change > limit:

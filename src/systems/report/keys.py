@@ -3,6 +3,8 @@
 If a suite renames a key, change it here. A result's kind is decided by which keys it has.
 """
 
+from systems.common.clock import DEVICE, WALL
+
 # End-to-end model steps (tests/perf/test_end_to_end.py).
 SIZE = "size"
 SEQ_LEN = "seq_len"  # tokens per sequence (attention results: derived from `shape`)
@@ -58,6 +60,7 @@ DO_BENCH_MEDIAN_MS = "do_bench_median_ms"
 # A recipe whose whole step is replayed from one CUDA graph.
 CUDA_GRAPH = "cuda_graph"
 TIMING = "timing"  # "wall" or "device": which clock the rounds read (systems.bench.timing)
+RUN_MEDIANS = "run_medians"  # a pooled baseline's median of each run (systems.bench.gate)
 
 # What a benchmark's time measures. Below about 1 ms an eager call is host-bound, and the
 # two kinds differ by 2-3x: never compare one with the other.
@@ -115,8 +118,8 @@ def time_kind(info: dict, name: str = "") -> str:
     if kind(info, name) in ("ddp", "collective"):
         return RANK_EVENT_TIME
     recorded = info.get(TIMING)  # runs saved since the timing core record it; older ones
-    if recorded in ("wall", "device"):  # are told apart by their mode and options below
-        return REPLAY_TIME if recorded == "device" else EAGER_TIME
+    if recorded in (WALL, DEVICE):  # are told apart by their mode and options below
+        return REPLAY_TIME if recorded == DEVICE else EAGER_TIME
     if "graph replay" in str(info.get(MODE, "")) or info.get(CUDA_GRAPH) is True:
         return REPLAY_TIME
     return EAGER_TIME
