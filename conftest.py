@@ -117,6 +117,9 @@ def pytest_configure(config: pytest.Config) -> None:
         run.storage = Path(storage[len("file://"):])
         run.baseline = baseline_path(run.storage, gpu_count())
     _resolve_compare_target(config, run)
+    if config.getoption("perf_baseline_repeat") and not config.getoption("perf_baseline"):
+        raise pytest.UsageError("--perf-baseline-repeat adds a run to the baseline: give it "
+                                "with --perf-baseline")
     if config.getoption("perf_baseline"):
         _plan_baseline(config, run)
     if config.getoption("perf_study"):

@@ -243,6 +243,10 @@ def test_repeats_pool_into_the_baseline_of_the_same_commit(timed_project, monkey
                                       "--perf-baseline-repeat")
     assert refused.ret == pytest.ExitCode.USAGE_ERROR  # nothing to add to yet
     assert "--perf-baseline-repeat needs a baseline" in refused.stderr.str()
+    alone = timed_project.runpytest("tests/perf", "--perf-profile=quick",
+                                    "--perf-baseline-repeat")
+    assert alone.ret == pytest.ExitCode.USAGE_ERROR  # it would otherwise save nothing
+    assert "give it with --perf-baseline" in alone.stderr.str()
 
     for _ in range(2):
         timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-baseline",
