@@ -13,7 +13,6 @@ from systems.bench.cuda_graph import CapturedStep
 from systems.common.nvtx import nvtx_range
 from systems.model import ModelConfig, TransformerLM, cross_entropy
 from systems.optim import AdamW, MixedPrecisionAdamW, OptimizerName
-from systems.optim.in_backward import UpdateInBackward
 from systems.optim.names import optimizer_name
 
 MODES = ("forward", "forward_backward", "train_step")
@@ -73,10 +72,6 @@ class StepOptions:
     the parameters become copies in the step's precision over fp32 masters, so autocast
     casts nothing). fused_loss: LM head and cross-entropy in token
     chunks (`systems.model.loss`). checkpoint_every: see `TransformerLM`.
-    update_in_backward: with our optimizers ("adamw", "mixed_precision"), update each layer's
-    parameters on a side stream as soon as backward has their gradients
-    (`systems.optim.in_backward`); with compile_scope "blocks", so that backward hands
-    them over layer by layer, the update overlaps with the rest of backward.
     cuda_graph: after `CUDA_GRAPH_WARMUP` ordinary steps, capture one step in a CUDA graph
     and replay it from then on (`systems.bench.cuda_graph.CapturedStep`); CUDA only, with an
     optimizer that counts steps on the GPU ("mixed_precision" or "torch_adamw", which is then
@@ -89,7 +84,6 @@ class StepOptions:
     fused_loss: bool = False
     checkpoint_every: int = 0
     cuda_graph: bool = False
-    update_in_backward: bool = False
     lr: float = 1e-4
 
     def __post_init__(self) -> None:
@@ -98,9 +92,6 @@ class StepOptions:
         object.__setattr__(self, "optimizer", optimizer_name(self.optimizer, STEP_OPTIMIZERS))
         if isinstance(self.lr, bool) or not isinstance(self.lr, int | float) or self.lr <= 0:
             raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
-        if self.update_in_backward and self.optimizer == OptimizerName.TORCH_ADAMW:
-            raise ValueError("update_in_backward needs our optimizers ('adamw' or "
-                             "'mixed_precision'), not 'torch_adamw'")
         if self.cuda_graph and self.compile_mode == "reduce-overhead":
             raise ValueError("cuda_graph captures the whole step already; compile_mode="
                              "'reduce-overhead' would capture graphs inside it")
@@ -215,15 +206,11 @@ def build_model_workload(
 
     optimizer = (_optimizer(model, options, precision, device)
                  if mode == "train_step" else None)
-    if optimizer is not None and options.update_in_backward:
-        update = UpdateInBackward(optimizer, _buckets_in_backward_order(model)).finish
-    else:
-        update = optimizer.step if optimizer is not None else None
 
     def train_step() -> torch.Tensor:
         loss = forward_backward()
         with nvtx_range("optimizer_step"):
-            update()
+            optimizer.step()
         return loss
 
     step = {"forward": forward, "forward_backward": forward_backward,
@@ -246,14 +233,6 @@ def _compile(model: TransformerLM, options: StepOptions) -> torch.nn.Module:
     for block in model.layers:
         block.compile(mode=options.compile_mode)
     return model
-
-
-def _buckets_in_backward_order(model: TransformerLM) -> list[list[torch.nn.Parameter]]:
-    """The model's parameters grouped by layer, in the order backward completes their
-    gradients: the head, the blocks from the last, then the embeddings."""
-    head = [*model.ln_final.parameters(), *model.lm_head.parameters()]
-    blocks = [list(block.parameters()) for block in reversed(model.layers)]
-    return [head, *blocks, list(model.token_embeddings.parameters())]
 
 
 def _optimizer(model: torch.nn.Module, options: StepOptions, precision: str,
