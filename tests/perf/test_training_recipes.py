@@ -49,9 +49,16 @@ def _warmup(recipe: str) -> int:
     return 3 if options.compiled else 2
 
 
+def _rounds(size: str, recipe: str) -> int:
+    """A graphed step's rounds are replays (device time, steady); an eager step's rounds are
+    wall time with the host's noise in them, so they get three times as many."""
+    rounds = 10 if size in ("small", "medium") else 5
+    return rounds if RECIPES[recipe].options.cuda_graph else 3 * rounds
+
+
 def _case(size: str, seq_len: int, recipe: str) -> RecipeCase:
     return RecipeCase(size, seq_len, recipe, warmup=_warmup(recipe),
-                      rounds=10 if size in ("small", "medium") else 5)
+                      rounds=_rounds(size, recipe))
 
 
 def perf_cases(profile: str) -> list[RecipeCase]:
