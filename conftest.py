@@ -33,11 +33,19 @@ from systems.bench.baseline import (
     add_repeat,
     baseline_path,
     baseline_suite,
+    host_loop_ms_runs,
     json_destination_path,
-    saved_timings,
+    run_timings,
     study_path,
 )
-from systems.bench.gate import CaseResult, Timing, compare, gate_table, regressions
+from systems.bench.gate import (
+    CaseResult,
+    Timing,
+    compare,
+    gate_table,
+    host_speed_line,
+    regressions,
+)
 from systems.bench.metrics import (
     BenchmarkResult,
     allocated_memory_bytes,
@@ -51,8 +59,9 @@ from systems.bench.metrics import (
 from systems.bench.params import flatten_case
 from systems.bench.timing import SLOWDOWN_ENV, RoundTimer, device_time, injected_slowdowns
 from systems.common.hardware import device_slug, gpu_count, machine_description
+from systems.common.host_speed import python_loop_ms
 from systems.report import keys
-from systems.report.history import MalformedRunError
+from systems.report.history import MalformedRunError, read_run
 
 PERF_PROFILES = ("smoke", "quick", "full")
 _DEFAULT_STORAGE = "file://./.benchmarks"
@@ -68,6 +77,8 @@ class PerfRun:
     baseline_draft: Path | None = None  # --perf-baseline writes here; moved once all passed
     gate_target: Path | None = None
     gate_baseline: dict[str, Timing] = field(default_factory=dict)  # read once, up front
+    gate_baseline_host_loop_ms: list[float] = field(default_factory=list)  # one per its run
+    host_loop_ms: float | None = None  # systems.common.host_speed, when this run is kept
     slowdowns: dict[str, float] = field(default_factory=dict)
     results: list[BenchmarkResult] = field(default_factory=list)
     gate: list[CaseResult] | None = None
@@ -125,6 +136,19 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("perf_study"):
         _plan_study(config, run)
     _check_storage_writable(config, run)
+    if _keeps_or_gates_timings(config, run):
+        # Measured once, here, rather than when pytest-benchmark saves at the end: the gate
+        # prints it even when nothing is saved, the saved file and the printed line hold
+        # the same value, and nothing of the suite's own (compile workers, rank processes)
+        # runs beside it yet.
+        run.host_loop_ms = python_loop_ms()
+
+
+def _keeps_or_gates_timings(config: pytest.Config, run: PerfRun) -> bool:
+    option = config.option
+    timed = not (option.benchmark_disable or option.benchmark_skip)
+    return timed and bool(option.benchmark_json or option.benchmark_save
+                          or option.benchmark_autosave or run.gate_target is not None)
 
 
 def _resolve_compare_target(config: pytest.Config, run: PerfRun) -> None:
@@ -145,9 +169,14 @@ def _resolve_compare_target(config: pytest.Config, run: PerfRun) -> None:
         run.gate_target = run.baseline
     if run.gate_target is not None:  # a malformed target fails now, not after the run
         try:
-            run.gate_baseline = saved_timings(run.gate_target)
+            saved = read_run(run.gate_target)
         except MalformedRunError as error:
             raise pytest.UsageError(f"--perf-gate: {error}") from None
+        run.gate_baseline = run_timings(saved)
+        try:
+            run.gate_baseline_host_loop_ms = host_loop_ms_runs(saved)
+        except ValueError as error:
+            raise pytest.UsageError(f"--perf-gate: {run.gate_target}: {error}") from None
     if (default_asked or gate) and run.gate_target is None and not has_baseline:
         run.notes.append(f"nothing compared: no baseline for {device_slug()} with "
                          f"{gpu_count()} GPU(s) ({run.baseline}); record one with "
@@ -227,6 +256,24 @@ def _slowdown_banner(run: PerfRun) -> str:
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
     machine_info.update(machine_description())
+    run = config.stash.get(_PERF_RUN, None)
+    if run is not None and run.host_loop_ms is not None:
+        machine_info[keys.HOST_PYTHON_LOOP_MS] = run.host_loop_ms
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_benchmark_compare_machine_info(machine_info: dict, compared_benchmark: dict):
+    """pytest-benchmark warns when a compared run's machine_info differs from this one's.
+    The host speed probe is a measurement that differs every run, not a different machine:
+    it is left out of that comparison and put back afterwards."""
+    infos = (machine_info, compared_benchmark["machine_info"])
+    probes = (keys.HOST_PYTHON_LOOP_MS, keys.HOST_PYTHON_LOOP_MS_RUNS)
+    held = [{key: info.pop(key) for key in probes if key in info} for info in infos]
+    try:
+        return (yield)
+    finally:
+        for info, kept in zip(infos, held, strict=True):
+            info.update(kept)
 
 
 def pytest_benchmark_update_commit_info(config: pytest.Config, commit_info: dict) -> None:
@@ -453,6 +500,9 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         failed = regressions(run.gate)
         terminalreporter.write_sep("-", f"perf gate: medians vs {run.gate_target}",
                                    red=bool(failed), green=not failed)
+        host_speed = host_speed_line(run.host_loop_ms, run.gate_baseline_host_loop_ms)
+        if host_speed is not None:
+            terminalreporter.write_line(host_speed)
         terminalreporter.write_line(gate_table(run.gate))
         if failed:
             terminalreporter.write_line(f"PERF GATE FAILED: {len(failed)} case(s) slower than "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from systems.bench.baseline import add_repeat
+from systems.bench.baseline import add_repeat, host_loop_ms_runs
 from systems.bench.baseline import main as baseline_main
 from systems.bench.gate import (
     CEILING,
@@ -21,10 +21,12 @@ from systems.bench.gate import (
     compare,
     describe,
     gate_table,
+    host_speed_line,
     judge,
     regressions,
     threshold,
 )
+from systems.report import keys
 
 
 def measured(rng: random.Random, seconds: float, noise: float, rounds: int = 7) -> Timing:
@@ -121,16 +123,33 @@ def test_drift_between_baseline_runs_widens_the_threshold() -> None:
     assert Timing(0.010, 0.0).drift == 0.0  # a single run says nothing about drift
 
 
+def probed(host_ms: float | None) -> dict:
+    """machine_info entries of a run that recorded the host speed probe (none for None)."""
+    return {} if host_ms is None else {keys.HOST_PYTHON_LOOP_MS: host_ms}
+
+
 def test_repeats_pool_rounds_and_keep_each_runs_median() -> None:
-    def run(commit: str, data: list[float]) -> dict:
+    def run(commit: str, data: list[float], host_ms: float | None = None) -> dict:
         return {"commit_info": {"id": commit},
-                "machine_info": {"device_name": "GPU", "gpu_count": 1},
+                "machine_info": {"device_name": "GPU", "gpu_count": 1, **probed(host_ms)},
                 "benchmarks": [{"name": "c", "fullname": "t.py::c", "extra_info": {},
                                 "stats": {"data": data, "median": statistics.median(data),
                                           "iterations": 1}}]}
 
-    pooled = add_repeat(run("a", [1.0, 2.0, 3.0]), run("a", [4.0, 5.0, 6.0]))
-    pooled = add_repeat(pooled, run("a", [7.0, 8.0, 9.0]))
+    pooled = add_repeat(run("a", [1.0, 2.0, 3.0], 10.0), run("a", [4.0, 5.0, 6.0], 12.5))
+    pooled = add_repeat(pooled, run("a", [7.0, 8.0, 9.0], 11.0))
+    assert pooled["machine_info"][keys.HOST_PYTHON_LOOP_MS_RUNS] == [10.0, 12.5, 11.0]
+    assert pooled["machine_info"][keys.HOST_PYTHON_LOOP_MS] == 10.0  # the first run's
+    assert host_loop_ms_runs(pooled) == [10.0, 12.5, 11.0]
+    # A run without the probe (saved before it existed) leaves the pooled file without it,
+    # never with a list that covers only some of its runs.
+    for first, second in ((None, 12.5), (10.0, None), (None, None)):
+        unprobed = add_repeat(run("a", [1.0], first), run("a", [2.0], second))
+        assert host_loop_ms_runs(unprobed) == []
+        assert unprobed["machine_info"] == {"device_name": "GPU", "gpu_count": 1}
+    assert host_loop_ms_runs(add_repeat(unprobed, run("a", [3.0], 11.0))) == []
+    with pytest.raises(ValueError, match="host_python_loop_ms: 'fast' is not a positive"):
+        add_repeat(run("a", [1.0], "fast"), run("a", [2.0], 12.5))
     (bench,) = pooled["benchmarks"]
     assert bench["stats"]["data"] == [float(x) for x in range(1, 10)]
     assert bench["stats"]["median"] == 5.0 and bench["stats"]["rounds"] == 9
@@ -161,9 +180,20 @@ def test_short_wall_timed_rounds_are_not_gated_but_device_timed_ones_are() -> No
     assert saved.short_wall_round
 
 
+def test_host_speed_line_sets_this_run_against_the_baselines_runs() -> None:
+    assert host_speed_line(12.9, [10.8, 12.2, 11.9]) == (
+        "host speed: a fixed Python loop took 12.9 ms in this run, 10.8-12.2 ms in the "
+        "baseline's 3 runs (+8% vs their median); wall-timed (eager) cases move with it")
+    assert host_speed_line(10.0, [12.5]) == (
+        "host speed: a fixed Python loop took 10.0 ms in this run, 12.5 ms in the "
+        "baseline's run (-20%); wall-timed (eager) cases move with it")
+    assert host_speed_line(None, [12.5]) is None  # either side saved without the probe
+    assert host_speed_line(10.0, []) is None
+
+
 def test_saved_runs_can_be_judged_again_from_the_command_line(tmp_path, capsys) -> None:
-    def saved(name: str, median: float) -> Path:
-        run = {"machine_info": {"device_name": "GPU", "gpu_count": 1},
+    def saved(name: str, median: float, host_ms: float | None = None) -> Path:
+        run = {"machine_info": {"device_name": "GPU", "gpu_count": 1, **probed(host_ms)},
                "commit_info": {"id": "a"}, "datetime": "2026-01-01T00:00:00",
                "benchmarks": [{"name": "c", "fullname": "t.py::c", "extra_info": {},
                                "params": {}, "stats": {"median": median, "iqr": 0.0,
@@ -175,7 +205,26 @@ def test_saved_runs_can_be_judged_again_from_the_command_line(tmp_path, capsys) 
     base = saved("base.json", 0.010)
     assert baseline_main(["judge", str(saved("same.json", 0.0101)), "--against",
                           str(base)]) == 0
-    assert "1 ok" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "1 ok" in out and "host speed" not in out
     assert baseline_main(["judge", str(saved("slow.json", 0.0115)), "--against",
                           str(base)]) == 1
     assert "SLOWER" in capsys.readouterr().out
+
+    # The probe is shown where both runs carry it, and changes no verdict.
+    probed_base = saved("probed_base.json", 0.010, host_ms=10.0)
+    slow_host = str(saved("slow_host.json", 0.0101, host_ms=11.0))
+    assert baseline_main(["judge", slow_host, "--against", str(probed_base)]) == 0
+    header, line, *_ = capsys.readouterr().out.splitlines()
+    assert "perf gate: medians vs" in header
+    assert line.startswith("host speed: a fixed Python loop took 11.0 ms in this run, "
+                           "10.0 ms in the baseline's run (+10%);")
+    assert baseline_main(["judge", slow_host, "--against", str(base)]) == 0
+    assert "host speed" not in capsys.readouterr().out
+    # Parts of one run combined into a baseline ran in sessions of their own: no one
+    # part's probe stands for the whole.
+    root = tmp_path / "benchmarks"
+    assert baseline_main(["combine", str(probed_base), slow_host, "--root", str(root)]) == 0
+    capsys.readouterr()
+    assert baseline_main(["judge", slow_host, "--root", str(root)]) == 0
+    assert "host speed" not in capsys.readouterr().out

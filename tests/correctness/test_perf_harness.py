@@ -16,6 +16,7 @@ from systems.bench.baseline import baseline_path
 from systems.bench.params import flatten_case
 from systems.bench.timing import SLOWDOWN_ENV, injected_slowdowns
 from systems.common.hardware import device_slug
+from systems.report import keys
 
 pytest_plugins = ["pytester"]
 ROOT_CONFTEST = Path(__file__).resolve().parents[2] / "conftest.py"
@@ -200,7 +201,8 @@ def test_compare_without_a_baseline_says_how_to_record_one(timed_project) -> Non
     assert "Can't compare" not in result.stdout.str() + result.stderr.str()
 
 
-def test_baseline_is_the_default_compare_target_and_studies_never_are(timed_project) -> None:
+def test_baseline_is_the_default_compare_target_and_studies_never_are(timed_project,
+                                                                     recwarn) -> None:
     result = timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-baseline")
     result.assert_outcomes(passed=3)
     baseline = baseline_path(storage(timed_project), 0)
@@ -216,6 +218,8 @@ def test_baseline_is_the_default_compare_target_and_studies_never_are(timed_proj
     result = timed_project.runpytest("tests/perf", "--benchmark-compare", "-s")
     result.assert_outcomes(passed=3)
     assert f"Comparing against benchmarks from: {baseline.name}" in result.stderr.str()
+    # The same machine: its host speed, which differs every run, is no machine difference.
+    assert not [w for w in recwarn if "machine_info is different" in str(w.message)]
 
 
 @pytest.mark.parametrize("args", [["-k", "small"], ["--perf-profile=smoke"],
@@ -253,11 +257,14 @@ def test_repeats_pool_into_the_baseline_of_the_same_commit(timed_project, monkey
                                 *(["--perf-baseline-repeat"] if _ else [])
                                 ).assert_outcomes(passed=3)
     baseline = baseline_path(storage(timed_project), 0)
-    benches = {b["name"]: b for b in json.loads(baseline.read_text())["benchmarks"]}
+    pooled = json.loads(baseline.read_text())
+    benches = {b["name"]: b for b in pooled["benchmarks"]}
     large = benches["test_step[large-n128]"]
     assert large["stats"]["rounds"] == 14 == len(large["stats"]["data"])  # 7 rounds per run
     assert len(large["extra_info"]["run_medians"]) == 2
     assert large["extra_info"]["run_medians"] == pytest.approx([0.3, 0.3], rel=0.1)
+    probes = pooled["machine_info"][keys.HOST_PYTHON_LOOP_MS_RUNS]  # each run's host speed
+    assert len(probes) == 2 and all(ms > 0 for ms in probes)
     assert not list(storage(timed_project).glob(".*draft*"))
 
     monkeypatch.setenv("SYSTEMS_COMMIT", "def5678")  # another commit: never pooled
@@ -283,6 +290,9 @@ def test_gate_passes_a_rerun_and_catches_an_injected_slowdown(timed_project, mon
                             "--perf-baseline").assert_outcomes(passed=3)
     rerun = timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-gate")
     rerun.stdout.fnmatch_lines(["*perf gate: medians vs *baseline_0gpu.json*",
+                                "host speed: a fixed Python loop took * ms in this run, "
+                                "* ms in the baseline's run (*); wall-timed (eager) cases "
+                                "move with it",
                                 "case*baseline ms*current ms*change*threshold*verdict*"])
     assert "SLOWER" not in rerun.stdout.str()
     assert rerun.ret == pytest.ExitCode.OK

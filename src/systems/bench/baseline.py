@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from systems.bench.gate import Timing, compare, gate_table, regressions
+from systems.bench.gate import Timing, compare, gate_table, host_speed_line, regressions
 from systems.bench.history import combine_runs, next_run_path
 from systems.common.hardware import gpu_count, slugify
 from systems.report import keys
@@ -109,24 +109,50 @@ def baseline_problems(path: Path, expected: Iterable[str]) -> list[str]:
             *(f"  {name}" for name in missing)]
 
 
-def saved_timings(path: Path) -> dict[str, Timing]:
-    """Median and IQR of every benchmark of a saved run, by full name; MalformedRunError
-    (naming the file) for a file that is not a run."""
-    return run_timings(read_run(path))
-
-
 def run_timings(run: dict) -> dict[str, Timing]:
-    """`saved_timings` of a run already read."""
+    """Median and IQR of every benchmark of a saved run (`read_run`), by full name."""
     return {bench.get("fullname", bench["name"]):
             Timing.from_saved(bench["stats"], bench.get("extra_info"))
             for bench in run["benchmarks"]}
+
+
+def host_loop_ms(run: dict) -> float | None:
+    """The host speed probe a saved run recorded (`machine_info`), ms; None for runs saved
+    without it."""
+    value = (run.get("machine_info") or {}).get(keys.HOST_PYTHON_LOOP_MS)
+    if value is None:
+        return None
+    return _probe_ms(keys.HOST_PYTHON_LOOP_MS, value)
+
+
+def host_loop_ms_runs(run: dict) -> list[float]:
+    """The host speed probe of each run a saved (possibly pooled) run holds, ms; [] for
+    runs saved without it."""
+    values = (run.get("machine_info") or {}).get(keys.HOST_PYTHON_LOOP_MS_RUNS)
+    if values is None:
+        single = host_loop_ms(run)
+        return [] if single is None else [single]
+    if not isinstance(values, list):
+        raise ValueError(f"machine_info.{keys.HOST_PYTHON_LOOP_MS_RUNS} is {values!r}, "
+                         "not a list")
+    return [_probe_ms(keys.HOST_PYTHON_LOOP_MS_RUNS, v) for v in values]
+
+
+def _probe_ms(key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"machine_info.{key}: {value!r} is not a positive number of ms")
+    return float(value)
 
 
 def add_repeat(baseline: dict, repeat: dict) -> dict:
     """`baseline` with `repeat`, another complete run of the same commit on the same GPU
     model, pooled in: each case's rounds together (its stats recomputed over all of them)
     and each run's median kept in `extra_info["run_medians"]`, which the gate reads as the
-    case's drift between runs. Raises ValueError when the runs do not belong together."""
+    case's drift between runs. The host speed probe of each run is kept in
+    `machine_info["host_python_loop_ms_runs"]` while every pooled run recorded one (a run
+    without it drops the probe from the pooled file, which then says nothing rather than
+    something about only some of its runs). Raises ValueError when the runs do not belong
+    together."""
     # pytest-benchmark's own statistics, so pooled stats mean what a single run's do; it is
     # a test requirement, so it is imported only where repeats are pooled (during a run).
     from pytest_benchmark.stats import Stats
@@ -154,7 +180,23 @@ def add_repeat(baseline: dict, repeat: dict) -> dict:
             "extra_info": {**bench["extra_info"],
                            keys.RUN_MEDIANS: [*run_medians, other["stats"]["median"]]},
         })
-    return {**baseline, "benchmarks": pooled}
+    return {**baseline, "machine_info": _pooled_host_probe(baseline, repeat),
+            "benchmarks": pooled}
+
+
+def _pooled_host_probe(baseline: dict, repeat: dict) -> dict:
+    """The baseline's machine_info with the repeat's host speed probe added to its runs'."""
+    probes, added = host_loop_ms_runs(baseline), host_loop_ms(repeat)
+    info = _without_host_probe(baseline["machine_info"])
+    if probes and added is not None:
+        info.update({keys.HOST_PYTHON_LOOP_MS: probes[0],
+                     keys.HOST_PYTHON_LOOP_MS_RUNS: [*probes, added]})
+    return info
+
+
+def _without_host_probe(machine_info: dict) -> dict:
+    return {key: value for key, value in machine_info.items()
+            if key not in (keys.HOST_PYTHON_LOOP_MS, keys.HOST_PYTHON_LOOP_MS_RUNS)}
 
 
 def storage_of(run: dict, benchmarks_root: Path) -> Path:
@@ -166,6 +208,9 @@ def combine_into_baseline(parts: list[Path], benchmarks_root: Path) -> Path:
     """Union of separately run parts of one quick-profile run, written as their GPU's
     baseline. The GPU count is taken from the parts, which must agree on it."""
     combined = combine_runs(parts)
+    # Each part ran in a session of its own, on a host of its own speed: no one part's host
+    # speed probe describes the whole, so the baseline records none.
+    combined["machine_info"] = _without_host_probe(combined.get("machine_info") or {})
     counts = {json.loads(p.read_text())["machine_info"].get("gpu_count") for p in parts}
     if len(counts) != 1 or None in counts:
         raise ValueError(f"parts disagree on (or lack) machine_info.gpu_count: {counts}")
@@ -182,8 +227,12 @@ def judge_runs(runs: list[Path], against: Path | None, benchmarks_root: Path) ->
         run = read_run(path)
         target = against or baseline_path(storage_of(run, benchmarks_root),
                                           int(run["machine_info"].get("gpu_count") or 0))
-        results = compare(saved_timings(target), run_timings(run))
+        baseline = read_run(target)
+        results = compare(run_timings(baseline), run_timings(run))
         print(f"- perf gate: medians vs {target} (run {path}) -")
+        host_speed = host_speed_line(host_loop_ms(run), host_loop_ms_runs(baseline))
+        if host_speed is not None:
+            print(host_speed)
         print(gate_table(results))
         failed = failed or bool(regressions(results))
     return 1 if failed else 0

@@ -17,7 +17,8 @@ failed. docs/benchmarking.md gives the measurements behind the constants.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -188,3 +189,20 @@ def gate_table(results: list[CaseResult]) -> str:
 
 def describe_kind(verdict: Verdict) -> str:
     return {Verdict.TOO_NOISY: "not gated (too noisy)"}.get(verdict, verdict.value)
+
+
+def host_speed_line(current_ms: float | None, baseline_ms: Sequence[float]) -> str | None:
+    """How long the host speed probe (`systems.common.host_speed`) took in the current run
+    against the baseline's runs; None unless both recorded it. Evidence for why wall-timed
+    cases moved, never part of a verdict."""
+    if current_ms is None or not baseline_ms:
+        return None
+    reference = statistics.median(baseline_ms)
+    change = f"{current_ms / reference - 1:+.0%}"
+    if len(baseline_ms) == 1:
+        seen = f"{reference:.1f} ms in the baseline's run ({change})"
+    else:
+        seen = (f"{min(baseline_ms):.1f}-{max(baseline_ms):.1f} ms in the baseline's "
+                f"{len(baseline_ms)} runs ({change} vs their median)")
+    return (f"host speed: a fixed Python loop took {current_ms:.1f} ms in this run, {seen}; "
+            "wall-timed (eager) cases move with it")

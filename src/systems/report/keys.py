@@ -61,6 +61,10 @@ DO_BENCH_MEDIAN_MS = "do_bench_median_ms"
 CUDA_GRAPH = "cuda_graph"
 TIMING = "timing"  # "wall" or "device": which clock the rounds read (systems.bench.timing)
 RUN_MEDIANS = "run_medians"  # a pooled baseline's median of each run (systems.bench.gate)
+# In a run's machine_info: the host speed probe (systems.common.host_speed), measured once
+# per session, and in a pooled baseline each run's value (systems.bench.baseline).
+HOST_PYTHON_LOOP_MS = "host_python_loop_ms"
+HOST_PYTHON_LOOP_MS_RUNS = f"{HOST_PYTHON_LOOP_MS}_runs"
 
 # What a benchmark's time measures. Below about 1 ms an eager call is host-bound, and the
 # two kinds differ by 2-3x: never compare one with the other.
