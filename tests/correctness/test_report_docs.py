@@ -77,7 +77,9 @@ def _write_history(repo: Path, ours_median: float = 0.002) -> str:
     benchmarks = [
         # Means far from the medians: every number shown must be a median.
         _bench("test_attention[triton-1x1x4096x64]", "triton", ours_median, [1, 1, 4096, 64],
-               mean=0.05),
+               mean=0.05, interleaved_medians_s={"triton": 0.0021, "sdpa_flash": 0.0042,
+                                                 "sdpa_cudnn": 0.0007},
+               interleaved_rounds=30),
         _bench("test_attention[sdpa_flash-1x1x4096x64]", "sdpa_flash", 0.004,
                [1, 1, 4096, 64], mean=0.05),
         _bench("test_attention[sdpa_cudnn-1x1x4096x64]", "sdpa_cudnn", 0.001,
@@ -126,6 +128,19 @@ def test_blocks_are_filled_from_the_history_with_medians_time_kind_file_and_comm
     assert "| 1x4096x64 | bf16 | causal | 0.500 | 0.400 | 1.25 |" in device
     assert "Time: device time (CUDA-graph replay)" in device
     assert render(out, generators(tmp_path)) == out  # rewriting is stable
+
+
+def test_interleaved_block_shows_the_rounds_taken_in_turn(tmp_path: Path) -> None:
+    history = _write_history(tmp_path)
+    block = f"<!-- generated: attention-eager-interleaved {history} -->\n<!-- end generated -->\n"
+    out = render(block, generators(tmp_path))
+    assert "| 1x4096x64 | bf16 | causal | 2.100 | 4.200 | 0.700 | 0.50 | 3.00 |" in out
+    assert "medians in ms of 30 rounds per implementation, taken in turn in one run" in out
+    assert "Time: eager end-to-end (host included)" in out
+    (tmp_path / "other.json").write_text((tmp_path / history).read_text().replace(
+        "interleaved_medians_s", "something_else"))
+    with pytest.raises(BlockError, match="no interleaved attention rounds"):
+        render(block.replace(history, "other.json"), generators(tmp_path))
 
 
 def test_a_hand_edit_or_a_new_measurement_makes_the_doc_differ(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from systems.bench.timing import (
     RoundTimer,
     TimingStats,
     device_time,
+    interleaved_rounds,
     time_steps,
 )
 from systems.common.clock import mark, seconds_between
@@ -132,6 +133,29 @@ def test_first_call_is_one_round_kept_apart() -> None:
 def test_measure_rejects_bad_counts(warmup: int, rounds: int) -> None:
     with pytest.raises(ValueError, match="warmup >= 0 and rounds >= 1"):
         RoundTimer(lambda: None).measure(warmup=warmup, rounds=rounds)
+
+
+def test_interleaved_rounds_alternate_the_order_and_keep_each_steps_times() -> None:
+    calls: list[str] = []
+    steps = {name: (lambda name=name: (calls.append(name), time.sleep(0.01 if name == "a"
+                                                                       else 0.02)))
+             for name in "abc"}
+    stats = interleaved_rounds(steps, warmup=1, rounds=4)
+    assert calls[:3] == ["a", "b", "c"]  # each step's warm-up, in turn
+    assert calls[3:] == [*"abc", *"cba", *"abc", *"cba"]
+    assert {name: len(s.times) for name, s in stats.items()} == {"a": 4, "b": 4, "c": 4}
+    assert stats["a"].median < stats["b"].median  # each keeps its own step's times
+    assert all(s.kind == WALL for s in stats.values())
+
+
+def test_interleaved_rounds_pause_the_collector_and_refuse_bad_input() -> None:
+    seen: list[bool] = []
+    interleaved_rounds({"a": lambda: seen.append(gc.isenabled())}, warmup=1, rounds=2)
+    assert seen == [True, False, False] and gc.isenabled()
+    with pytest.raises(ValueError, match="at least one step"):
+        interleaved_rounds({}, warmup=0, rounds=1)
+    with pytest.raises(ValueError, match="warmup >= 0 and rounds >= 1"):
+        interleaved_rounds({"a": lambda: None}, warmup=0, rounds=0)
 
 
 def test_a_driver_that_runs_no_round_is_an_error() -> None:

@@ -5,7 +5,9 @@ Four studies:
   pass at a time); forward, backward and forward+backward timed separately for every
   implementation (SDPA's flash and cuDNN backends, compiled flex_attention, the PyTorch
   reference eager and compiled, the tiled PyTorch FlashAttention-2, and the Triton kernels
-  with a compiled PyTorch backward or their own).
+  with a compiled PyTorch backward or their own). Ours at batch 1 (forward+backward, CUDA)
+  also records medians of rounds taken in turn with SDPA's flash and cuDNN backends in
+  `extra_info["interleaved_medians_s"]`: the same-run eager comparison.
 - `test_attention_handout_sweep`: batch 8, no heads, not causal, fp32, d 16..128 and
   seq 256..16384: forward and backward timed, memory in use before backward recorded.
 - `test_attention_leaderboard`: q, k, v of shape (16, 16384, 64), bf16, causal, forward +
@@ -44,6 +46,8 @@ from systems.bench.attention import (
 )
 from systems.bench.cuda_graph import CapturedStep
 from systems.bench.metrics import is_out_of_memory, out_of_memory_reason
+from systems.bench.timing import interleaved_rounds
+from systems.report import keys
 
 SWEEP_IMPLEMENTATIONS = ("reference", "reference_compiled", "sdpa_flash", "sdpa_cudnn",
                          "flex_compiled", "flash_pytorch", "triton_compiled_bwd", "triton")
@@ -53,6 +57,11 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Ours and its rivals in the quick profile's eager sweep.
 RIVALS = ("sdpa_flash", "sdpa_cudnn", "flex_compiled", "triton")
 QUICK_SEQS = (1024, 4096, 16384, 65536)
+# Whether ours keeps up with SDPA in what an eager caller sees is a comparison of host-bound
+# times on a host whose speed drifts: separate cases' medians come from different moments.
+# So our eager batch-1 cases on CUDA also take rounds in turn with these rivals.
+INTERLEAVED_RIVALS = ("sdpa_flash", "sdpa_cudnn")
+INTERLEAVED_ROUNDS = 30
 # At 16 x 16384 (the leaderboard's size) flex_attention is far behind: the fused SDPA
 # backends are the rivals there.
 LEADERBOARD_RIVALS = ("triton", "sdpa_cudnn", "sdpa_flash")
@@ -130,6 +139,31 @@ def run_attention_case(case: AttentionCase, device: torch.device, synced_benchma
         workload.step, warmup=case.warmup, rounds=case.rounds,
         precision=case.dtype, flops=workload.flops, info=workload.info, cold_start=True,
     )
+    if _interleaves(case, device) and not synced_benchmark.benchmark.disabled:
+        synced_benchmark.benchmark.extra_info.update(
+            {keys.INTERLEAVED_MEDIANS_S: _interleaved_medians(case, device, workload),
+             keys.INTERLEAVED_ROUNDS: INTERLEAVED_ROUNDS})
+
+
+def _interleaves(case: AttentionCase, device: torch.device) -> bool:
+    return (device.type == "cuda" and case.impl == "triton" and case.mode == "forward_backward"
+            and case.shape[:-2] == (1, 1))
+
+
+def _interleaved_medians(case: AttentionCase, device: torch.device,
+                         ours: AttentionWorkload) -> dict[str, float]:
+    """Median seconds of ours and each rival that runs this case, rounds taken in turn."""
+    steps = {case.impl: ours.step}
+    for rival in INTERLEAVED_RIVALS:
+        try:
+            steps[rival] = build_attention_workload(
+                rival, shape=case.shape, dtype=DTYPES[case.dtype], mode=case.mode,
+                is_causal=case.is_causal, device=device).step
+        except UnsupportedWorkload:
+            continue
+    stats = interleaved_rounds(steps, warmup=case.warmup, rounds=INTERLEAVED_ROUNDS,
+                               device=device)
+    return {name: timing.median for name, timing in stats.items()}
 
 
 def test_attention(perf_case: AttentionCase, device, synced_benchmark) -> None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
@@ -133,6 +133,7 @@ class RoundTimer:
         self.slowdown = slowdown
         self._times: list[float] = []
         self._host_times: list[float] = []
+        self._kind = WALL
 
     def _round(self, *, measured: bool) -> tuple[float, float]:
         start = time.perf_counter()
@@ -143,7 +144,8 @@ class RoundTimer:
             time.sleep(self.slowdown * (time.perf_counter() - start))
         return time.perf_counter() - start, enqueued
 
-    def _timed_round(self) -> float:
+    def timed_round(self) -> float:
+        """One timed round: its seconds, kept for `stats()`."""
         seconds, enqueued = self._round(measured=True)
         self._times.append(seconds)
         self._host_times.append(enqueued)
@@ -155,20 +157,53 @@ class RoundTimer:
         synchronize(self.device)  # work queued before does not count
         return self._round(measured=True)[0]
 
+    def warm_up(self, rounds: int) -> None:
+        """`rounds` untimed rounds; the timed rounds kept so far are dropped."""
+        synchronize(self.device)
+        for _ in range(rounds):
+            self._round(measured=False)
+        self._kind = round_kind(self.step)  # a CapturedStep replays from here on
+        self._times.clear()
+        self._host_times.clear()
+
+    def stats(self) -> TimingStats:
+        """The timed rounds since the last warm-up."""
+        return TimingStats(tuple(self._times), tuple(self._host_times), self._kind)
+
     def measure(self, *, warmup: int, rounds: int, drive: Driver = _loop) -> TimingStats:
         """`warmup` untimed rounds, then `rounds` timed ones with the garbage collector
         paused, called by `drive`; the timed rounds' stats."""
-        if warmup < 0 or rounds < 1:
-            raise ValueError(f"need warmup >= 0 and rounds >= 1, got {warmup=} {rounds=}")
-        synchronize(self.device)
-        for _ in range(warmup):
-            self._round(measured=False)
-        kind = round_kind(self.step)  # after warm-up: a CapturedStep replays from here on
-        self._times.clear()
-        self._host_times.clear()
+        _check_rounds(warmup, rounds)
+        self.warm_up(warmup)
         with gc_paused():
-            drive(self._timed_round, rounds)
-        return TimingStats(tuple(self._times), tuple(self._host_times), kind)
+            drive(self.timed_round, rounds)
+        return self.stats()
+
+
+def _check_rounds(warmup: int, rounds: int) -> None:
+    if warmup < 0 or rounds < 1:
+        raise ValueError(f"need warmup >= 0 and rounds >= 1, got {warmup=} {rounds=}")
+
+
+def interleaved_rounds(steps: Mapping[str, Callable[[], object]], *, warmup: int, rounds: int,
+                       device: torch.device | str = "cpu") -> dict[str, TimingStats]:
+    """Rounds of several steps taken in turn, the order reversed every other round (A B C,
+    C B A, A B C, ...), so that a slow stretch of the host or the GPU falls on all of them
+    alike and the order favours none: the ratio of two steps' medians is a comparison made
+    in one run, at one time. Each step warms up first; the garbage collector is paused
+    over the timed rounds."""
+    _check_rounds(warmup, rounds)
+    if not steps:
+        raise ValueError("interleaved_rounds needs at least one step")
+    timers = {name: RoundTimer(step, device) for name, step in steps.items()}
+    for timer in timers.values():
+        timer.warm_up(warmup)
+    order = list(timers.values())
+    with gc_paused():
+        for index in range(rounds):
+            for timer in order if index % 2 == 0 else reversed(order):
+                timer.timed_round()
+    return {name: timer.stats() for name, timer in timers.items()}
 
 
 def time_steps(

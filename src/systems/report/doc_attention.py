@@ -67,6 +67,11 @@ def rival_table(results: Sequence[Result], seconds: Callable[[Result], float | N
         impl, value = str(r.get(keys.IMPLEMENTATION)), seconds(r)
         if impl in (OURS, *RIVALS) and isinstance(value, int | float):
             by_workload.setdefault(_workload(r), {})[impl] = value
+    return _rival_table(by_workload)
+
+
+def _rival_table(by_workload: dict[tuple, dict[str, float]]) -> str:
+    """`rival_table` from {workload: {implementation: seconds}}."""
     rivals = [i for i in RIVALS if any(i in times for times in by_workload.values())]
     rows, below = [], {rival: [] for rival in rivals}
     for workload, times in sorted(by_workload.items()):
@@ -132,6 +137,26 @@ def attention_eager(repo: Path, history_file: str, batch: str) -> str:
     else:
         raise ValueError(f"batch must be 1 or large, not {batch!r}")
     return _block(history, cases, _median)
+
+
+def attention_eager_interleaved(repo: Path, history_file: str) -> str:
+    """Eager forward + backward at batch 1, ours and the SDPA backends timed in turn in one
+    run (`extra_info["interleaved_medians_s"]` of our `test_attention` cases)."""
+    history = read_history(repo, history_file)
+    by_workload: dict[tuple, dict[str, float]] = {}
+    rounds: set[object] = set()
+    for r in _only(history.results, "test_attention",
+                   lambda r: isinstance(r.get(keys.INTERLEAVED_MEDIANS_S), dict)):
+        by_workload[_workload(r)] = {str(impl): float(seconds) for impl, seconds
+                                     in r.get(keys.INTERLEAVED_MEDIANS_S).items()}
+        rounds.add(r.get(keys.INTERLEAVED_ROUNDS))
+    table = _rival_table(by_workload)
+    if not table:
+        raise ValueError(f"{history.label} holds no interleaved attention rounds")
+    each = " or ".join(str(n) for n in sorted(rounds, key=str))
+    return table + "\n" + history.source(
+        "eager end-to-end (host included)",
+        f"medians in ms of {each} rounds per implementation, taken in turn in one run")
 
 
 def attention_device_time(repo: Path, history_file: str) -> str:

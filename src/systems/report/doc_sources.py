@@ -16,6 +16,7 @@ def generators(repo: Path) -> dict[str, Generator]:
     """Every generator by the name a doc's block uses, reading sources under `repo`."""
     return {
         "attention-eager": partial(doc_attention.attention_eager, repo),
+        "attention-eager-interleaved": partial(doc_attention.attention_eager_interleaved, repo),
         "attention-device-time": partial(doc_attention.attention_device_time, repo),
         "attention-host-profile": partial(doc_profiles.host_profile, repo),
         "attention-host-timings": partial(doc_profiles.host_timings, repo),

@@ -32,6 +32,10 @@ CAUSAL = "causal"
 PASS = MODE
 HEAD_DIM = "head_dim"
 BATCH_HEADS = "batch_heads"
+# Our eager batch-1 cases also hold {implementation: median seconds} of rounds taken in turn
+# with the SDPA backends in the same run (`systems.bench.timing.interleaved_rounds`).
+INTERLEAVED_MEDIANS_S = "interleaved_medians_s"
+INTERLEAVED_ROUNDS = "interleaved_rounds"
 
 # Distributed training and collectives (tests/perf/test_distributed.py).
 # Their step and collective times are CUDA-event medians of the slowest rank, recorded in
