@@ -395,7 +395,7 @@ class SynchronizedBenchmark:
         extra[keys.TIMING] = stats.kind
         # Near the round's time, the device waited on the host (launch-bound) rather than
         # the other way round.
-        extra["host_enqueue_s_median"] = stats.host_median
+        extra[keys.HOST_ENQUEUE_S] = stats.host_median
         extra.update(throughput_metrics(seconds=self.benchmark.stats.stats.mean, flops=flops,
                                         tokens=tokens, precision=precision,
                                         device=self.device))

@@ -180,6 +180,29 @@ def test_short_wall_timed_rounds_are_not_gated_but_device_timed_ones_are() -> No
     assert saved.short_wall_round
 
 
+def test_wall_timed_rounds_the_host_spent_enqueueing_are_not_gated() -> None:
+    """A round whose host was still launching for 90% of it times the host's CPU."""
+    host_bound = Timing(0.020, 0.0001, kind="wall", host_enqueue=0.0195)
+    slowed = Timing(0.023, 0.0001, kind="wall", host_enqueue=0.0225)
+    result = judge("x", host_bound, slowed)
+    assert result.verdict is Verdict.TOO_NOISY and not result.short_wall_round
+    assert describe(result) == "not gated (host-bound: enqueueing took 97.8% of a round)"
+    # Either run being host-bound is enough; a GPU-bound wall case is still gated.
+    gpu_bound = Timing(0.020, 0.0001, kind="wall", host_enqueue=0.012)
+    assert judge("x", gpu_bound, slowed).verdict is Verdict.TOO_NOISY
+    assert judge("x", gpu_bound, Timing(0.023, 0.0001, kind="wall",
+                                        host_enqueue=0.012)).verdict is Verdict.SLOWER
+    # Device-timed rounds (a graph replay: one launch) are never host-bound.
+    replay = Timing(0.020, 0.0001, kind="device", host_enqueue=0.0199)
+    assert not replay.host_bound and replay.host_share is None
+    assert judge("x", replay, Timing(0.023, 0.0001, kind="device")).verdict is Verdict.SLOWER
+    saved = Timing.from_saved({"median": 0.05, "iqr": 0.0},
+                              {keys.TIMING: "wall", keys.HOST_ENQUEUE_S: 0.049})
+    assert saved.host_bound and saved.host_share == pytest.approx(0.98)
+    assert Timing.from_saved({"median": 0.05, "iqr": 0.0}, {keys.TIMING: "wall"}).host_share \
+        is None
+
+
 def test_host_speed_line_sets_this_run_against_the_baselines_runs() -> None:
     assert host_speed_line(12.9, [10.8, 12.2, 11.9]) == (
         "host speed: a fixed Python loop took 12.9 ms in this run, 10.8-12.2 ms in the "

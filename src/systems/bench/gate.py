@@ -8,11 +8,13 @@ run-to-run drift of medians that even a tight case shows on these shared hosts):
   median (`extra_info["run_medians"]`), and the relative range of those medians times
   `DRIFT_FACTOR` is a change the case shows with no code change at all.
 A case whose threshold would exceed `CEILING` is too noisy to gate and is reported as such
-(with the noise that ruled it out), and so is a wall-timed (eager) case shorter than
-`WALL_MIN_S`: at that length a round times the host's launches and the synchronize as much
-as the GPU, and such cases moved beyond the ceiling between unchanged runs whatever their
-spread within a run had been. So a pass never hides a case that could not have
-failed. docs/benchmarking.md gives the measurements behind the constants.
+(with the noise that ruled it out), and so is a wall-timed (eager) case that times the
+host rather than the GPU: one shorter than `WALL_MIN_S`, where a round times the host's
+launches and the synchronize as much as the GPU, or one whose host was still enqueueing
+for `HOST_BOUND_SHARE` of the round or more. Both kinds moved beyond the ceiling between
+unchanged runs whatever their spread within a run had been: the speed of a shared VM's
+CPU changes between runs. So a pass never hides a case that could not have failed.
+docs/benchmarking.md gives the measurements behind the constants.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ FLOOR = 0.06
 SPREAD_FACTOR = 2.0
 DRIFT_FACTOR = 1.5  # three runs' range understates the drift a fourth run can show
 WALL_MIN_S = 2e-3
+HOST_BOUND_SHARE = 0.9
 CEILING = 0.12  # a 15% slowdown must clear every gated threshold with room for noise
 
 
@@ -49,6 +52,7 @@ class Timing:
     iqr: float
     run_medians: tuple[float, ...] = ()  # one per run, where several runs were pooled
     kind: str | None = None  # "wall" or "device" (extra_info["timing"]), if recorded
+    host_enqueue: float | None = None  # median host time until step() returned, if recorded
 
     @property
     def spread(self) -> float:
@@ -70,13 +74,27 @@ class Timing:
         extra_info = extra_info or {}
         run_medians = extra_info.get(keys.RUN_MEDIANS) or ()
         kind = extra_info.get(keys.TIMING)
+        enqueue = extra_info.get(keys.HOST_ENQUEUE_S)
         return cls(median=float(stats["median"]), iqr=float(stats["iqr"]),
                    run_medians=tuple(float(m) for m in run_medians),
-                   kind=kind if isinstance(kind, str) else None)
+                   kind=kind if isinstance(kind, str) else None,
+                   host_enqueue=float(enqueue) if isinstance(enqueue, int | float) else None)
 
     @property
     def short_wall_round(self) -> bool:
         return self.kind == WALL and self.median < WALL_MIN_S
+
+    @property
+    def host_share(self) -> float | None:
+        """The host's enqueue time as a share of a round, for wall-timed rounds."""
+        if self.kind != WALL or self.host_enqueue is None or self.median <= 0:
+            return None
+        return self.host_enqueue / self.median
+
+    @property
+    def host_bound(self) -> bool:
+        share = self.host_share
+        return share is not None and share >= HOST_BOUND_SHARE
 
 
 @dataclass(frozen=True)
@@ -107,6 +125,14 @@ class CaseResult:
         """Not gated for its length, whatever its noise."""
         return any(t is not None and t.short_wall_round for t in (self.baseline, self.current))
 
+    @property
+    def host_share(self) -> float | None:
+        """The larger host share of a round of the two runs, where it decides the verdict:
+        not gated as host-bound, whatever its noise."""
+        shares = [t.host_share for t in (self.baseline, self.current)
+                  if t is not None and t.host_bound]
+        return max(shares) if shares else None
+
 
 def threshold(baseline: Timing, current: Timing, *, floor: float = FLOOR,
               factor: float = SPREAD_FACTOR, drift_factor: float = DRIFT_FACTOR) -> float:
@@ -125,7 +151,7 @@ def judge(name: str, baseline: Timing | None, current: Timing | None, *,
     if current is None:
         return CaseResult(name, baseline, None, Verdict.NOT_RUN)
     limit = threshold(baseline, current, floor=floor, factor=factor, drift_factor=drift_factor)
-    if baseline.short_wall_round or current.short_wall_round or limit > ceiling:
+    if any(t.short_wall_round or t.host_bound for t in (baseline, current)) or limit > ceiling:
         return CaseResult(name, baseline, current, Verdict.TOO_NOISY, limit)
     change = current.median / baseline.median - 1
     if change > limit:
@@ -161,6 +187,8 @@ def _pct(value: float | None, signed: bool = False) -> str:
 def describe(result: CaseResult) -> str:
     if result.short_wall_round:
         return f"not gated (wall time under {WALL_MIN_S * 1e3:g} ms: host-bound)"
+    if result.host_share is not None:
+        return f"not gated (host-bound: enqueueing took {_pct(result.host_share)} of a round)"
     if result.verdict is Verdict.TOO_NOISY:
         drift = f", drift between runs {_pct(result.drift)}" if result.drift else ""
         return f"not gated (too noisy: spread {_pct(result.spread)}{drift})"

@@ -11,6 +11,7 @@ import torch
 from systems.bench.gate import Timing
 from systems.common.formatting import fmt
 from systems.common.hardware import peak_tflops
+from systems.report import keys
 
 
 def throughput_metrics(
@@ -95,7 +96,7 @@ def throughput_table(results: Iterable[BenchmarkResult]) -> str:
     for name, mean, info in rows:
         # Host time until the step returned, as a share of the round: near 100% on a GPU
         # means the device waited on launches.
-        enqueue = info.get("host_enqueue_s_median")
+        enqueue = info.get(keys.HOST_ENQUEUE_S)
         host = None if enqueue is None or not mean else enqueue / mean
         lines.append(
             f"{name:<{width}}  {mean * 1e3:>10.2f}  {fmt(info.get('tflops'), '.3g'):>8}  "

@@ -18,8 +18,9 @@ def gate_constants() -> str:
     return (f"- **threshold** = max(**floor {gate.FLOOR:.0%}**, **{gate.SPREAD_FACTOR:g} x "
             f"spread**, **{gate.DRIFT_FACTOR:g} x drift**); a case whose threshold would "
             f"exceed the **ceiling of {gate.CEILING:.0%}** is `not gated`, and so is a "
-            f"wall-timed case whose median is under **{gate.WALL_MIN_S * 1e3:g} ms**. "
-            "(Constants of `systems.bench.gate`.)\n")
+            f"wall-timed case whose median is under **{gate.WALL_MIN_S * 1e3:g} ms** or "
+            f"whose host spent **{gate.HOST_BOUND_SHARE:.0%} of a round or more** "
+            "enqueueing. (Constants of `systems.bench.gate`.)\n")
 
 
 _GATE_ROW = re.compile(r"^(?P<case>\S+::\S+)\s+(?P<base>[\d.]+)\s+(?P<cur>[\d.]+)\s+"

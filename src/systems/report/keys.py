@@ -53,6 +53,9 @@ ALLREDUCE_S = "allreduce_s_median_max_over_ranks"
 OVERHEAD_VS_NO_COMM = "overhead_vs_no_comm"
 SYNC_WAIT_FRACTION = "sync_wait_fraction"
 
+# Every timed case: the host's time until step() returned, median over rounds (seconds).
+HOST_ENQUEUE_S = "host_enqueue_s_median"
+
 # Written by systems.bench.history when runs are combined into one file.
 SOURCE_RUN = "source_run"
 WARMUP_ROUNDS = "warmup_rounds"
