@@ -201,6 +201,15 @@ def test_wall_timed_rounds_the_host_spent_enqueueing_are_not_gated() -> None:
     assert saved.host_bound and saved.host_share == pytest.approx(0.98)
     assert Timing.from_saved({"median": 0.05, "iqr": 0.0}, {keys.TIMING: "wall"}).host_share \
         is None
+    # Work that runs on the CPU (gloo's all-reduce of CPU tensors) is the host's own.
+    on_cpu = Timing.from_saved({"median": 0.005, "iqr": 0.0},
+                               {keys.TIMING: "wall", keys.TORCH_DEVICE: "cpu"})
+    assert on_cpu.host_bound and on_cpu.host_share == 1.0
+    result = judge("x", on_cpu, Timing(0.008, 0.0, kind="wall", on_cpu=True))
+    assert describe(result) == "not gated (host-bound: runs on the CPU)"
+    on_gpu = Timing.from_saved({"median": 0.005, "iqr": 0.0},
+                               {keys.TIMING: "wall", keys.TORCH_DEVICE: "cuda:0"})
+    assert not on_gpu.host_bound
 
 
 def test_host_speed_line_sets_this_run_against_the_baselines_runs() -> None:

@@ -21,10 +21,12 @@ from dataclasses import asdict, dataclass
 import pytest
 
 from systems.bench.metrics import is_out_of_memory
+from systems.common.clock import WALL
 from systems.common.hardware import gpu_count
 from systems.distributed import RankError, RankPool
 from systems.distributed.allreduce import bandwidths, timed_allreduces
 from systems.distributed.train_bench import TrainSpec, setup_train, teardown_train, train_round
+from systems.report import keys
 
 MB = 10**6
 
@@ -127,6 +129,10 @@ def _run_rounds(benchmark, pool: RankPool, fn, *args, warmup: int, rounds: int) 
     results: list = []
     benchmark.pedantic(lambda: results.append(pool.run(fn, *args)), warmup_rounds=warmup,
                        rounds=rounds, iterations=1)
+    # A round is the host's clock around the ranks' work and the messaging to them; with
+    # gloo the work itself runs on the CPU.
+    benchmark.extra_info.update({keys.TIMING: WALL,
+                                 keys.TORCH_DEVICE: "cpu" if pool.backend == "gloo" else "cuda"})
     return results[-rounds:]  # with --benchmark-disable it ran once, untimed
 
 

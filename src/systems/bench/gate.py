@@ -10,10 +10,11 @@ run-to-run drift of medians that even a tight case shows on these shared hosts):
 A case whose threshold would exceed `CEILING` is too noisy to gate and is reported as such
 (with the noise that ruled it out), and so is a wall-timed (eager) case that times the
 host rather than the GPU: one shorter than `WALL_MIN_S`, where a round times the host's
-launches and the synchronize as much as the GPU, or one whose host was still enqueueing
-for `HOST_BOUND_SHARE` of the round or more. Both kinds moved beyond the ceiling between
-unchanged runs whatever their spread within a run had been: the speed of a shared VM's
-CPU changes between runs. So a pass never hides a case that could not have failed.
+launches and the synchronize as much as the GPU; one whose host was still enqueueing for
+`HOST_BOUND_SHARE` of the round or more; or one whose work runs on the CPU. Such cases
+moved beyond the ceiling between unchanged runs whatever their spread within a run had
+been: the speed of a shared VM's CPU changes between runs. So a pass never hides a case
+that could not have failed.
 docs/benchmarking.md gives the measurements behind the constants.
 """
 
@@ -53,6 +54,7 @@ class Timing:
     run_medians: tuple[float, ...] = ()  # one per run, where several runs were pooled
     kind: str | None = None  # "wall" or "device" (extra_info["timing"]), if recorded
     host_enqueue: float | None = None  # median host time until step() returned, if recorded
+    on_cpu: bool = False  # the work itself ran on the host's CPU (extra_info["device"])
 
     @property
     def spread(self) -> float:
@@ -78,7 +80,8 @@ class Timing:
         return cls(median=float(stats["median"]), iqr=float(stats["iqr"]),
                    run_medians=tuple(float(m) for m in run_medians),
                    kind=kind if isinstance(kind, str) else None,
-                   host_enqueue=float(enqueue) if isinstance(enqueue, int | float) else None)
+                   host_enqueue=float(enqueue) if isinstance(enqueue, int | float) else None,
+                   on_cpu=str(extra_info.get(keys.TORCH_DEVICE, "")).startswith("cpu"))
 
     @property
     def short_wall_round(self) -> bool:
@@ -86,8 +89,13 @@ class Timing:
 
     @property
     def host_share(self) -> float | None:
-        """The host's enqueue time as a share of a round, for wall-timed rounds."""
-        if self.kind != WALL or self.host_enqueue is None or self.median <= 0:
+        """The host's share of a wall-timed round: all of it when the work runs on the
+        CPU, else its enqueue time over the round's."""
+        if self.kind != WALL:
+            return None
+        if self.on_cpu:
+            return 1.0
+        if self.host_enqueue is None or self.median <= 0:
             return None
         return self.host_enqueue / self.median
 
@@ -188,6 +196,8 @@ def describe(result: CaseResult) -> str:
     if result.short_wall_round:
         return f"not gated (wall time under {WALL_MIN_S * 1e3:g} ms: host-bound)"
     if result.host_share is not None:
+        if any(t is not None and t.on_cpu for t in (result.baseline, result.current)):
+            return "not gated (host-bound: runs on the CPU)"
         return f"not gated (host-bound: enqueueing took {_pct(result.host_share)} of a round)"
     if result.verdict is Verdict.TOO_NOISY:
         drift = f", drift between runs {_pct(result.drift)}" if result.drift else ""

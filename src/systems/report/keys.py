@@ -53,8 +53,10 @@ ALLREDUCE_S = "allreduce_s_median_max_over_ranks"
 OVERHEAD_VS_NO_COMM = "overhead_vs_no_comm"
 SYNC_WAIT_FRACTION = "sync_wait_fraction"
 
-# Every timed case: the host's time until step() returned, median over rounds (seconds).
+# Every timed case: the host's time until step() returned, median over rounds (seconds),
+# and the torch device its work ran on ("cpu": every round is the host's own work).
 HOST_ENQUEUE_S = "host_enqueue_s_median"
+TORCH_DEVICE = "device"
 
 # Written by systems.bench.history when runs are combined into one file.
 SOURCE_RUN = "source_run"
