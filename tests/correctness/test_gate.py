@@ -215,10 +215,10 @@ def test_wall_timed_rounds_the_host_spent_enqueueing_are_not_gated() -> None:
 def test_host_speed_line_sets_this_run_against_the_baselines_runs() -> None:
     assert host_speed_line(12.9, [10.8, 12.2, 11.9]) == (
         "host speed: a fixed Python loop took 12.9 ms in this run, 10.8-12.2 ms in the "
-        "baseline's 3 runs (+8% vs their median); wall-timed (eager) cases move with it")
+        "baseline's 3 runs (+8% vs their median); host-bound eager cases can move with it")
     assert host_speed_line(10.0, [12.5]) == (
         "host speed: a fixed Python loop took 10.0 ms in this run, 12.5 ms in the "
-        "baseline's run (-20%); wall-timed (eager) cases move with it")
+        "baseline's run (-20%); host-bound eager cases can move with it")
     assert host_speed_line(None, [12.5]) is None  # either side saved without the probe
     assert host_speed_line(10.0, []) is None
 

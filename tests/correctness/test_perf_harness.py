@@ -311,8 +311,8 @@ def test_gate_passes_a_rerun_and_catches_an_injected_slowdown(timed_project, mon
     rerun = timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-gate")
     rerun.stdout.fnmatch_lines(["*perf gate: medians vs *baseline_0gpu.json*",
                                 "host speed: a fixed Python loop took * ms in this run, "
-                                "* ms in the baseline's run (*); wall-timed (eager) cases "
-                                "move with it",
+                                "* ms in the baseline's run (*); host-bound eager cases "
+                                "can move with it",
                                 "case*baseline ms*current ms*change*threshold*verdict*"])
     assert "SLOWER" not in rerun.stdout.str()
     assert rerun.ret == pytest.ExitCode.OK

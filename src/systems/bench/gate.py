@@ -243,4 +243,4 @@ def host_speed_line(current_ms: float | None, baseline_ms: Sequence[float]) -> s
         seen = (f"{min(baseline_ms):.1f}-{max(baseline_ms):.1f} ms in the baseline's "
                 f"{len(baseline_ms)} runs ({change} vs their median)")
     return (f"host speed: a fixed Python loop took {current_ms:.1f} ms in this run, {seen}; "
-            "wall-timed (eager) cases move with it")
+            "host-bound eager cases can move with it")

@@ -1,9 +1,11 @@
 """A probe of the host CPU's own speed, saved with every perf run.
 
 On shared cloud VMs a vCPU's speed moves between runs (another tenant, the hypervisor's
-scheduling, frequency), and wall-timed eager steps, which are host-bound, move with it. The
-probe times a fixed piece of pure-Python work, so two runs' values differ only by how fast
-the host ran it.
+scheduling, frequency), and host-bound eager steps can move with it. The probe times a
+fixed piece of pure-Python work, so two runs' values differ only by how fast the host ran
+it. It is evidence for a reader, not a correction: measured beside such steps, it tracked
+them only loosely (a run whose loop was slower than the baseline's could still time a
+host-bound step faster).
 """
 
 from __future__ import annotations
