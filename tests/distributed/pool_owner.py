@@ -4,11 +4,13 @@
 
 Each rank touches MARKER_DIR/rank<r> and then waits to receive from its peer, which never
 sends; the owner waits for the ranks, from its main thread or from another thread. The
-test kills the owner and checks what is left.
+test kills the owner and checks what is left. SIGUSR1 makes it print its threads' stacks.
 """
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -30,6 +32,10 @@ def own_a_blocked_pool(marker_dir: str) -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1)  # a test that waits too long asks where it is
+    # Ctrl-C's KeyboardInterrupt, even where this process was started with SIGINT ignored
+    # (as a shell does for a background job), which Python would otherwise keep.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if sys.argv[2:] == ["thread"]:
         owner = threading.Thread(target=own_a_blocked_pool, args=(sys.argv[1],))
         owner.start()

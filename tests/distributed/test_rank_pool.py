@@ -71,6 +71,17 @@ def _wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
     return True
 
 
+def _wait_or_show_stacks(owner: subprocess.Popen, stderr: Path) -> None:
+    """Wait for the owner to exit; if it does not within GONE_S, fail with its stacks."""
+    try:
+        owner.wait(timeout=GONE_S)
+    except subprocess.TimeoutExpired:
+        owner.send_signal(signal.SIGUSR1)  # pool_owner.py prints its threads' stacks
+        time.sleep(1.0)
+        pytest.fail(f"the owner was still running {GONE_S:g} s after the signal; its "
+                    f"stderr:\n{stderr.read_text()}")
+
+
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize(("signum", "owning_thread"), [
     (signal.SIGTERM, "main"), (signal.SIGKILL, "main"), (signal.SIGINT, "main"),
@@ -81,9 +92,10 @@ def test_ranks_and_folder_go_when_the_owner_dies(tmp_path, signum, owning_thread
     markers, tmpdir = tmp_path / "markers", tmp_path / "tmp"
     markers.mkdir()
     tmpdir.mkdir()
+    stderr = tmp_path / "owner.stderr"
     owner = subprocess.Popen(
         [sys.executable, str(HERE / "pool_owner.py"), str(markers), owning_thread],
-        env=_child_env(tmpdir), cwd=REPO)
+        env=_child_env(tmpdir), cwd=REPO, stderr=stderr.open("w"))
     try:
         assert _wait_for(lambda: len(list(markers.iterdir())) == 2 or owner.poll() is not None,
                          START_S), "the ranks never reached the collective"
@@ -92,7 +104,7 @@ def test_ranks_and_folder_go_when_the_owner_dies(tmp_path, signum, owning_thread
         assert len(ranks) >= 2
         assert len(list(tmpdir.glob("rankpool-*"))) == 1
         owner.send_signal(signum)
-        owner.wait(timeout=GONE_S)
+        _wait_or_show_stacks(owner, stderr)
         assert _wait_for(lambda: not _live_processes_naming(str(tmp_path)), GONE_S), (
             f"processes of the pool outlived their owner: {_live_processes_naming(str(tmp_path))}")
         assert _wait_for(lambda: not list(tmpdir.glob("rankpool-*")), GONE_S), (
