@@ -221,12 +221,10 @@ def gate_table(results: list[CaseResult]) -> str:
     lines = [line(header), "-" * (sum(widths) + 2 * (len(widths) - 1))]
     lines += [line(row) for row in rows]
     counts = {v: sum(r.verdict is v for r in results) for v in Verdict}
-    lines.append(", ".join(f"{n} {describe_kind(v)}" for v, n in counts.items() if n))
+    # The rows say why each case was not gated (too noisy, or host-bound).
+    lines.append(", ".join(f"{n} {v.value}" for v, n in counts.items() if n))
     return "\n".join(lines)
 
-
-def describe_kind(verdict: Verdict) -> str:
-    return {Verdict.TOO_NOISY: "not gated (too noisy)"}.get(verdict, verdict.value)
 
 
 def host_speed_line(current_ms: float | None, baseline_ms: Sequence[float]) -> str | None:
