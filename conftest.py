@@ -367,7 +367,8 @@ class SynchronizedBenchmark:
         before peak memory is reset."""
         extra = self.benchmark.extra_info
         extra.update(info or {})
-        extra.update(precision=precision, warmup_rounds=warmup, device=str(self.device))
+        extra.update({keys.PRECISION: precision, keys.WARMUP_ROUNDS: warmup,
+                      keys.TORCH_DEVICE: str(self.device)})
         if self.slowdown:
             extra["injected_slowdown"] = self.slowdown
         timer = RoundTimer(step, self.device, slowdown=self.slowdown)

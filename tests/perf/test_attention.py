@@ -33,7 +33,7 @@ Implementations are looked up by name in `systems.attention.registry`.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -117,12 +117,15 @@ def perf_cases(profile: str) -> list[AttentionCase]:
     return list({case.id: case for case in cases}.values())
 
 
+def _attention_workload(case: AttentionCase, device: torch.device) -> AttentionWorkload:
+    return build_attention_workload(case.impl, shape=case.shape, dtype=DTYPES[case.dtype],
+                                    mode=case.mode, is_causal=case.is_causal, device=device)
+
+
 def build_case_workload(case: AttentionCase, device: torch.device) -> AttentionWorkload:
     """The case's workload; an unsupported one or one that runs out of memory is a skip."""
     try:
-        return build_attention_workload(case.impl, shape=case.shape, dtype=DTYPES[case.dtype],
-                                        mode=case.mode, is_causal=case.is_causal,
-                                        device=device)
+        return _attention_workload(case, device)
     except UnsupportedWorkload as reason:
         pytest.skip(f"unsupported: {reason}")
     except Exception as error:
@@ -156,9 +159,7 @@ def _interleaved_medians(case: AttentionCase, device: torch.device,
     steps = {case.impl: ours.step}
     for rival in INTERLEAVED_RIVALS:
         try:
-            steps[rival] = build_attention_workload(
-                rival, shape=case.shape, dtype=DTYPES[case.dtype], mode=case.mode,
-                is_causal=case.is_causal, device=device).step
+            steps[rival] = _attention_workload(replace(case, impl=rival), device).step
         except UnsupportedWorkload:
             continue
     stats = interleaved_rounds(steps, warmup=case.warmup, rounds=INTERLEAVED_ROUNDS,

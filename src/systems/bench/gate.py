@@ -134,12 +134,11 @@ class CaseResult:
         return any(t is not None and t.short_wall_round for t in (self.baseline, self.current))
 
     @property
-    def host_share(self) -> float | None:
-        """The larger host share of a round of the two runs, where it decides the verdict:
-        not gated as host-bound, whatever its noise."""
-        shares = [t.host_share for t in (self.baseline, self.current)
-                  if t is not None and t.host_bound]
-        return max(shares) if shares else None
+    def host_bound(self) -> Timing | None:
+        """The run (baseline or current) whose rounds were host-bound, the one with the
+        larger host share if both were: not gated for that, whatever its noise."""
+        bound = [t for t in (self.baseline, self.current) if t is not None and t.host_bound]
+        return max(bound, key=lambda t: t.host_share) if bound else None
 
 
 def threshold(baseline: Timing, current: Timing, *, floor: float = FLOOR,
@@ -195,10 +194,10 @@ def _pct(value: float | None, signed: bool = False) -> str:
 def describe(result: CaseResult) -> str:
     if result.short_wall_round:
         return f"not gated (wall time under {WALL_MIN_S * 1e3:g} ms: host-bound)"
-    if result.host_share is not None:
-        if any(t is not None and t.on_cpu for t in (result.baseline, result.current)):
+    if (bound := result.host_bound) is not None:
+        if bound.on_cpu:
             return "not gated (host-bound: runs on the CPU)"
-        return f"not gated (host-bound: enqueueing took {_pct(result.host_share)} of a round)"
+        return f"not gated (host-bound: enqueueing took {_pct(bound.host_share)} of a round)"
     if result.verdict is Verdict.TOO_NOISY:
         drift = f", drift between runs {_pct(result.drift)}" if result.drift else ""
         return f"not gated (too noisy: spread {_pct(result.spread)}{drift})"
@@ -224,7 +223,6 @@ def gate_table(results: list[CaseResult]) -> str:
     # The rows say why each case was not gated (too noisy, or host-bound).
     lines.append(", ".join(f"{n} {v.value}" for v, n in counts.items() if n))
     return "\n".join(lines)
-
 
 
 def host_speed_line(current_ms: float | None, baseline_ms: Sequence[float]) -> str | None:
