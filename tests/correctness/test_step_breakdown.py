@@ -22,6 +22,7 @@ from systems.profiling.step_breakdown import (
     floor_seconds,
     optimizer_bytes,
     timed_events,
+    top_kernel_rows,
 )
 
 TINY = MODEL_CONFIGS["tiny"]
@@ -58,6 +59,11 @@ def test_aggregate_sums_per_step_and_leaves_the_rest_as_idle_gap() -> None:
     assert rows["matmul"]["over_floor"] == pytest.approx(2.0)
     assert rows["idle gap"]["share"] == pytest.approx(0.35)
     assert rows["loss"]["floor_ms"] is None
+    top = top_kernel_rows(breakdown, count=2)
+    assert [(r["kernel"], r["category"]) for r in top] == [("nvjet_gemm", "matmul"),
+                                                             ("flash_fwd", "attention")]
+    assert top[0]["ms"] == pytest.approx(0.3)
+    assert top[1]["share"] == pytest.approx(0.2)
 
 
 def test_aggregate_rejects_an_empty_profile_and_zero_steps() -> None:
@@ -133,6 +139,9 @@ def test_breakdown_cli_on_cpu_turns_the_graph_off_and_writes_table_and_json(
     assert summed == pytest.approx(record["summed_ms"])
     table = (tmp_path / "breakdown.md").read_text()
     assert "| idle gap |" in table and "CPU ops' self time" in table
+    top = record["top_kernels"]
+    assert 0 < len(top) <= 30 and top[0]["ms"] >= top[-1]["ms"] > 0
+    assert f"| {top[0]['kernel'][:80]}" in table
     assert "| matmul |" in capsys.readouterr().out
 
 

@@ -28,6 +28,7 @@ from systems.profiling.kernel_categories import CATEGORIES, classify_kernel
 
 DEFAULT_MATMUL_TFLOPS = 743.0  # bf16 dense matmul 8192^3 on an H100 (the practical ceiling)
 COPY_MIB_GPU, COPY_MIB_CPU = 1024, 256  # the copy that measures the bandwidth
+TOP_KERNELS = 30  # kernels listed by name beside the categories
 
 _ANNOTATION = re.compile(r"^(ProfilerStep|forward|backward|optimizer_step|attention\w*)"
                          r"(#.*)?$")
@@ -82,6 +83,7 @@ class Breakdown:
     category_s: dict[str, float]
     busy_s: float
     events_per_step: float
+    kernel_s: dict[str, float]  # per kernel (or op) name, longest first
 
     @property
     def summed_s(self) -> float:
@@ -106,12 +108,17 @@ def aggregate(events: Sequence[TimedEvent], steps: int, wall_s: float,
     if not events:
         raise ValueError("the profiler recorded no kernels (or ops) to break down")
     totals = dict.fromkeys(CATEGORIES, 0.0)
+    by_name: dict[str, float] = {}
     for event in events:
         totals[classify_kernel(event.name)] += event.duration_us
+        by_name[event.name] = by_name.get(event.name, 0.0) + event.duration_us
     busy = busy_us(events) if on_gpu else sum(totals.values())
+    per_step = 1 / steps / 1e6
     return Breakdown(steps=steps, wall_s=wall_s,
-                     category_s={k: v / steps / 1e6 for k, v in totals.items()},
-                     busy_s=busy / steps / 1e6, events_per_step=len(events) / steps)
+                     category_s={k: v * per_step for k, v in totals.items()},
+                     busy_s=busy * per_step, events_per_step=len(events) / steps,
+                     kernel_s={name: us * per_step for name, us in
+                               sorted(by_name.items(), key=lambda item: -item[1])})
 
 
 # ---------------------------------------------------------------------------- floors
@@ -201,6 +208,13 @@ def breakdown_rows(breakdown: Breakdown, floors: dict[str, float]) -> list[dict[
     return rows
 
 
+def top_kernel_rows(breakdown: Breakdown, count: int = TOP_KERNELS) -> list[dict[str, object]]:
+    """The `count` longest kernels (or CPU ops) by summed time: ms per step, category."""
+    return [{"kernel": name, "category": classify_kernel(name), "ms": seconds * 1e3,
+             "share": seconds / breakdown.wall_s}
+            for name, seconds in list(breakdown.kernel_s.items())[:count]]
+
+
 def breakdown_table(rows: Sequence[dict[str, object]]) -> str:
     return markdown_table(
         ["category", "ms / step", "share of step", "floor ms", "x floor"],
@@ -240,7 +254,7 @@ def recipe_breakdown(workload: ModelWorkload, *, recipe: str, warmup: int, steps
         "wall_ms": breakdown.wall_s * 1e3, "unprofiled_wall_ms": unprofiled_s * 1e3,
         "busy_ms": breakdown.busy_s * 1e3,
         "summed_ms": breakdown.summed_s * 1e3, "events_per_step": breakdown.events_per_step,
-        "rows": rows,
+        "rows": rows, "top_kernels": top_kernel_rows(breakdown),
     }
 
 
@@ -263,4 +277,15 @@ def breakdown_markdown(record: dict[str, object]) -> str:
         "(`systems.profiling.kernel_categories.KERNEL_PATTERNS`): reductions and pointwise "
         "kernels of an uncompiled loss count as norms and elementwise.\n",
         breakdown_table(record["rows"]), "",
+        f"The {len(record['top_kernels'])} longest kernels, each name's time summed over the "
+        "step:\n",
+        markdown_table(["kernel", "category", "ms / step", "share of step"],
+                       [[_short(r["kernel"]), r["category"], fmt(r["ms"], ".4g"),
+                         fmt(r["share"], ".1%")] for r in record["top_kernels"]]), "",
     ])
+
+
+def _short(name: str, width: int = 90) -> str:
+    """A kernel name cut to one table cell (template arguments can run to pages)."""
+    name = name.replace("|", "/")
+    return name if len(name) <= width else name[:width - 3] + "..."
