@@ -121,11 +121,12 @@ def check_against_reference(problem: Problem, attention, dtype: torch.dtype) -> 
 @pytest.fixture
 def poisoned_outputs(monkeypatch):
     """Kernel outputs start as NaN, so an element a kernel forgets to write fails the test."""
-    def empty_nan(shape, like, dtype=None):
+    def new_nan(like, shape, dtype=None):
         return torch.full(shape, math.nan, dtype=dtype or like.dtype, device=like.device)
 
-    monkeypatch.setattr(launch, "_empty", empty_nan)
-    monkeypatch.setattr(launch, "_empty_like", lambda t: torch.full_like(t, math.nan))
+    monkeypatch.setattr(launch, "_new_empty", new_nan)
+    monkeypatch.setattr(launch, "_empty_like",
+                        lambda t, dtype=None: torch.full_like(t, math.nan, dtype=dtype))
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
@@ -166,6 +167,76 @@ def test_triton_rows_tma_cannot_read(d, dtype_name, offset, is_causal, device, p
         problem.q, problem.k, problem.v = (shifted(t) for t in (problem.q, problem.k, problem.v))
         assert problem.q.data_ptr() % 16 != 0
     check_against_reference(problem, FlashAttentionTriton.apply, dtype)
+
+
+# Layouts of a (B, H, seq, d) tensor with the same values. Read in place: the model's
+# (batch, seq, heads, d) projections seen per head, and rows cut from wider rows. Copied
+# first: a start that is not 16-byte aligned, a head dim that is not unit-stride, batch
+# dims that do not merge into one, an expanded tensor.
+def _seq_major(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _wider_rows(t: torch.Tensor) -> torch.Tensor:
+    wide = torch.randn(*t.shape[:-1], t.shape[-1] + 8, dtype=t.dtype, device=t.device)
+    return wide[..., :t.shape[-1]].copy_(t)
+
+
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    return flat[1:].view(t.shape).copy_(t)
+
+
+def _head_dim_major(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(-2, -1).contiguous().transpose(-2, -1)
+
+
+def _unmergeable_batch(t: torch.Tensor) -> torch.Tensor:
+    # (B, H, ...) as (2, B/2, H, ...) whose two batch dims are stored in swapped order
+    split = t.reshape(2, t.shape[0] // 2, *t.shape[1:])
+    return split.transpose(0, 1).contiguous().transpose(0, 1)
+
+
+LAYOUTS = {"seq_major": _seq_major, "wider_rows": _wider_rows, "misaligned": _misaligned,
+           "head_dim_major": _head_dim_major, "unmergeable_batch": _unmergeable_batch}
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(("q_layout", "kv_layout", "do_layout"), [
+    ("seq_major", "seq_major", "seq_major"),
+    ("wider_rows", "misaligned", "head_dim_major"),
+    ("unmergeable_batch", "unmergeable_batch", "unmergeable_batch"),
+    ("misaligned", "head_dim_major", "wider_rows"),
+])
+def test_triton_reads_and_writes_any_layout(q_layout, kv_layout, do_layout, is_causal, device,
+                                            poisoned_outputs):
+    """Every layout gives bit for bit the packed inputs' o and gradients (the same kernels
+    and tiles run on the same values), each laid out as `torch.empty_like` lays out its
+    input, as the compiled op's fake version promises."""
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    packed = Problem.random(((4, 3), 40, 56, 32), dtype, device, is_causal, seed=3)
+    expected = packed.run(FlashAttentionTriton.apply)
+    q, k, v, do = (LAYOUTS[name](t) for name, t in ((q_layout, packed.q), (kv_layout, packed.k),
+                                                     (kv_layout, packed.v), (do_layout, packed.do)))
+    inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+    o = FlashAttentionTriton.apply(*inputs, is_causal)
+    o.backward(do)
+    for name, ours, like in (("o", o, q), ("dq", inputs[0].grad, q), ("dk", inputs[1].grad, k),
+                             ("dv", inputs[2].grad, v)):
+        assert torch.equal(ours.reshape(expected[name].shape), expected[name]), name
+        assert ours.stride() == torch.empty_like(like).stride(), name
+
+
+def test_triton_reads_an_expanded_gradient(device, poisoned_outputs):
+    """`o.sum().backward()` hands the backward a gradient whose strides are all 0."""
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    problem = Problem.random(((2,), 48, 48, 16), dtype, device, True, seed=4)
+    problem.do = torch.ones_like(problem.do)
+    expected = problem.run(FlashAttentionTriton.apply)
+    q, k, v = (t.detach().requires_grad_() for t in (problem.q, problem.k, problem.v))
+    FlashAttentionTriton.apply(q, k, v, True).sum().backward()
+    for name, grad in (("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+        assert torch.equal(grad, expected[name]), name
 
 
 @pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))

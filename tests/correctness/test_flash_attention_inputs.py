@@ -68,14 +68,6 @@ def test_triton_rejects_float64(device):
         FlashAttentionTriton.apply(*_qkv(device, dtype=torch.float64), True)
 
 
-@pytest.mark.parametrize("which", [0, 1, 2], ids=["q", "k", "v"])
-def test_triton_rejects_non_contiguous(which, device):
-    tensors = list(_qkv(device, n_q=32, n_k=32, d=32))
-    tensors[which] = tensors[which].transpose(-2, -1)  # still (2, 32, 32), strided
-    with pytest.raises(ValueError, match="contiguous"):
-        FlashAttentionTriton.apply(*tensors, False)
-
-
 @pytest.fixture
 def fresh_input_checks(monkeypatch):
     """Forget which input signatures passed: the tests below change the runtime's rules."""
@@ -124,3 +116,19 @@ def test_first_order_gradients_under_create_graph_are_unchanged(attention, devic
                                   create_graph=True)
     for a, b in zip(plain, graphed, strict=True):
         torch.testing.assert_close(b, a, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(("shape", "strides", "expected"), [
+    ((2, 3, 5, 16), (240, 80, 16, 1), (240, 80, 16)),  # packed
+    ((2, 3, 5, 16), (240, 16, 48, 1), (240, 16, 48)),  # (batch, seq, heads, d) seen per head
+    ((5, 16), (16, 1), (80, 80, 16)),  # one matrix: sizes of 1 take packed strides
+    ((2, 1, 1, 16), (16, 99, 7, 1), (16, 16, 16)),
+    ((2, 4, 3, 5, 16), (960, 240, 80, 16, 1), (240, 80, 16)),  # batch dims merge
+    ((2, 4, 3, 5, 16), (240, 480, 80, 16, 1), None),  # batch dims stored swapped
+    ((2, 3, 5, 16), (240, 80, 1, 5), None),  # head dim not unit-stride
+    ((2, 3, 5, 16), (240, 80, 20, 1), None),  # rows 20 elements apart: 40 bytes, not 16-aligned
+    ((2, 3, 5, 16), (0, 80, 16, 1), None),  # expanded batch
+    ((2, 3, 5, 12), (180, 60, 12, 1), None),  # rows of 12 where the kernels read 16
+])
+def test_matrix_strides_say_what_the_kernels_read_in_place(shape, strides, expected):
+    assert launch._matrix_strides(torch.Size(shape), strides, 2, 16) == expected

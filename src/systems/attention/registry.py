@@ -37,15 +37,13 @@ def flash_pytorch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def flash_triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            is_causal: bool = False) -> torch.Tensor:
-    # The model hands over per-head views of its projections; the kernels want them packed
-    # (.contiguous() of a packed tensor is the tensor itself).
-    return FlashAttentionTriton.apply(q.contiguous(), k.contiguous(), v.contiguous(), is_causal)
+    # The kernels read the model's per-head views of its projections in place.
+    return FlashAttentionTriton.apply(q, k, v, is_causal)
 
 
 def triton_compiled_backward_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                        is_causal: bool = False) -> torch.Tensor:
-    return FlashAttentionTritonCompiledBackward.apply(
-        q.contiguous(), k.contiguous(), v.contiguous(), is_causal)
+    return FlashAttentionTritonCompiledBackward.apply(q, k, v, is_causal)
 
 
 def _sdpa_with(backend: SDPBackend) -> AttentionFn:

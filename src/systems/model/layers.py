@@ -49,6 +49,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: (..., head_dim); positions index the table and broadcast against x's leading
+        dims: (seq,) for x (..., seq, head_dim), (seq, 1) for x (batch, seq, heads, head_dim)."""
         cos, sin = self.cos[positions], self.sin[positions]
         x_even, x_odd = x[..., 0::2], x[..., 1::2]
         rotated_even = x_even * cos - x_odd * sin
@@ -84,13 +86,19 @@ class CausalSelfAttention(nn.Module):
         self.attend = get_attention(attention)
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, d_model) -> (batch, seq, heads, head_dim), a view."""
         batch, seq, d_model = x.shape
-        return x.view(batch, seq, self.num_heads, d_model // self.num_heads).transpose(1, 2)
+        return x.view(batch, seq, self.num_heads, d_model // self.num_heads)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        q = self.rope(self._split_heads(self.q_proj(x)), positions)
-        k = self.rope(self._split_heads(self.k_proj(x)), positions)
-        v = self._split_heads(self.v_proj(x))
+        # q, k and v stay in the projections' (batch, seq, heads, d) layout: RoPE runs there
+        # (positions broadcast over heads), and attention gets (batch, heads, seq, d) views.
+        # Backends that read strided views (flash_triton, SDPA) then need no transposing
+        # copies, and an output laid out like q reshapes back into d_model without one.
+        along_seq = positions[:, None]
+        q = self.rope(self._split_heads(self.q_proj(x)), along_seq).transpose(1, 2)
+        k = self.rope(self._split_heads(self.k_proj(x)), along_seq).transpose(1, 2)
+        v = self._split_heads(self.v_proj(x)).transpose(1, 2)
         with nvtx_range("attention"):
             out = self.attend(q, k, v, is_causal=True)
         batch, _, seq, _ = out.shape

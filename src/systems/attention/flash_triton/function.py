@@ -16,10 +16,13 @@ from systems.attention.flash_triton.op import attention_backward, attention_forw
 class FlashAttentionTriton(torch.autograd.Function):
     """FlashAttention-2 in Triton: `FlashAttentionTriton.apply(q, k, v, is_causal)`.
 
-    q: (..., n_queries, d), k and v: (..., n_keys, d), contiguous, fp16/bf16/fp32, on a CUDA
-    device (or the CPU under TRITON_INTERPRET=1). Saves L (shape (..., n_queries)), q, k, v
-    and o; backward runs the dQ and dK/dV kernels. Eager calls launch the kernels directly;
-    under torch.compile they are custom ops (`op.py`). Double backward is refused.
+    q: (..., n_queries, d), k and v: (..., n_keys, d), fp16/bf16/fp32, on a CUDA device (or
+    the CPU under TRITON_INTERPRET=1), with any strides: views whose rows are unit-stride
+    (such as (batch, seq, heads, d) projections seen as (batch, heads, seq, d)) are read in
+    place, others copied; o and the gradients are laid out like q, k and v. Saves L (shape
+    (..., n_queries)), q, k, v and o; backward runs the dQ and dK/dV kernels. Eager calls
+    launch the kernels directly; under torch.compile they are custom ops (`op.py`). Double
+    backward is refused.
     """
 
     @staticmethod

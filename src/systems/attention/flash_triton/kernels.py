@@ -1,12 +1,15 @@
 """FlashAttention-2 kernels: forward, dQ (which also writes D) and dK/dV.
 
-Layout: q, o, do are (BH, n_q, HEAD_DIM) and k, v are (BH, n_k, HEAD_DIM), contiguous, so a
-row's stride is HEAD_DIM. A head dim that is not a power of two is padded to BLOCK_D.
+Layout: every tensor is a (B, H, seq, HEAD_DIM) view with unit stride along the head dim
+and its own strides for batch, head and sequence (`stride_b`, `stride_h`, `stride_s`), so a
+(batch, seq, heads, d) projection viewed as (batch, heads, seq, d) is read and written in
+place. The grid's first axis walks the B x H matrices. A head dim that is not a power of two
+is padded to BLOCK_D.
 
-Tiles that a loop walks over come through TMA tensor descriptors (`*_tiles`, 3-D views of
-shape (BH, seq, HEAD_DIM) whose block is one matrix's [1, rows, BLOCK_D]): the copy engine
-fetches them, and rows past the end of a matrix and pad columns arrive as zeros. Tiles a
-program reads once use plain pointer loads.
+Tiles that a loop walks over come through TMA tensor descriptors (`*_tiles`, 4-D views of
+shape (B, H, seq, HEAD_DIM) whose block is one matrix's [1, 1, rows, BLOCK_D]): the copy
+engine fetches them, and rows past the end of a matrix and pad columns arrive as zeros.
+Tiles a program reads once use plain pointer loads.
 
 Scores live in the log2 domain (scale folded into one multiply, exp2 instead
 of exp); the saved log-sum-exp L is in natural log, as the PyTorch reference keeps it.
@@ -54,40 +57,48 @@ def _visible(rows, keys, n_k, IS_CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _program_tile(seq, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+def _program_tile(n_heads, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
                   LAST_TILE_FIRST: tl.constexpr):
-    """(bh, start, rows, cols_d, offset) of this program: matrix bh of a (BH, seq, HEAD_DIM)
-    tensor, its rows [start, start + BLOCK), the BLOCK_D columns, and the matrix's element
-    offset. LAST_TILE_FIRST runs the tiles in reverse order."""
+    """(bh, b, h, start, rows, cols_d) of this program: matrix bh = (batch b, head h), its
+    rows [start, start + BLOCK) and the BLOCK_D columns. LAST_TILE_FIRST runs the tiles in
+    reverse order."""
     bh = tl.program_id(0)
-    offset = bh.to(tl.int64) * seq * HEAD_DIM
+    b = bh // n_heads
+    h = bh - b * n_heads
     if LAST_TILE_FIRST:
         start = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK
     else:
         start = tl.program_id(1) * BLOCK
     rows = start + tl.arange(0, BLOCK)
     cols_d = tl.arange(0, BLOCK_D)
-    return bh, start, rows, cols_d, offset
+    return bh, b, h, start, rows, cols_d
 
 
 @triton.jit
-def _load_rows(base, rows, cols, n_rows, HEAD_DIM: tl.constexpr):
-    """Rows `rows` of a (n_rows, HEAD_DIM) matrix; out-of-range rows and pad columns read 0."""
-    ptrs = base + rows[:, None] * HEAD_DIM + cols[None, :]
+def _matrix(base, b, h, stride_b, stride_h):
+    """Where matrix (b, h) of a tensor starts."""
+    return base + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+
+
+@triton.jit
+def _load_rows(base, rows, cols, n_rows, stride_s, HEAD_DIM: tl.constexpr):
+    """Rows `rows` of a (n_rows, HEAD_DIM) matrix whose rows are stride_s apart;
+    out-of-range rows and pad columns read 0."""
+    ptrs = base + rows[:, None].to(tl.int64) * stride_s + cols[None, :]
     return tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM), other=0.0)
 
 
 @triton.jit
-def _store_rows(base, tile, rows, cols, n_rows, HEAD_DIM: tl.constexpr):
-    ptrs = base + rows[:, None] * HEAD_DIM + cols[None, :]
+def _store_rows(base, tile, rows, cols, n_rows, stride_s, HEAD_DIM: tl.constexpr):
+    ptrs = base + rows[:, None].to(tl.int64) * stride_s + cols[None, :]
     tl.store(ptrs, tile.to(base.dtype.element_ty),
              mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM))
 
 
 @triton.jit
-def _next_tile(tiles, bh, start, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows [start, start + ROWS) of matrix bh through its descriptor, as (ROWS, BLOCK_D)."""
-    return tiles.load([bh, start, 0]).reshape(ROWS, BLOCK_D)
+def _next_tile(tiles, b, h, start, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows [start, start + ROWS) of matrix (b, h) through its descriptor, as (ROWS, BLOCK_D)."""
+    return tiles.load([b, h, start, 0]).reshape(ROWS, BLOCK_D)
 
 
 @triton.jit
@@ -117,12 +128,12 @@ def _query_stages(k_start, n_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, bh, rows, offs_n, n_k, qk_scale, lo, hi,
+def _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, b, h, rows, offs_n, n_k, qk_scale, lo, hi,
                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
                    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for k_start in range(lo, hi, BLOCK_N):
-        k = _next_tile(k_tiles, bh, k_start, BLOCK_N, BLOCK_D)
-        v = _next_tile(v_tiles, bh, k_start, BLOCK_N, BLOCK_D)
+        k = _next_tile(k_tiles, b, h, k_start, BLOCK_N, BLOCK_D)
+        v = _next_tile(v_tiles, b, h, k_start, BLOCK_N, BLOCK_D)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if MASKED:
             keep = _visible(rows, k_start + offs_n, n_k, IS_CAUSAL)
@@ -143,39 +154,42 @@ def _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, bh, rows, offs_n, n_k, qk
 
 @triton.jit
 def flash_forward_kernel(
-    Q, k_tiles, v_tiles, Out, L, n_q, n_k, SM_SCALE: tl.constexpr,
+    Q, stride_qb, stride_qh, stride_qs, k_tiles, v_tiles,
+    Out, stride_ob, stride_oh, stride_os, L, n_heads, n_q, n_k, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). O = softmax(Q K^T * scale) V, L = logsumexp of each row."""
     # Causal query tiles at the end of the sequence do the most work: start them first.
-    bh, q_start, rows, cols_d, offset = _program_tile(n_q, BLOCK_M, BLOCK_D, HEAD_DIM, True)
+    bh, b, h, q_start, rows, cols_d = _program_tile(n_heads, BLOCK_M, BLOCK_D, True)
     qk_scale = SM_SCALE * LOG2E
-    q = _load_rows(Q + offset, rows, cols_d, n_q, HEAD_DIM)
+    q = _load_rows(_matrix(Q, b, h, stride_qb, stride_qh), rows, cols_d, n_q, stride_qs,
+                   HEAD_DIM)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     offs_n = tl.arange(0, BLOCK_N)
     full_end, end = _key_stages(q_start, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    acc, m_i, l_i = _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, bh, rows, offs_n, n_k,
+    acc, m_i, l_i = _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, b, h, rows, offs_n, n_k,
                                    qk_scale, 0, full_end, BLOCK_D, BLOCK_N, IS_CAUSAL, False,
                                    DOT_PRECISION)
-    acc, m_i, l_i = _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, bh, rows, offs_n, n_k,
+    acc, m_i, l_i = _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, b, h, rows, offs_n, n_k,
                                    qk_scale, full_end, end, BLOCK_D, BLOCK_N, IS_CAUSAL, True,
                                    DOT_PRECISION)
-    _store_rows(Out + offset, acc / l_i[:, None], rows, cols_d, n_q, HEAD_DIM)
+    _store_rows(_matrix(Out, b, h, stride_ob, stride_oh), acc / l_i[:, None], rows, cols_d,
+                n_q, stride_os, HEAD_DIM)
     tl.store(L + bh.to(tl.int64) * n_q + rows, (m_i + tl.log2(l_i)) * LN2,
              mask=rows < n_q)
 
 
 @triton.jit
-def _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, bh, rows, offs_n, n_k, qk_scale, lo, hi,
+def _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, b, h, rows, offs_n, n_k, qk_scale, lo, hi,
               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
               MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for k_start in range(lo, hi, BLOCK_N):
-        k = _next_tile(k_tiles, bh, k_start, BLOCK_N, BLOCK_D)
-        v = _next_tile(v_tiles, bh, k_start, BLOCK_N, BLOCK_D)
+        k = _next_tile(k_tiles, b, h, k_start, BLOCK_N, BLOCK_D)
+        v = _next_tile(v_tiles, b, h, k_start, BLOCK_N, BLOCK_D)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         p = tl.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
@@ -188,16 +202,21 @@ def _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, bh, rows, offs_n, n_k, q
 
 @triton.jit
 def flash_backward_dq_kernel(
-    Q, k_tiles, v_tiles, Out, dO, L, Delta, dQ, n_q, n_k, SM_SCALE: tl.constexpr,
+    Q, stride_qb, stride_qh, stride_qs, k_tiles, v_tiles,
+    Out, stride_ob, stride_oh, stride_os, dO, stride_dob, stride_doh, stride_dos,
+    L, Delta, dQ, stride_dqb, stride_dqh, stride_dqs, n_heads, n_q, n_k, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). dQ = scale * dS K, and Delta = rowsum(O * dO) for dK/dV."""
-    bh, q_start, rows, cols_d, offset = _program_tile(n_q, BLOCK_M, BLOCK_D, HEAD_DIM, True)
+    bh, b, h, q_start, rows, cols_d = _program_tile(n_heads, BLOCK_M, BLOCK_D, True)
     qk_scale = SM_SCALE * LOG2E
-    q = _load_rows(Q + offset, rows, cols_d, n_q, HEAD_DIM)
-    do = _load_rows(dO + offset, rows, cols_d, n_q, HEAD_DIM)
-    o = _load_rows(Out + offset, rows, cols_d, n_q, HEAD_DIM)
+    q = _load_rows(_matrix(Q, b, h, stride_qb, stride_qh), rows, cols_d, n_q, stride_qs,
+                   HEAD_DIM)
+    do = _load_rows(_matrix(dO, b, h, stride_dob, stride_doh), rows, cols_d, n_q, stride_dos,
+                    HEAD_DIM)
+    o = _load_rows(_matrix(Out, b, h, stride_ob, stride_oh), rows, cols_d, n_q, stride_os,
+                   HEAD_DIM)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     L += bh.to(tl.int64) * n_q
     Delta += bh.to(tl.int64) * n_q
@@ -207,11 +226,12 @@ def flash_backward_dq_kernel(
 
     offs_n = tl.arange(0, BLOCK_N)
     full_end, end = _key_stages(q_start, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    dq = _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, bh, rows, offs_n, n_k, qk_scale,
+    dq = _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, b, h, rows, offs_n, n_k, qk_scale,
                    0, full_end, BLOCK_D, BLOCK_N, IS_CAUSAL, False, DOT_PRECISION)
-    dq = _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, bh, rows, offs_n, n_k, qk_scale,
+    dq = _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, b, h, rows, offs_n, n_k, qk_scale,
                    full_end, end, BLOCK_D, BLOCK_N, IS_CAUSAL, True, DOT_PRECISION)
-    _store_rows(dQ + offset, dq * SM_SCALE, rows, cols_d, n_q, HEAD_DIM)
+    _store_rows(_matrix(dQ, b, h, stride_dqb, stride_dqh), dq * SM_SCALE, rows, cols_d, n_q,
+                stride_dqs, HEAD_DIM)
 
 
 @triton.jit
@@ -230,15 +250,15 @@ def _accumulate_dot(total, carry, a, b, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _dkdv_stage(dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, bh, keys,
+def _dkdv_stage(dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, b, h, keys,
                 offs_m, n_q, qk_scale, lo, hi, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                 CHECK_ROWS: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # Tiles are transposed (keys x queries) so dK and dV come out of plain dots. MASKED is
     # the causal diagonal: the end of the sequence is handled by CHECK_ROWS and L = +inf.
     for q_start in range(lo, hi, BLOCK_M):
         rows = q_start + offs_m
-        q = _next_tile(q_tiles, bh, q_start, BLOCK_M, BLOCK_D)
-        do = _next_tile(do_tiles, bh, q_start, BLOCK_M, BLOCK_D)
+        q = _next_tile(q_tiles, b, h, q_start, BLOCK_M, BLOCK_D)
+        do = _next_tile(do_tiles, b, h, q_start, BLOCK_M, BLOCK_D)
         if CHECK_ROWS:
             # L = +inf turns rows past the end into P = 0.
             lse2 = tl.load(L + rows, mask=rows < n_q, other=float("inf")) * LOG2E
@@ -259,7 +279,9 @@ def _dkdv_stage(dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, b
 
 @triton.jit
 def flash_backward_dkdv_kernel(
-    q_tiles, K, V, do_tiles, L, Delta, dK, dV, n_q, n_k, SM_SCALE: tl.constexpr,
+    q_tiles, K, stride_kb, stride_kh, stride_ks, V, stride_vb, stride_vh, stride_vs, do_tiles,
+    L, Delta, dK, stride_dkb, stride_dkh, stride_dks, dV, stride_dvb, stride_dvh, stride_dvs,
+    n_heads, n_q, n_k, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, CHECK_Q_ROWS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -267,10 +289,10 @@ def flash_backward_dkdv_kernel(
     """Grid (BH, key tiles). dV = P^T dO and dK = scale * dS^T Q, summed over query tiles."""
     # Causal key tiles at the start of the sequence are seen by the most queries: they are
     # already first in launch order.
-    bh, k_start, keys, cols_d, offset = _program_tile(n_k, BLOCK_N, BLOCK_D, HEAD_DIM, False)
+    bh, b, h, k_start, keys, cols_d = _program_tile(n_heads, BLOCK_N, BLOCK_D, False)
     qk_scale = SM_SCALE * LOG2E
-    k = _load_rows(K + offset, keys, cols_d, n_k, HEAD_DIM)
-    v = _load_rows(V + offset, keys, cols_d, n_k, HEAD_DIM)
+    k = _load_rows(_matrix(K, b, h, stride_kb, stride_kh), keys, cols_d, n_k, stride_ks, HEAD_DIM)
+    v = _load_rows(_matrix(V, b, h, stride_vb, stride_vh), keys, cols_d, n_k, stride_vs, HEAD_DIM)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dk_carry = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -281,10 +303,12 @@ def flash_backward_dkdv_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     start, full_start = _query_stages(k_start, n_q, BLOCK_M, BLOCK_N, IS_CAUSAL)
     dk, dv, dk_carry, dv_carry = _dkdv_stage(
-        dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, bh, keys, offs_m, n_q,
+        dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, b, h, keys, offs_m, n_q,
         qk_scale, start, full_start, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, True, DOT_PRECISION)
     dk, dv, dk_carry, dv_carry = _dkdv_stage(
-        dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, bh, keys, offs_m, n_q,
+        dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, b, h, keys, offs_m, n_q,
         qk_scale, full_start, n_q, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, False, DOT_PRECISION)
-    _store_rows(dK + offset, dk * SM_SCALE, keys, cols_d, n_k, HEAD_DIM)
-    _store_rows(dV + offset, dv, keys, cols_d, n_k, HEAD_DIM)
+    _store_rows(_matrix(dK, b, h, stride_dkb, stride_dkh), dk * SM_SCALE, keys, cols_d, n_k,
+                stride_dks, HEAD_DIM)
+    _store_rows(_matrix(dV, b, h, stride_dvb, stride_dvh), dv, keys, cols_d, n_k, stride_dvs,
+                HEAD_DIM)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -113,9 +114,6 @@ def check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
         if len(_CHECKED_SIGNATURES) >= _MAX_CHECKED_SIGNATURES:
             _CHECKED_SIGNATURES.clear()
         _CHECKED_SIGNATURES.add(signature)
-    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
-        name = next(n for n, t in (("q", q), ("k", k), ("v", v)) if not t.is_contiguous())
-        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
 
 
 _CHECKED_SIGNATURES: set[tuple[object, ...]] = set()
@@ -144,14 +142,14 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
-# Output buffers: every element is written by a kernel (tests poison these two).
-def _empty(shape: torch.Size | tuple[int, ...], like: torch.Tensor,
-           dtype: torch.dtype | None = None) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
+# Output buffers: every element is written by a kernel (tests poison them through these).
+def _empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return torch.empty_like(t, dtype=dtype)  # several times cheaper on the host than empty
 
 
-def _empty_like(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(t)  # several times cheaper on the host than torch.empty
+def _new_empty(like: torch.Tensor, shape: tuple[int, ...],
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+    return like.new_empty(shape, dtype=dtype)
 
 
 def _descriptor_head_dim(d: int, dtype: torch.dtype) -> int:
@@ -160,30 +158,87 @@ def _descriptor_head_dim(d: int, dtype: torch.dtype) -> int:
     return -(-d // per_16_bytes) * per_16_bytes
 
 
-def _for_kernels(t: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """t itself when the kernels can read it: rows of head_dim elements and a 16-byte
-    aligned start (every pointer a launcher sees is aligned, see `KernelLauncher`). Else a
-    zero-padded copy (pad columns add 0 to every score and produce output columns that are
-    cut off)."""
-    if t.shape[-1] == head_dim and t.data_ptr() % 16 == 0:
-        return t
+MatrixStrides = tuple[int, int, int]  # (batch, head, seq) strides, in elements
+
+
+def _matrix_dims(shape: torch.Size) -> tuple[int, int]:
+    """(B, H): a (..., seq, d) shape's leading dims as batch x heads (outer ones merged)."""
+    if len(shape) == 2:
+        return 1, 1
+    return math.prod(shape[:-3]), shape[-3]
+
+
+@functools.lru_cache(maxsize=4096)
+def _matrix_strides(shape: torch.Size, strides: tuple[int, ...], itemsize: int,
+                    head_dim: int) -> MatrixStrides | None:
+    """The (batch, head, seq) strides of a tensor of this shape and strides seen as
+    (B, H, seq, head_dim) matrices (`_matrix_dims`), or None when the kernels cannot read
+    or write it in place: rows must be head_dim unit-stride elements, the batch dims must
+    merge into one, and every stride must be a positive multiple of 16 bytes (TMA's rule).
+    A dim of size 1 takes its packed stride: no address uses it, but TMA checks it."""
+    if shape[-1] != head_dim or strides[-1] != 1:
+        return None
+    seq, stride_s = shape[-2], strides[-2]
+    heads, stride_h = (shape[-3], strides[-3]) if len(shape) > 2 else (1, 0)
+    batch = [(n, step) for n, step in zip(shape[:-3], strides[:-3], strict=True)
+             if n != 1]
+    if any(outer != inner * n for (_, outer), (n, inner) in itertools.pairwise(batch)):
+        return None
+    stride_b = batch[-1][1] if batch else 0
+    if seq == 1:
+        stride_s = head_dim
+    if heads == 1:
+        stride_h = stride_s * seq
+    if not batch:
+        stride_b = stride_h * heads
+    merged = (stride_b, stride_h, stride_s)
+    per_16_bytes = 16 // itemsize
+    if any(step <= 0 or step % per_16_bytes for step in merged):
+        return None
+    return merged
+
+
+def _readable(t: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, MatrixStrides]:
+    """(t, its matrix strides) when the kernels can read t in place (16-byte aligned start:
+    every pointer a launcher sees is aligned, see `KernelLauncher`), else the same for a
+    zero-padded packed copy (pad columns add 0 to every score and produce output columns
+    that are cut off)."""
+    strides = _matrix_strides(t.shape, t.stride(), t.element_size(), head_dim)
+    if strides is not None and t.data_ptr() % 16 == 0:
+        return t, strides
     padded = t.new_zeros(*t.shape[:-1], head_dim)
     padded[..., :t.shape[-1]] = t
-    return padded
+    return padded, _matrix_strides(padded.shape, padded.stride(), t.element_size(), head_dim)
 
 
-def _cut_to(t: torch.Tensor, d: int) -> torch.Tensor:
-    """t without the pad columns `_for_kernels` added."""
-    return t if t.shape[-1] == d else t[..., :d].contiguous()
+class _Output:
+    """An output shaped and laid out like `like` (as the ops' fake versions promise), and
+    the buffer the kernel writes: the output itself when the kernels can write that layout,
+    else a padded packed buffer whose first d columns `result()` copies into it."""
+
+    def __init__(self, like: torch.Tensor, head_dim: int) -> None:
+        self.tensor = _empty_like(like)
+        self.buffer, self.strides = self.tensor, _matrix_strides(
+            self.tensor.shape, self.tensor.stride(), like.element_size(), head_dim)
+        if self.strides is None:
+            self.buffer = _new_empty(like, (*like.shape[:-1], head_dim))
+            self.strides = _matrix_strides(self.buffer.shape, self.buffer.stride(),
+                                           like.element_size(), head_dim)
+
+    def result(self) -> torch.Tensor:
+        if self.buffer is not self.tensor:
+            self.tensor.copy_(self.buffer[..., :self.tensor.shape[-1]])
+        return self.tensor
 
 
 @dataclass(frozen=True)
 class _Problem:
-    """One attention problem's launches. Shapes, dtype, device, mask and tiles fix what
-    Triton specialises on, so each problem's kernels compile once and later calls launch
-    them directly (`KernelLauncher`)."""
+    """One attention problem's launches. Shapes, dtype, device, mask and tiles fix most of
+    what Triton specialises on; the tensors' strides fix the rest, so each kernel has one
+    launcher per problem and strides (`KernelLauncher`: compiled once, launched directly)."""
 
-    rows: int
+    batch: int
+    heads: int
     n_q: int
     n_k: int
     d: int
@@ -191,71 +246,95 @@ class _Problem:
     device: torch.device
     is_causal: bool
     config: FlashConfig
+    launchers: dict[tuple[object, ...], KernelLauncher] = field(
+        default_factory=dict, compare=False, hash=False, repr=False)
 
     @functools.cached_property
     def head_dim(self) -> int:
         return _descriptor_head_dim(self.d, self.dtype)
 
+    def _tiles(self, base: torch.Tensor, strides: MatrixStrides, seq: int,
+               block_rows: int) -> PlannedDescriptor:
+        """A descriptor reading block_rows x BLOCK_D tiles of one matrix of `base`."""
+        return PlannedDescriptor(base, (self.batch, self.heads, seq, self.head_dim),
+                                 (*strides, 1), [1, 1, block_rows, _next_power_of_2(self.head_dim)])
+
     def _launcher(self, kernel: triton.JITFunction, tiles: TileConfig, seq: int, block: int,
-                  **constexprs: object) -> KernelLauncher:
-        """The kernel over a (matrices, tiles of `block` rows of `seq`) grid."""
-        return KernelLauncher(
-            kernel, (self.rows, _cdiv(seq, block)),
-            {"SM_SCALE": self.d ** -0.5, "HEAD_DIM": self.head_dim,
-             "BLOCK_D": _next_power_of_2(self.head_dim), "BLOCK_M": tiles.block_m,
-             "BLOCK_N": tiles.block_n, "IS_CAUSAL": self.is_causal, **constexprs,
-             "DOT_PRECISION": dot_precision(self.dtype)},
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-            device_index=self.device.index or 0)
+                  strides: tuple[MatrixStrides, ...], **constexprs: object) -> KernelLauncher:
+        """The kernel over a (matrices, tiles of `block` rows of `seq`) grid, for tensors
+        of these strides."""
+        key = (kernel.__name__, strides)
+        launcher = self.launchers.get(key)
+        if launcher is None:
+            launcher = self.launchers[key] = KernelLauncher(
+                kernel, (self.batch * self.heads, _cdiv(seq, block)),
+                {"SM_SCALE": self.d ** -0.5, "HEAD_DIM": self.head_dim,
+                 "BLOCK_D": _next_power_of_2(self.head_dim), "BLOCK_M": tiles.block_m,
+                 "BLOCK_N": tiles.block_n, "IS_CAUSAL": self.is_causal, **constexprs,
+                 "DOT_PRECISION": dot_precision(self.dtype)},
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+                device_index=self.device.index or 0)
+        return launcher
 
-    @functools.cached_property
-    def forward(self) -> KernelLauncher:
-        tiles = self.config.forward
-        return self._launcher(flash_forward_kernel, tiles, self.n_q, tiles.block_m)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        tiles, head_dim = self.config.forward, self.head_dim
+        o = _Output(q, head_dim)
+        lse = _new_empty(q, q.shape[:-1], torch.float32)
+        (q, q_strides), (k, k_strides), (v, v_strides) = (
+            _readable(t, head_dim) for t in (q, k, v))
+        launch = self._launcher(flash_forward_kernel, tiles, self.n_q, tiles.block_m,
+                                (q_strides, k_strides, v_strides, o.strides))
+        launch(q, *q_strides, self._tiles(k, k_strides, self.n_k, tiles.block_n),
+               self._tiles(v, v_strides, self.n_k, tiles.block_n), o.buffer, *o.strides, lse,
+               self.heads, self.n_q, self.n_k)
+        return o.result(), lse
 
-    @functools.cached_property
-    def dq(self) -> KernelLauncher:
-        tiles = self.config.backward_dq
-        return self._launcher(flash_backward_dq_kernel, tiles, self.n_q, tiles.block_m)
-
-    @functools.cached_property
-    def dkdv(self) -> KernelLauncher:
-        # Its programs walk key tiles; the last query tile is partial unless block_m divides
-        # n_q.
-        tiles = self.config.backward_dkdv
-        return self._launcher(flash_backward_dkdv_kernel, tiles, self.n_k, tiles.block_n,
-                              CHECK_Q_ROWS=self.n_q % tiles.block_m != 0)
-
-    def _layout(self, seq: int, block_rows: int) -> tuple[object, ...]:
-        """(shape, strides, block shape) of a descriptor reading block_rows x BLOCK_D tiles
-        of a (rows, seq, head_dim) tensor."""
+    def backward_dq(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                    lse: torch.Tensor, do: torch.Tensor, tiles: TileConfig
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         head_dim = self.head_dim
-        return ((self.rows, seq, head_dim), (seq * head_dim, head_dim, 1),
-                [1, block_rows, _next_power_of_2(head_dim)])
+        dq, delta = _Output(q, head_dim), _empty_like(lse)
+        (q, q_strides), (k, k_strides), (v, v_strides), (o, o_strides), (do, do_strides) = (
+            _readable(t, head_dim) for t in (q, k, v, o, do))
+        launch = self._launcher(flash_backward_dq_kernel, tiles, self.n_q, tiles.block_m,
+                                (q_strides, k_strides, v_strides, o_strides, do_strides,
+                                 dq.strides))
+        launch(q, *q_strides, self._tiles(k, k_strides, self.n_k, tiles.block_n),
+               self._tiles(v, v_strides, self.n_k, tiles.block_n), o, *o_strides,
+               do, *do_strides, lse, delta, dq.buffer, *dq.strides, self.heads, self.n_q,
+               self.n_k)
+        return dq.result(), delta
 
-    @functools.cached_property
-    def key_tiles(self) -> dict[str, tuple[object, ...]]:
-        """Descriptor layouts of k and v for the forward and dQ kernels."""
-        return {"forward": self._layout(self.n_k, self.config.forward.block_n),
-                "dq": self._layout(self.n_k, self.config.backward_dq.block_n)}
-
-    @functools.cached_property
-    def query_tiles(self) -> tuple[object, ...]:
-        """Descriptor layout of q and do for the dK/dV kernel."""
-        return self._layout(self.n_q, self.config.backward_dkdv.block_m)
+    def backward_dkdv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      do: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
+                      tiles: TileConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        head_dim = self.head_dim
+        dk, dv = _Output(k, head_dim), _Output(v, head_dim)
+        (q, q_strides), (k, k_strides), (v, v_strides), (do, do_strides) = (
+            _readable(t, head_dim) for t in (q, k, v, do))
+        # Its programs walk key tiles; the last query tile is partial unless block_m
+        # divides n_q.
+        launch = self._launcher(flash_backward_dkdv_kernel, tiles, self.n_k, tiles.block_n,
+                                (q_strides, k_strides, v_strides, do_strides, dk.strides,
+                                 dv.strides), CHECK_Q_ROWS=self.n_q % tiles.block_m != 0)
+        launch(self._tiles(q, q_strides, self.n_q, tiles.block_m), k, *k_strides, v,
+               *v_strides, self._tiles(do, do_strides, self.n_q, tiles.block_m), lse, delta,
+               dk.buffer, *dk.strides, dv.buffer, *dv.strides, self.heads, self.n_q, self.n_k)
+        return dk.result(), dv.result()
 
 
 @functools.lru_cache(maxsize=1024)
-def _problem(rows: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, device: torch.device,
-             is_causal: bool, config: FlashConfig | None) -> _Problem:
-    config = config or default_config(d, dtype, rows * _cdiv(n_q, 128), device)
-    return _Problem(rows, n_q, n_k, d, dtype, device, is_causal, config)
+def _problem(batch: int, heads: int, n_q: int, n_k: int, d: int, dtype: torch.dtype,
+             device: torch.device, is_causal: bool, config: FlashConfig | None) -> _Problem:
+    config = config or default_config(d, dtype, batch * heads * _cdiv(n_q, 128), device)
+    return _Problem(batch, heads, n_q, n_k, d, dtype, device, is_causal, config)
 
 
 def _problem_of(q: torch.Tensor, k: torch.Tensor, is_causal: bool,
                 config: FlashConfig | None) -> _Problem:
     shape = q.shape
-    return _problem(math.prod(shape[:-2]), shape[-2], k.shape[-2], shape[-1], q.dtype,
+    return _problem(*_matrix_dims(shape), shape[-2], k.shape[-2], shape[-1], q.dtype,
                     q.device, is_causal, config)
 
 
@@ -263,50 +342,23 @@ def flash_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
     config: FlashConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, L) for checked inputs; L is the natural-log log-sum-exp, fp32, (..., n_queries)."""
-    problem = _problem_of(q, k, is_causal, config)
-    head_dim, layout = problem.head_dim, problem.key_tiles["forward"]
-    q, k, v = (_for_kernels(t, head_dim) for t in (q, k, v))
-    o = _empty_like(q)
-    lse = _empty(q.shape[:-1], q, torch.float32)
-    problem.forward(q, PlannedDescriptor(k, *layout), PlannedDescriptor(v, *layout), o, lse,
-                    problem.n_q, problem.n_k)
-    return _cut_to(o, problem.d), lse
+    """(o, L) for checked inputs; o is laid out like q (`torch.empty_like`), L is the
+    natural-log log-sum-exp, fp32, (..., n_queries), packed."""
+    return _problem_of(q, k, is_causal, config).forward(q, k, v)
 
 
 def flash_backward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     do: torch.Tensor, is_causal: bool = False, config: FlashConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv): a dQ pass over query tiles (it also writes D), then a dK/dV pass.
-    lse must be flash_forward's (contiguous, freshly allocated, so 16-byte aligned)."""
+    """(dq, dk, dv), each laid out like its input: a dQ pass over query tiles (it also
+    writes D), then a dK/dV pass. lse must be flash_forward's (packed, freshly allocated,
+    so 16-byte aligned); do may have any strides (autograd may hand over an expanded or
+    transposed gradient)."""
     problem = _problem_of(q, k, is_causal, config)
-    head_dim = problem.head_dim
-    # autograd may hand over an expanded or strided gradient
-    q, k, v, o, do = (_for_kernels(t, head_dim) for t in (q, k, v, o, do.contiguous()))
-    dq, delta = _backward_dq(problem, q, k, v, o, lse, do)
-    dk, dv = _backward_dkdv(problem, q, k, v, do, lse, delta)
-    return _cut_to(dq, problem.d), _cut_to(dk, problem.d), _cut_to(dv, problem.d)
-
-
-def _backward_dq(problem: _Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    layout = problem.key_tiles["dq"]
-    dq, delta = _empty_like(q), _empty_like(lse)
-    problem.dq(q, PlannedDescriptor(k, *layout), PlannedDescriptor(v, *layout), o, do, lse,
-               delta, dq, problem.n_q, problem.n_k)
-    return dq, delta
-
-
-def _backward_dkdv(problem: _Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   do: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    layout = problem.query_tiles
-    dk, dv = _empty_like(k), _empty_like(v)
-    problem.dkdv(PlannedDescriptor(q, *layout), k, v, PlannedDescriptor(do, *layout), lse,
-                 delta, dk, dv, problem.n_q, problem.n_k)
-    return dk, dv
+    dq, delta = problem.backward_dq(q, k, v, o, lse, do, problem.config.backward_dq)
+    dk, dv = problem.backward_dkdv(q, k, v, do, lse, delta, problem.config.backward_dkdv)
+    return dq, dk, dv
 
 
 def backward_dq(
@@ -315,10 +367,7 @@ def backward_dq(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dq, D) with `tiles`, where D = rowsum(o * do), fp32, shaped like L (for tuning)."""
     problem = _problem_of(q, k, is_causal, FlashConfig(tiles, tiles, tiles))
-    head_dim = problem.head_dim
-    q, k, v, o, do = (_for_kernels(t, head_dim) for t in (q, k, v, o, do))
-    dq, delta = _backward_dq(problem, q, k, v, o, lse, do)
-    return _cut_to(dq, problem.d), delta
+    return problem.backward_dq(q, k, v, o, lse, do, tiles)
 
 
 def backward_dkdv(
@@ -327,7 +376,4 @@ def backward_dkdv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dk, dv) with `tiles` (for tuning)."""
     problem = _problem_of(q, k, is_causal, FlashConfig(tiles, tiles, tiles))
-    head_dim = problem.head_dim
-    q, k, v, do = (_for_kernels(t, head_dim) for t in (q, k, v, do))
-    dk, dv = _backward_dkdv(problem, q, k, v, do, lse, delta)
-    return _cut_to(dk, problem.d), _cut_to(dv, problem.d)
+    return problem.backward_dkdv(q, k, v, do, lse, delta, tiles)
