@@ -177,3 +177,16 @@ def test_cross_entropy_is_stable_for_huge_logits() -> None:
 def test_cross_entropy_shape_mismatch_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="do not match"):
         cross_entropy(torch.randn(4, 10), torch.randint(10, (5,)))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flash_triton"])
+def test_compiled_model_is_one_graph(attention, device) -> None:
+    """torch.compile traces the whole model, attention included (a split graph would run
+    attention eagerly between two compiled pieces and copy its inputs' gradients)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # the interpreter: fp32
+    model = TransformerLM(MODEL_CONFIGS["tiny"], attention=attention).to(device, dtype)
+    tokens = torch.randint(0, MODEL_CONFIGS["tiny"].vocab_size, (2, 32), device=device)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model)(tokens, tokens)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1

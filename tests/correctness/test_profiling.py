@@ -11,6 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from systems.bench.workloads import build_model_workload
 from systems.model import get_config
+from systems.common import nvtx
 from systems.profiling import nvtx_range
 from systems.profiling.cli import main
 from systems.profiling.kernel_summary import (
@@ -51,6 +52,26 @@ def test_nvtx_range_is_visible_to_torch_profiler() -> None:
     with profile(activities=[ProfilerActivity.CPU]) as prof, nvtx_range("my_range"):
         torch.ones(4).sum()
     assert "my_range" in {e.name for e in prof.events()}
+
+
+def test_nvtx_range_leaves_compiled_code_whole(monkeypatch) -> None:
+    """Inside torch.compile a range pushes nothing: Dynamo cannot trace the NVTX calls and
+    split the graph around every range. Here CUDA's NVTX is stood in for by calls that
+    Dynamo must not trace either, and fullgraph=True fails on any split."""
+    pushed = []
+    monkeypatch.setattr(nvtx, "_nvtx_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", torch._dynamo.disable(pushed.append))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", torch._dynamo.disable(lambda: None))
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        with nvtx_range("attention"):
+            return (x * 2).sum()
+
+    torch._dynamo.reset()
+    assert torch.compile(step, backend="eager", fullgraph=True)(torch.ones(4)).item() == 8.0
+    assert pushed == []
+    step(torch.ones(4))  # outside torch.compile the range is pushed
+    assert pushed == ["attention"]
 
 
 def test_compute_cli_on_cpu_writes_summary_and_trace(tmp_path, capsys) -> None:

@@ -17,11 +17,21 @@ def _profiler_range(name: str):
     return nullcontext()
 
 
+def _nvtx_available() -> bool:
+    return torch.cuda.is_available()
+
+
 @contextmanager
 def nvtx_range(name: str) -> Iterator[None]:
-    """Mark a named range for Nsight Systems; a no-op on CPU-only builds."""
+    """Mark a named range for Nsight Systems; a no-op on CPU-only builds and inside code
+    that torch.compile traces: Dynamo cannot trace the NVTX calls and would split the
+    graph around every range (compiled code runs as its own kernels, so the range would
+    not mark them anyway)."""
+    if torch.compiler.is_compiling():
+        yield
+        return
     with _profiler_range(name):
-        if not torch.cuda.is_available():
+        if not _nvtx_available():
             yield
             return
         torch.cuda.nvtx.range_push(name)
