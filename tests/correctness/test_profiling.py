@@ -10,8 +10,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from systems.bench.workloads import build_model_workload
-from systems.model import get_config
 from systems.common import nvtx
+from systems.model import get_config
 from systems.profiling import nvtx_range
 from systems.profiling.cli import main
 from systems.profiling.kernel_summary import (
