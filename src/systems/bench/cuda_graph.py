@@ -60,6 +60,11 @@ class CapturedStep:
     def _capture(self) -> None:
         # Captured on the warm-up stream: autograd's gradient accumulators remember the
         # stream they were created on and would otherwise synchronise across streams.
+        # The capture allocates from a pool of its own, which cannot reuse the blocks the
+        # warm-up steps left cached: hand those back first (a 2.7B step's activations are
+        # tens of GiB, and holding them twice ran out of memory on an 80 GB GPU).
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=self._side_stream):
             self._output = self._step()
