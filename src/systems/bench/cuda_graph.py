@@ -27,7 +27,8 @@ class CapturedStep:
     copy what you keep.
     """
 
-    def __init__(self, step: Callable[[], object], warmup: int = 2) -> None:
+    def __init__(self, step: Callable[[], object], warmup: int = 2,
+                 before_capture: Callable[[], None] | None = None) -> None:
         if not torch.cuda.is_available():
             raise ValueError("CapturedStep needs a CUDA device")
         if warmup < 1:
@@ -35,6 +36,7 @@ class CapturedStep:
                              f"happen during capture), got {warmup}")
         self._step = step
         self._warmup = warmup
+        self._before_capture = before_capture
         self._calls = 0
         self._side_stream = torch.cuda.Stream()
         self._output: object = None
@@ -60,9 +62,12 @@ class CapturedStep:
     def _capture(self) -> None:
         # Captured on the warm-up stream: autograd's gradient accumulators remember the
         # stream they were created on and would otherwise synchronise across streams.
-        # The capture allocates from a pool of its own, which cannot reuse the blocks the
-        # warm-up steps left cached: hand those back first (a 2.7B step's activations are
-        # tens of GiB, and holding them twice ran out of memory on an 80 GB GPU).
+        # The capture allocates from a pool of its own, which cannot reuse blocks that the
+        # warm-up steps left allocated or cached: free what the caller can (`before_capture`,
+        # e.g. the last step's gradients) and hand the cache back first. Holding a 2.7B
+        # model's fp32 gradients twice ran out of memory on an 80 GB GPU.
+        if self._before_capture is not None:
+            self._before_capture()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()

@@ -216,7 +216,8 @@ def build_model_workload(
     step = {"forward": forward, "forward_backward": forward_backward,
             "train_step": train_step}[mode]
     if options.cuda_graph:
-        step = CapturedStep(step, warmup=CUDA_GRAPH_WARMUP)
+        step = CapturedStep(step, warmup=CUDA_GRAPH_WARMUP,
+                            before_capture=lambda: model.zero_grad(set_to_none=True))
     return ModelWorkload(
         config=config, batch_size=batch_size, seq_len=seq_len, mode=mode,
         precision=precision, compiled=compiled, attention=attention, device=device,
