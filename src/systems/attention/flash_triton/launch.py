@@ -198,17 +198,20 @@ def _matrix_strides(shape: torch.Size, strides: tuple[int, ...], itemsize: int,
     return merged
 
 
-def _readable(t: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, MatrixStrides]:
+Operand = tuple[torch.Tensor, MatrixStrides]  # a tensor the kernels read, its strides
+
+
+def _readable(t: torch.Tensor, head_dim: int, itemsize: int) -> Operand:
     """(t, its matrix strides) when the kernels can read t in place (16-byte aligned start:
     every pointer a launcher sees is aligned, see `KernelLauncher`), else the same for a
     zero-padded packed copy (pad columns add 0 to every score and produce output columns
     that are cut off)."""
-    strides = _matrix_strides(t.shape, t.stride(), t.element_size(), head_dim)
+    strides = _matrix_strides(t.shape, t.stride(), itemsize, head_dim)
     if strides is not None and t.data_ptr() % 16 == 0:
         return t, strides
     padded = t.new_zeros(*t.shape[:-1], head_dim)
     padded[..., :t.shape[-1]] = t
-    return padded, _matrix_strides(padded.shape, padded.stride(), t.element_size(), head_dim)
+    return padded, _matrix_strides(padded.shape, padded.stride(), itemsize, head_dim)
 
 
 class _Output:
@@ -216,14 +219,14 @@ class _Output:
     the buffer the kernel writes: the output itself when the kernels can write that layout,
     else a padded packed buffer whose first d columns `result()` copies into it."""
 
-    def __init__(self, like: torch.Tensor, head_dim: int) -> None:
+    def __init__(self, like: torch.Tensor, head_dim: int, itemsize: int) -> None:
         self.tensor = _empty_like(like)
         self.buffer, self.strides = self.tensor, _matrix_strides(
-            self.tensor.shape, self.tensor.stride(), like.element_size(), head_dim)
+            self.tensor.shape, self.tensor.stride(), itemsize, head_dim)
         if self.strides is None:
             self.buffer = _new_empty(like, (*like.shape[:-1], head_dim))
-            self.strides = _matrix_strides(self.buffer.shape, self.buffer.stride(),
-                                           like.element_size(), head_dim)
+            self.strides = _matrix_strides(self.buffer.shape, self.buffer.stride(), itemsize,
+                                           head_dim)
 
     def result(self) -> torch.Tensor:
         if self.buffer is not self.tensor:
@@ -253,23 +256,38 @@ class _Problem:
     def head_dim(self) -> int:
         return _descriptor_head_dim(self.d, self.dtype)
 
-    def _tiles(self, base: torch.Tensor, strides: MatrixStrides, seq: int,
-               block_rows: int) -> PlannedDescriptor:
-        """A descriptor reading block_rows x BLOCK_D tiles of one matrix of `base`."""
+    @functools.cached_property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    def readable(self, *tensors: torch.Tensor) -> list[Operand]:
+        head_dim, itemsize = self.head_dim, self.itemsize
+        return [_readable(t, head_dim, itemsize) for t in tensors]
+
+    def output(self, like: torch.Tensor) -> _Output:
+        return _Output(like, self.head_dim, self.itemsize)
+
+    def _tiles(self, operand: Operand, seq: int, block_rows: int) -> PlannedDescriptor:
+        """A descriptor reading block_rows x BLOCK_D tiles of one matrix of the operand."""
+        base, strides = operand
         return PlannedDescriptor(base, (self.batch, self.heads, seq, self.head_dim),
-                                 (*strides, 1), [1, 1, block_rows, _next_power_of_2(self.head_dim)])
+                                 (*strides, 1), [1, 1, block_rows, self.block_d])
+
+    @functools.cached_property
+    def block_d(self) -> int:
+        return _next_power_of_2(self.head_dim)
 
     def _launcher(self, kernel: triton.JITFunction, tiles: TileConfig, seq: int, block: int,
                   strides: tuple[MatrixStrides, ...], **constexprs: object) -> KernelLauncher:
         """The kernel over a (matrices, tiles of `block` rows of `seq`) grid, for tensors
         of these strides."""
-        key = (kernel.__name__, strides)
+        key = (kernel, strides)
         launcher = self.launchers.get(key)
         if launcher is None:
             launcher = self.launchers[key] = KernelLauncher(
                 kernel, (self.batch * self.heads, _cdiv(seq, block)),
                 {"SM_SCALE": self.d ** -0.5, "HEAD_DIM": self.head_dim,
-                 "BLOCK_D": _next_power_of_2(self.head_dim), "BLOCK_M": tiles.block_m,
+                 "BLOCK_D": self.block_d, "BLOCK_M": tiles.block_m,
                  "BLOCK_N": tiles.block_n, "IS_CAUSAL": self.is_causal, **constexprs,
                  "DOT_PRECISION": dot_precision(self.dtype)},
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages,
@@ -278,49 +296,43 @@ class _Problem:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        tiles, head_dim = self.config.forward, self.head_dim
-        o = _Output(q, head_dim)
+        tiles = self.config.forward
+        o = self.output(q)
         lse = _new_empty(q, q.shape[:-1], torch.float32)
-        (q, q_strides), (k, k_strides), (v, v_strides) = (
-            _readable(t, head_dim) for t in (q, k, v))
+        q, k, v = self.readable(q, k, v)
         launch = self._launcher(flash_forward_kernel, tiles, self.n_q, tiles.block_m,
-                                (q_strides, k_strides, v_strides, o.strides))
-        launch(q, *q_strides, self._tiles(k, k_strides, self.n_k, tiles.block_n),
-               self._tiles(v, v_strides, self.n_k, tiles.block_n), o.buffer, *o.strides, lse,
+                                (q[1], k[1], v[1], o.strides))
+        launch(q[0], *q[1], self._tiles(k, self.n_k, tiles.block_n),
+               self._tiles(v, self.n_k, tiles.block_n), o.buffer, *o.strides, lse,
                self.heads, self.n_q, self.n_k)
         return o.result(), lse
 
-    def backward_dq(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                    lse: torch.Tensor, do: torch.Tensor, tiles: TileConfig
+    def backward_dq(self, like_q: torch.Tensor, q: Operand, k: Operand, v: Operand,
+                    o: Operand, lse: torch.Tensor, do: Operand, tiles: TileConfig
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        head_dim = self.head_dim
-        dq, delta = _Output(q, head_dim), _empty_like(lse)
-        (q, q_strides), (k, k_strides), (v, v_strides), (o, o_strides), (do, do_strides) = (
-            _readable(t, head_dim) for t in (q, k, v, o, do))
+        """(dq laid out like `like_q`, D) from readable operands."""
+        dq, delta = self.output(like_q), _empty_like(lse)
         launch = self._launcher(flash_backward_dq_kernel, tiles, self.n_q, tiles.block_m,
-                                (q_strides, k_strides, v_strides, o_strides, do_strides,
-                                 dq.strides))
-        launch(q, *q_strides, self._tiles(k, k_strides, self.n_k, tiles.block_n),
-               self._tiles(v, v_strides, self.n_k, tiles.block_n), o, *o_strides,
-               do, *do_strides, lse, delta, dq.buffer, *dq.strides, self.heads, self.n_q,
-               self.n_k)
+                                (q[1], k[1], v[1], o[1], do[1], dq.strides))
+        launch(q[0], *q[1], self._tiles(k, self.n_k, tiles.block_n),
+               self._tiles(v, self.n_k, tiles.block_n), o[0], *o[1], do[0], *do[1], lse,
+               delta, dq.buffer, *dq.strides, self.heads, self.n_q, self.n_k)
         return dq.result(), delta
 
-    def backward_dkdv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      do: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
-                      tiles: TileConfig) -> tuple[torch.Tensor, torch.Tensor]:
-        head_dim = self.head_dim
-        dk, dv = _Output(k, head_dim), _Output(v, head_dim)
-        (q, q_strides), (k, k_strides), (v, v_strides), (do, do_strides) = (
-            _readable(t, head_dim) for t in (q, k, v, do))
+    def backward_dkdv(self, like_k: torch.Tensor, like_v: torch.Tensor, q: Operand,
+                      k: Operand, v: Operand, do: Operand, lse: torch.Tensor,
+                      delta: torch.Tensor, tiles: TileConfig
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(dk, dv) laid out like `like_k` and `like_v`, from readable operands."""
+        dk, dv = self.output(like_k), self.output(like_v)
         # Its programs walk key tiles; the last query tile is partial unless block_m
         # divides n_q.
         launch = self._launcher(flash_backward_dkdv_kernel, tiles, self.n_k, tiles.block_n,
-                                (q_strides, k_strides, v_strides, do_strides, dk.strides,
-                                 dv.strides), CHECK_Q_ROWS=self.n_q % tiles.block_m != 0)
-        launch(self._tiles(q, q_strides, self.n_q, tiles.block_m), k, *k_strides, v,
-               *v_strides, self._tiles(do, do_strides, self.n_q, tiles.block_m), lse, delta,
-               dk.buffer, *dk.strides, dv.buffer, *dv.strides, self.heads, self.n_q, self.n_k)
+                                (q[1], k[1], v[1], do[1], dk.strides, dv.strides),
+                                CHECK_Q_ROWS=self.n_q % tiles.block_m != 0)
+        launch(self._tiles(q, self.n_q, tiles.block_m), k[0], *k[1], v[0], *v[1],
+               self._tiles(do, self.n_q, tiles.block_m), lse, delta, dk.buffer, *dk.strides,
+               dv.buffer, *dv.strides, self.heads, self.n_q, self.n_k)
         return dk.result(), dv.result()
 
 
@@ -356,8 +368,11 @@ def flash_backward(
     so 16-byte aligned); do may have any strides (autograd may hand over an expanded or
     transposed gradient)."""
     problem = _problem_of(q, k, is_causal, config)
-    dq, delta = problem.backward_dq(q, k, v, o, lse, do, problem.config.backward_dq)
-    dk, dv = problem.backward_dkdv(q, k, v, do, lse, delta, problem.config.backward_dkdv)
+    q_in, k_in, v_in, o_in, do_in = problem.readable(q, k, v, o, do)
+    dq, delta = problem.backward_dq(q, q_in, k_in, v_in, o_in, lse, do_in,
+                                    problem.config.backward_dq)
+    dk, dv = problem.backward_dkdv(k, v, q_in, k_in, v_in, do_in, lse, delta,
+                                   problem.config.backward_dkdv)
     return dq, dk, dv
 
 
@@ -367,7 +382,8 @@ def backward_dq(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dq, D) with `tiles`, where D = rowsum(o * do), fp32, shaped like L (for tuning)."""
     problem = _problem_of(q, k, is_causal, FlashConfig(tiles, tiles, tiles))
-    return problem.backward_dq(q, k, v, o, lse, do, tiles)
+    return problem.backward_dq(q, *problem.readable(q, k, v, o), lse,
+                               *problem.readable(do), tiles)
 
 
 def backward_dkdv(
@@ -376,4 +392,4 @@ def backward_dkdv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dk, dv) with `tiles` (for tuning)."""
     problem = _problem_of(q, k, is_causal, FlashConfig(tiles, tiles, tiles))
-    return problem.backward_dkdv(q, k, v, do, lse, delta, tiles)
+    return problem.backward_dkdv(k, v, *problem.readable(q, k, v, do), lse, delta, tiles)
