@@ -388,3 +388,30 @@ def test_model_with_flash_backend_matches_reference(attention, device):
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
     for grad, ref_grad in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(grad, ref_grad, atol=1e-4, rtol=1e-4)
+
+
+def test_model_hands_the_kernels_views_they_use_in_place(device, monkeypatch):
+    """The model's q, k, v (per-head views of its projections), its output gradient and
+    the kernels' outputs need no copy: the kernels read and write those layouts."""
+    from systems.model import MODEL_CONFIGS, TransformerLM
+
+    copies, seq_strides = [], set()
+    readable = launch._readable
+
+    def counting(t, head_dim, itemsize):
+        operand = readable(t, head_dim, itemsize)
+        seq_strides.add(t.stride(-2))
+        if operand[0] is not t:
+            copies.append(tuple(t.stride()))
+        return operand
+
+    monkeypatch.setattr(launch, "_readable", counting)
+    config = MODEL_CONFIGS["tiny"]
+    model = TransformerLM(config, attention="flash_triton").to(device)
+    tokens = torch.randint(0, config.vocab_size, (2, 40), device=device)
+    model(tokens).float().square().mean().backward()
+    assert copies == []
+    assert seq_strides == {config.d_model}  # (batch, seq, heads, d) memory: rows d_model apart
+    out = launch.flash_forward(*(torch.randn(2, 40, 4, 16, device=device).transpose(1, 2)
+                                 for _ in range(3)))[0]
+    assert out.transpose(1, 2).is_contiguous()  # reshapes back into d_model for free
