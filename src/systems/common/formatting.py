@@ -33,6 +33,11 @@ def _cell(value: object) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+def shorten(name: str, width: int = 90) -> str:
+    """A long name (a kernel's template arguments can run to pages) cut to one table cell."""
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
 def fmt(value: object, spec: str, scale: float = 1.0) -> str:
     """Format a number, or '-' when it is missing."""
     return "-" if value is None else format(float(value) * scale, spec)

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from systems.common.formatting import fmt, markdown_table
+from systems.common.formatting import fmt, markdown_table, shorten
 from systems.profiling import kernel_categories
 from systems.profiling.kernel_categories import KINDS
 
@@ -92,7 +92,7 @@ def top_kernels_table(ops: Sequence[TimedOp], steps: int, top: int = 15) -> str:
     rows = []
     for group in ranked[:top]:
         seconds = sum(o.seconds for o in group)
-        rows.append([_short(group[0].name), group[0].kind, fmt(seconds / steps, ".3f", 1e3),
+        rows.append([shorten(group[0].name), group[0].kind, fmt(seconds / steps, ".3f", 1e3),
                      f"{len(group) / steps:g}", fmt(seconds / len(group), ".1f", 1e6),
                      fmt(seconds / total, ".1%")])
     return markdown_table(["kernel", "kind", "ms / step", "calls / step", "mean us", "share"],
@@ -133,6 +133,3 @@ def attention_table(ops: Sequence[TimedOp], steps: int, flops: Mapping[str, floa
                      fmt(work, ".3g", 1e-9), fmt(work / seconds if work else None, ".3g", 1e-12)])
     return markdown_table(["part", "ms / step", "GFLOP / step", "TFLOP/s"], rows)
 
-
-def _short(name: str, width: int = 90) -> str:
-    return name if len(name) <= width else name[: width - 3] + "..."

@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 from systems.accounting import attention_flops
 from systems.bench.timing import synchronize, time_steps
 from systems.bench.workloads import CUDA_GRAPH_WARMUP, ModelWorkload, forward_flops
-from systems.common.formatting import fmt, markdown_table
+from systems.common.formatting import fmt, markdown_table, shorten
 from systems.profiling.kernel_categories import CATEGORIES, classify_kernel
 
 DEFAULT_MATMUL_TFLOPS = 743.0  # bf16 dense matmul 8192^3 on an H100 (the practical ceiling)
@@ -280,12 +280,6 @@ def breakdown_markdown(record: dict[str, object]) -> str:
         f"The {len(record['top_kernels'])} longest kernels, each name's time summed over the "
         "step:\n",
         markdown_table(["kernel", "category", "ms / step", "share of step"],
-                       [[_short(r["kernel"]), r["category"], fmt(r["ms"], ".4g"),
+                       [[shorten(r["kernel"]), r["category"], fmt(r["ms"], ".4g"),
                          fmt(r["share"], ".1%")] for r in record["top_kernels"]]), "",
     ])
-
-
-def _short(name: str, width: int = 90) -> str:
-    """A kernel name cut to one table cell (template arguments can run to pages)."""
-    name = name.replace("|", "/")
-    return name if len(name) <= width else name[:width - 3] + "..."

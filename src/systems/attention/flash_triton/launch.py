@@ -257,6 +257,10 @@ class _Problem:
         return _descriptor_head_dim(self.d, self.dtype)
 
     @functools.cached_property
+    def block_d(self) -> int:
+        return _next_power_of_2(self.head_dim)
+
+    @functools.cached_property
     def itemsize(self) -> int:
         return self.dtype.itemsize
 
@@ -272,10 +276,6 @@ class _Problem:
         base, strides = operand
         return PlannedDescriptor(base, (self.batch, self.heads, seq, self.head_dim),
                                  (*strides, 1), [1, 1, block_rows, self.block_d])
-
-    @functools.cached_property
-    def block_d(self) -> int:
-        return _next_power_of_2(self.head_dim)
 
     def _launcher(self, kernel: triton.JITFunction, tiles: TileConfig, seq: int, block: int,
                   strides: tuple[MatrixStrides, ...], **constexprs: object) -> KernelLauncher:
