@@ -185,18 +185,27 @@ def test_thirty_steps_decrease_the_loss_alike() -> None:
 
 
 def test_checkpointing_saves_less_and_changes_nothing_in_float64() -> None:
+    """Every way of checkpointing gives the gradients of none; recomputing more blocks
+    saves less."""
     torch.manual_seed(0)
     tokens, targets = torch.randint(TINY.vocab_size, (2, 2, 40))
-    results = {}
-    for every in (0, 1):
+    layers = TINY.num_layers
+    settings = {"none": {}, "every block": {"checkpoint_every": 1},
+                "first block": {"checkpoint_blocks": 1},
+                "all blocks singly": {"checkpoint_blocks": layers}}
+    saved, grads = {}, {}
+    for name, setting in settings.items():
         torch.manual_seed(1)
-        model = TransformerLM(TINY, checkpoint_every=every).double()
-        saved = saved_tensor_bytes(lambda m=model: cross_entropy(m(tokens), targets).backward(),
-                                   exclude=model.parameters())
-        results[every] = (saved, [p.grad for p in model.parameters()])
-    assert results[1][0] < results[0][0]
-    for got, expected in zip(results[1][1], results[0][1], strict=True):
-        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        model = TransformerLM(TINY, **setting).double()
+        saved[name] = saved_tensor_bytes(
+            lambda m=model: cross_entropy(m(tokens), targets).backward(),
+            exclude=model.parameters())
+        grads[name] = [p.grad for p in model.parameters()]
+    assert saved["all blocks singly"] < saved["first block"] < saved["none"]
+    assert saved["every block"] == saved["all blocks singly"]  # the same segments
+    for name in settings:
+        for got, expected in zip(grads[name], grads["none"], strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
 def test_checkpoint_choice_follows_the_budget() -> None:
@@ -231,3 +240,9 @@ def test_recipe_overrides_and_errors() -> None:
             get_recipe("eager", lr=bad_lr)
     with pytest.raises(ValueError, match="checkpoint_every"):
         TransformerLM(TINY, checkpoint_every=TINY.num_layers + 1)
+    with pytest.raises(ValueError, match="checkpoint_blocks must lie in"):
+        TransformerLM(TINY, checkpoint_blocks=-1)
+    with pytest.raises(ValueError, match="not both"):
+        TransformerLM(TINY, checkpoint_every=1, checkpoint_blocks=1)
+    kept = get_recipe("optimized", checkpoint_blocks=1)
+    assert fit_to_device(kept, TINY, 2, 16, "cpu").options.checkpoint_blocks == 1

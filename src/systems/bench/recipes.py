@@ -82,9 +82,11 @@ def build_recipe_workload(
 def fit_to_device(recipe: Recipe, config: ModelConfig, batch_size: int, seq_len: int,
                   device: torch.device | str) -> Recipe:
     """Turn on activation checkpointing where the analytic model says the step would not
-    fit in 90% of the GPU's memory (the rest: allocator slack and transients)."""
+    fit in 90% of the GPU's memory (the rest: allocator slack and transients). A recipe that
+    sets either checkpointing option keeps it."""
     device = torch.device(device)
-    if device.type != "cuda" or recipe.options.checkpoint_every:
+    chosen = recipe.options.checkpoint_every or recipe.options.checkpoint_blocks
+    if device.type != "cuda" or chosen:
         return recipe
     budget = int(0.9 * torch.cuda.get_device_properties(device).total_memory)
     every = checkpoint_every_for_budget(config, batch_size, seq_len, recipe.precision,

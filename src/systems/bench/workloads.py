@@ -71,7 +71,7 @@ class StepOptions:
     (`systems.optim.MixedPrecisionAdamW`:
     the parameters become copies in the step's precision over fp32 masters, so autocast
     casts nothing). fused_loss: LM head and cross-entropy in token
-    chunks (`systems.model.loss`). checkpoint_every: see `TransformerLM`.
+    chunks (`systems.model.loss`). checkpoint_every, checkpoint_blocks: see `TransformerLM`.
     cuda_graph: after `CUDA_GRAPH_WARMUP` ordinary steps, capture one step in a CUDA graph
     and replay it from then on (`systems.bench.cuda_graph.CapturedStep`); CUDA only, with an
     optimizer that counts steps on the GPU ("mixed_precision" or "torch_adamw", which is then
@@ -83,6 +83,7 @@ class StepOptions:
     optimizer: OptimizerName = OptimizerName.ADAMW
     fused_loss: bool = False
     checkpoint_every: int = 0
+    checkpoint_blocks: int = 0
     cuda_graph: bool = False
     lr: float = 1e-4
 
@@ -184,7 +185,8 @@ def build_model_workload(
     torch.manual_seed(seed)
     with device:  # initialise on the device: a CPU init of 2.7B parameters takes minutes
         model = TransformerLM(config, attention=attention,
-                              checkpoint_every=options.checkpoint_every)
+                              checkpoint_every=options.checkpoint_every,
+                              checkpoint_blocks=options.checkpoint_blocks)
     inputs, targets = torch.randint(
         config.vocab_size, (2, batch_size, seq_len), generator=generator
     ).to(device)

@@ -15,19 +15,27 @@ class TransformerLM(nn.Module):
     """Token embedding, `num_layers` pre-norm blocks, final RMSNorm, untied LM head.
 
     `attention` names the attention backend (see `systems.attention.ATTENTION_BACKENDS`).
+    Activation checkpointing, off by default (everything saved for backward):
     `checkpoint_every` > 0 keeps only every that many blocks' input for backward and
-    recomputes the blocks in between (activation checkpointing); 0 saves everything.
+    recomputes all blocks, a segment at a time; `checkpoint_blocks` > 0 recomputes only the
+    first that many blocks, each on its own, and the others save their activations (less
+    recomputation where the memory allows it). At most one of the two is set.
     """
 
     def __init__(self, config: ModelConfig, attention: str = "reference",
-                 checkpoint_every: int = 0) -> None:
+                 checkpoint_every: int = 0, checkpoint_blocks: int = 0) -> None:
         super().__init__()
-        if not 0 <= checkpoint_every <= config.num_layers:
-            raise ValueError(
-                f"checkpoint_every must lie in [0, {config.num_layers}], got {checkpoint_every}"
-            )
+        for name, value in (("checkpoint_every", checkpoint_every),
+                            ("checkpoint_blocks", checkpoint_blocks)):
+            if not 0 <= value <= config.num_layers:
+                raise ValueError(
+                    f"{name} must lie in [0, {config.num_layers}], got {value}")
+        if checkpoint_every and checkpoint_blocks:
+            raise ValueError("set checkpoint_every or checkpoint_blocks, not both (got "
+                             f"{checkpoint_every} and {checkpoint_blocks})")
         self.config = config
         self.checkpoint_every = checkpoint_every
+        self.checkpoint_blocks = checkpoint_blocks
         self.token_embeddings = nn.Embedding(config.vocab_size, config.d_model)
         nn.init.trunc_normal_(self.token_embeddings.weight, std=1.0, a=-3.0, b=3.0)
         # One rotary table shared by all layers; it holds only non-persistent buffers.
@@ -62,10 +70,8 @@ class TransformerLM(nn.Module):
             )
         positions = torch.arange(seq_len, device=token_ids.device)
         x = self.token_embeddings(token_ids)
-        step = self.checkpoint_every or len(self.layers)
-        for start in range(0, len(self.layers), step):
-            segment = self.layers[start:start + step]
-            if self.checkpoint_every and torch.is_grad_enabled():
+        for segment, recompute in self._segments():
+            if recompute and torch.is_grad_enabled():
                 # The model draws no random numbers, so there is no RNG state to replay (and
                 # reading it is not allowed while a CUDA graph is being captured).
                 x = checkpoint(_run_segment, segment, x, positions, use_reentrant=False,
@@ -73,6 +79,14 @@ class TransformerLM(nn.Module):
             else:
                 x = _run_segment(segment, x, positions)
         return x
+
+    def _segments(self) -> list[tuple[nn.ModuleList, bool]]:
+        """The blocks in order, in runs that are recomputed in backward or not."""
+        layers, every, first = self.layers, self.checkpoint_every, self.checkpoint_blocks
+        if every:
+            return [(layers[i:i + every], True) for i in range(0, len(layers), every)]
+        recomputed = [(layers[i:i + 1], True) for i in range(first)]
+        return recomputed + ([(layers[first:], False)] if first < len(layers) else [])
 
 
 def _run_segment(layers: nn.ModuleList, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
