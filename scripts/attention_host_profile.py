@@ -197,13 +197,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--label", default="after")
+    parser.add_argument("--commit", default=None, help="the commit whose src ran, recorded")
     parser.add_argument("--profile-only", action="store_true")
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
-    result: dict[str, object] = {"label": args.label, "gpu": torch.cuda.get_device_name(),
+    result: dict[str, object] = {"label": args.label, "commit": args.commit,
+                                 "gpu": torch.cuda.get_device_name(),
                                  "torch": torch.__version__}
     profiled = ("triton",) if args.profile_only else ("triton", "sdpa_flash", "triton_compiled")
     result["host_profile"] = {impl: host_profile(impl, device, args.calls, args.out)

@@ -12,13 +12,19 @@ same dtypes, the same integers, descriptors of the same shape, strides and block
 and pointers that are all 16-byte aligned (see `systems.attention.flash_triton.launch`,
 which keys its launchers by exact shapes).
 
+Later calls skip Triton's Python launch wrapper too where its layout is the one checked
+(`_DirectLaunch`): they call Triton's compiled C launcher with the arguments already
+flattened, and encode each TMA descriptor once per base address rather than on every call.
+
 The interpreter, and runs with a launch hook installed (profilers), always go through
 `kernel[grid](...)`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import inspect
+import sys
+from collections.abc import Callable, Mapping, Sequence
 
 import triton
 from triton.runtime import driver
@@ -69,6 +75,12 @@ class KernelLauncher:
         self._grid_xyz = (*self.grid, 1, 1)[:3]
         self._device_index = device_index
         self._compiled = None
+        self._direct: _DirectLaunch | None = None
+
+    @property
+    def direct(self) -> bool:
+        """Whether later calls skip Triton's Python launch wrapper (`_DirectLaunch`)."""
+        return self._direct is not None
 
     def __call__(self, *args: object) -> None:
         compiled = self._compiled
@@ -77,9 +89,94 @@ class KernelLauncher:
                                             **self.options)
             if not INTERPRETED:
                 self._compiled = result
+                self._direct = _DirectLaunch.of(result, self._grid_xyz)
+            return
+        stream = driver.active.get_current_stream(self._device_index)
+        if self._direct is not None:
+            self._direct(stream, args, self._trailing)
             return
         grid_x, grid_y, grid_z = self._grid_xyz
         # What JITFunction.run ends with, minus launch metadata and hooks (checked above).
-        compiled.run(grid_x, grid_y, grid_z, driver.active.get_current_stream(self._device_index),
-                     compiled.function, compiled.packed_metadata, None, None, None,
-                     *args, *self._trailing)
+        compiled.run(grid_x, grid_y, grid_z, stream, compiled.function,
+                     compiled.packed_metadata, None, None, None, *args, *self._trailing)
+
+
+# Triton's CUDA launcher layout that `_DirectLaunch` reproduces (Triton 3.6): the C
+# launcher parses this prefix, then the kernel's arguments, each host-side TMA descriptor
+# expanded by `make_tensordesc_arg(descriptor, metadata)` into (tensor map, shape, strides).
+_BASE_ARGS_FORMAT = "iiiKKppOOOOOO"
+_DESCRIPTOR_CACHE_SIZE = 16
+
+
+def _closure(function: Callable) -> dict[str, object]:
+    cells = function.__closure__ or ()
+    return dict(zip(function.__code__.co_freevars, (c.cell_contents for c in cells),
+                    strict=True))
+
+
+class _DirectLaunch:
+    """One compiled kernel's launch through Triton's C launcher, without Triton's Python
+    wrapper: the fixed part of the C launcher's arguments is built once, descriptors are
+    expanded as the wrapper would, and each descriptor's expansion is kept per base
+    address (its shape, strides and block shape are fixed by the `KernelLauncher`)."""
+
+    def __init__(self, c_launch: Callable, prefix: tuple[object, ...],
+                 descriptor_meta: dict[int, object], expand: Callable) -> None:
+        self._c_launch = c_launch
+        # The prefix holds (grid x, y, z, stream, ...); the stream is each call's.
+        self._grid = prefix[:3]
+        self._after_stream = prefix[4:]
+        self._descriptor_meta = descriptor_meta
+        self._expand = expand
+        self._expanded: dict[int, dict[int, list[object]]] = {i: {} for i in descriptor_meta}
+
+    @classmethod
+    def of(cls, compiled: object, grid_xyz: tuple[int, int, int]) -> _DirectLaunch | None:
+        """The direct launch of `compiled`, or None when Triton's launcher does not have
+        the layout checked here (another Triton version, or a kernel that needs scratch
+        memory): the caller then keeps Triton's own path."""
+        module = sys.modules.get("triton.backends.nvidia.driver")
+        run = getattr(compiled, "run", None)
+        wrapped = getattr(run, "launch", None)
+        if (getattr(module, "_BASE_ARGS_FORMAT", None) != _BASE_ARGS_FORMAT
+                or wrapped is None or run.global_scratch_size or run.profile_scratch_size):
+            return None
+        expand = getattr(module, "make_tensordesc_arg", None)
+        if expand is None or list(inspect.signature(expand).parameters) != ["arg", "metadata"]:
+            return None
+        if inspect.isbuiltin(wrapped):  # no descriptor arguments: the wrapper is not used
+            c_launch, descriptor_meta = wrapped, {}
+        else:
+            free = _closure(wrapped)
+            if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= free.keys():
+                return None
+            c_launch = free["launcher"]
+            indices = sorted(free["tensordesc_indices"])
+            metas = free["tensordesc_meta"] or [None] * len(indices)
+            descriptor_meta = dict(zip(indices, metas, strict=True))
+        prefix = (*grid_xyz, None, compiled.function, run.launch_cooperative_grid,
+                  run.launch_pdl, None, None, compiled.packed_metadata, None, None, None)
+        return cls(c_launch, prefix, descriptor_meta, expand)
+
+    def _expanded_descriptor(self, index: int, descriptor: TensorDescriptor) -> list[object]:
+        by_address = self._expanded[index]
+        address = descriptor.base.data_ptr()
+        expanded = by_address.get(address)
+        if expanded is None:
+            if len(by_address) >= _DESCRIPTOR_CACHE_SIZE:
+                by_address.clear()
+            expanded = by_address[address] = self._expand(descriptor,
+                                                          self._descriptor_meta[index])
+        return expanded
+
+    def __call__(self, stream: int, args: Sequence[object],
+                 trailing: Sequence[object]) -> None:
+        flat: list[object] = [*self._grid, stream, *self._after_stream]
+        descriptors = self._descriptor_meta
+        for index, arg in enumerate(args):
+            if index in descriptors:
+                flat.extend(self._expanded_descriptor(index, arg))
+            else:
+                flat.append(arg)
+        flat.extend(trailing)
+        self._c_launch(*flat)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from systems.report import doc_recipes
+from systems.report import doc_profiles, doc_recipes
 from systems.report.claim_scan import scan, scan_docs
 from systems.report.cli import default_docs, main
 from systems.report.doc_blocks import BlockError, render
@@ -322,3 +322,21 @@ def test_breakdowns_stand_side_by_side_per_category(tmp_path: Path) -> None:
     assert "the files record no commit" in block
     with pytest.raises(ValueError, match="not a breakdown record"):
         doc_recipes.breakdown_side_by_side(tmp_path, "missing.json")
+
+
+def test_host_profile_block_names_each_file_s_commit_when_recorded(tmp_path: Path) -> None:
+    def record(label: str, commit: str | None, launch_us: float) -> dict:
+        return {"label": label, "commit": commit, "gpu": "GPU", "torch": "2",
+                "host_profile": {"triton": {"enqueue_us_per_call": 2 * launch_us,
+                                            "profiled_us_per_call_by_group": {
+                                                "kernel launch": launch_us}}}}
+
+    for label, commit, launch_us in (("before", "abc1234", 80.0), ("after", "def5678", 20.0)):
+        (tmp_path / f"{label}.json").write_text(json.dumps(record(label, commit, launch_us)))
+    block = doc_profiles.host_profile(tmp_path, "triton", "before.json", "after.json")
+    assert "| kernel launch | 80 | 20 |" in block
+    assert "| enqueue per call (not profiled) | 160 | 40 |" in block
+    assert "commits abc1234 (before), def5678 (after)" in block
+    (tmp_path / "after.json").write_text(json.dumps(record("after", None, 20.0)))
+    block = doc_profiles.host_profile(tmp_path, "triton", "before.json", "after.json")
+    assert "the files record no commit" in block

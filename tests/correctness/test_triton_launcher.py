@@ -9,7 +9,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import systems.triton_runtime  # noqa: F401 - sets TRITON_INTERPRET before the kernel exists
-from systems.triton_launcher import KernelLauncher, PlannedDescriptor
+from systems.triton_launcher import KernelLauncher, PlannedDescriptor, _DirectLaunch
 
 
 @triton.jit
@@ -49,3 +49,34 @@ def test_planned_descriptor_is_checked_on_request():
         planned.checked()  # 60 fp16 columns: a 120-byte row stride
     assert isinstance(PlannedDescriptor(t, (2, 128, 64), (128 * 64, 64, 1), [1, 64, 64]).checked(),
                       TensorDescriptor)
+
+
+@pytest.mark.gpu
+def test_triton_3_6_launches_skip_the_python_wrapper(device):
+    """On the Triton version whose launcher layout `_DirectLaunch` reproduces, repeat
+    launches take the direct path (the test above checks their results)."""
+    if device.type != "cuda" or not triton.__version__.startswith("3.6"):
+        pytest.skip("the direct launch reproduces Triton 3.6's CUDA launcher")
+    n, block = 64, 32
+    launch = _launcher(n, block, device)
+    src, dst = torch.randn(n, device=device), torch.empty(n, device=device)
+    launch(PlannedDescriptor(src, (n,), (1,), [block]), dst, n)
+    assert launch.direct
+
+
+def test_direct_launch_flattens_arguments_and_expands_a_descriptor_once_per_address():
+    calls, expansions = [], []
+
+    def expand(descriptor, metadata):
+        expansions.append((descriptor.base.data_ptr(), metadata))
+        return [f"map@{descriptor.base.data_ptr()}", *descriptor.shape, *descriptor.strides]
+
+    prefix = (4, 2, 1, None, "function", False, False, None, None, (4, 1, 0), None, None, None)
+    direct = _DirectLaunch(lambda *flat: calls.append(flat), prefix, {0: "meta"}, expand)
+    first, second = torch.zeros(8), torch.zeros(8)
+    for src in (first, second, first):
+        direct(7, (PlannedDescriptor(src, (8,), (1,), [8]), "dst", 8), ("SCALE", "BLOCK"))
+    assert expansions == [(first.data_ptr(), "meta"), (second.data_ptr(), "meta")]
+    assert calls[0] == (4, 2, 1, 7, "function", False, False, None, None, (4, 1, 0), None, None,
+                        None, f"map@{first.data_ptr()}", 8, 1, "dst", 8, "SCALE", "BLOCK")
+    assert calls[2] == calls[0]

@@ -23,9 +23,15 @@ def _profile(repo: Path, name: str) -> dict:
 
 def _profile_source(names: Sequence[str], profiles: Sequence[dict], what: str) -> str:
     machines = sorted({f"{p.get('gpu')}, torch {p.get('torch')}" for p in profiles})
+    commits = [p.get("commit") for p in profiles]
+    if all(commits):
+        recorded = "commits " + ", ".join(f"{c} ({p.get('label')})"
+                                          for c, p in zip(commits, profiles, strict=True))
+    else:
+        recorded = "the files record no commit"
     files = ", ".join(f"`{n}`" for n in names)
     return (f"Time: eager, host included; {what}. From {files} "
-            f"({'; '.join(machines)}; the files record no commit).\n")
+            f"({'; '.join(machines)}; {recorded}).\n")
 
 
 def _impl_profile(profile: dict, impl: str) -> dict:
