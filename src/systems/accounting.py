@@ -9,7 +9,7 @@ checks the count against saved-tensor hooks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from systems.model import ModelConfig
 
@@ -35,7 +35,7 @@ class SavedTensor:
 
 def saved_tensors(
     config: ModelConfig, batch_size: int, seq_len: int, precision: str = "fp32",
-    softmax_in_fp32: bool = True,
+    softmax_in_fp32: bool = True, scores_saved: bool = True,
 ) -> list[SavedTensor]:
     """What one training forward of `TransformerLM` (reference attention) keeps for backward.
 
@@ -43,6 +43,8 @@ def saved_tensors(
     fp32, every linear saves its own bf16 copy of its input and autocast keeps bf16 copies of
     the weights. `softmax_in_fp32`: CUDA autocast runs softmax in fp32 (CPU autocast does
     not), so the probabilities are saved in fp32 and again as the bf16 input of `probs @ v`.
+    `scores_saved=False` models a flash-style attention instead: no mask and no
+    probabilities, one fp32 log-sum-exp per query and head.
     """
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
@@ -56,8 +58,9 @@ def saved_tensors(
         SavedTensor("rmsnorm 1/rms", n, FP32, count=2),
         SavedTensor("rope cos/sin tables", seq_len * c.head_dim // 2, FP32, count=4),
         SavedTensor("q, k after rope; v", n * d, act, count=3),
-        SavedTensor("causal mask", seq_len * seq_len, BOOL),
-        SavedTensor("attention probabilities", scores, act),
+        *([SavedTensor("causal mask", seq_len * seq_len, BOOL),
+           SavedTensor("attention probabilities", scores, act)] if scores_saved else
+          [SavedTensor("attention log-sum-exp", n * c.num_heads, FP32)]),
         SavedTensor("output projection input", n * d, act),
         SavedTensor("SwiGLU w1 x, silu(w1 x), w3 x, product", n * f, act, count=4),
         SavedTensor("lm head logits (fp32 for the loss)", n * c.vocab_size, FP32, per_layer=False),
@@ -77,26 +80,28 @@ def saved_tensors(
         SavedTensor("bf16 weight copies (autocast cache)", 4 * d * d + 3 * d * f, BF16),
         SavedTensor("bf16 lm head weight copy", d * c.vocab_size, BF16, per_layer=False),
     ]
-    if softmax_in_fp32:
+    if softmax_in_fp32 and scores_saved:
         tensors.append(SavedTensor("fp32 softmax output", scores, FP32))
     return tensors
 
 
 def activation_bytes(
     config: ModelConfig, batch_size: int, seq_len: int, precision: str = "fp32",
-    softmax_in_fp32: bool = True,
+    softmax_in_fp32: bool = True, scores_saved: bool = True,
 ) -> int:
     """Total bytes saved for backward by one training forward (see `saved_tensors`)."""
-    tensors = saved_tensors(config, batch_size, seq_len, precision, softmax_in_fp32)
+    tensors = saved_tensors(config, batch_size, seq_len, precision, softmax_in_fp32,
+                            scores_saved)
     return sum(t.bytes * (config.num_layers if t.per_layer else 1) for t in tensors)
 
 
 def layer_activation_bytes(
     config: ModelConfig, batch_size: int, seq_len: int, precision: str = "fp32",
-    softmax_in_fp32: bool = True,
+    softmax_in_fp32: bool = True, scores_saved: bool = True,
 ) -> int:
     """Bytes one Transformer block saves for backward."""
-    tensors = saved_tensors(config, batch_size, seq_len, precision, softmax_in_fp32)
+    tensors = saved_tensors(config, batch_size, seq_len, precision, softmax_in_fp32,
+                            scores_saved)
     return sum(t.bytes for t in tensors if t.per_layer)
 
 
@@ -136,7 +141,7 @@ class StepMemory:
 
 def step_memory(
     config: ModelConfig, batch_size: int, seq_len: int, precision: str = "fp32",
-    mode: str = "train_step", softmax_in_fp32: bool = True,
+    mode: str = "train_step", softmax_in_fp32: bool = True, scores_saved: bool = True,
 ) -> StepMemory:
     """fp32 parameters, gradients, AdamW moments (train_step only) and saved activations.
 
@@ -152,8 +157,8 @@ def step_memory(
         gradients=params if training else 0,
         optimizer_state=ADAMW_STATES * params if stepping else 0,
         optimizer_temporaries=params if stepping else 0,
-        activations=activation_bytes(config, batch_size, seq_len, precision, softmax_in_fp32)
-        if training else 0,
+        activations=activation_bytes(config, batch_size, seq_len, precision, softmax_in_fp32,
+                                     scores_saved) if training else 0,
     )
 
 
@@ -178,22 +183,29 @@ def best_checkpoint_segment(layer_bytes: int, boundary_bytes: int, num_layers: i
         layer_bytes, boundary_bytes, num_layers, s))
 
 
-def checkpoint_every_for_budget(
-    config: ModelConfig, batch_size: int, seq_len: int, precision: str, budget_bytes: int
+def checkpoint_blocks_for_budget(
+    config: ModelConfig, batch_size: int, seq_len: int, precision: str, budget_bytes: int,
+    scores_saved: bool = True,
 ) -> int:
-    """0 (no checkpointing) when `step_memory` of a train step fits in `budget_bytes`, else
-    the segment length that minimises the saved activations.
+    """The fewest blocks to recompute, each on its own (`TransformerLM(checkpoint_blocks=k)`),
+    for `step_memory` of a train step to fit in `budget_bytes`; every block when none fits.
 
-    Every block is recomputed once whatever the segment length, so the only choice is
-    whether to checkpoint at all. The activation model is that of reference attention,
-    which saves the score matrices: for flash attention it overestimates, so this errs
-    towards checkpointing.
+    A recomputed block keeps only its input (the residual stream). The recomputed blocks
+    are the first ones, whose backward runs last, when the later blocks' activations are
+    already freed, so recomputing adds nothing to the peak at the start of backward.
+    Fewer recomputed blocks, less recompute time.
+    The model is that of the eager model (`saved_tensors`), which a compiled step
+    undercuts, so the choice errs towards recomputing more.
     """
-    if step_memory(config, batch_size, seq_len, precision).peak <= budget_bytes:
-        return 0
-    return best_checkpoint_segment(
-        layer_activation_bytes(config, batch_size, seq_len, precision),
-        residual_stream_bytes(config, batch_size, seq_len), config.num_layers)
+    layer = layer_activation_bytes(config, batch_size, seq_len, precision,
+                                   scores_saved=scores_saved)
+    boundary = residual_stream_bytes(config, batch_size, seq_len)
+    memory = step_memory(config, batch_size, seq_len, precision, scores_saved=scores_saved)
+    for blocks in range(config.num_layers + 1):
+        saved = memory.activations - blocks * (layer - boundary)
+        if replace(memory, activations=saved).peak <= budget_bytes:
+            return blocks
+    return config.num_layers
 
 
 # ------------------------------------------------------------------------ the XXL FFN model

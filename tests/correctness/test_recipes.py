@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from systems import accounting as acc
+from systems.attention.registry import saves_scores
 from systems.bench.recipes import (
     RECIPES,
     build_recipe_workload,
@@ -208,18 +209,37 @@ def test_checkpointing_saves_less_and_changes_nothing_in_float64() -> None:
             torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
-def test_checkpoint_choice_follows_the_budget() -> None:
+def test_checkpoint_choice_recomputes_the_fewest_blocks_that_fit() -> None:
     config = MODEL_CONFIGS["2.7b"]
-    needed = acc.step_memory(config, 4, 2048, "bf16").peak
-    assert acc.checkpoint_every_for_budget(config, 4, 2048, "bf16", needed) == 0
-    every = acc.checkpoint_every_for_budget(config, 4, 2048, "bf16", needed - 1)
-    assert every == acc.best_checkpoint_segment(
-        acc.layer_activation_bytes(config, 4, 2048, "bf16"),
-        acc.residual_stream_bytes(config, 4, 2048), config.num_layers)
-    assert acc.checkpointed_activation_bytes(
-        acc.layer_activation_bytes(config, 4, 2048, "bf16"),
-        acc.residual_stream_bytes(config, 4, 2048), config.num_layers, every,
-    ) < acc.activation_bytes(config, 4, 2048, "bf16")
+    memory = acc.step_memory(config, 4, 2048, "bf16", scores_saved=False)
+    assert acc.checkpoint_blocks_for_budget(config, 4, 2048, "bf16", memory.peak,
+                                            scores_saved=False) == 0
+    layer = acc.layer_activation_bytes(config, 4, 2048, "bf16", scores_saved=False)
+    boundary = acc.residual_stream_bytes(config, 4, 2048)
+    # Each recomputed block keeps only its input (the peak is the start of backward).
+    with_blocks = [memory.peak - k * (layer - boundary) for k in range(config.num_layers + 1)]
+    for k in (1, 5, 12):
+        assert acc.checkpoint_blocks_for_budget(config, 4, 2048, "bf16", with_blocks[k],
+                                                scores_saved=False) == k
+        assert acc.checkpoint_blocks_for_budget(config, 4, 2048, "bf16", with_blocks[k] - 1,
+                                                scores_saved=False) == k + 1
+    assert acc.checkpoint_blocks_for_budget(config, 4, 2048, "bf16", 1) == config.num_layers
+    # Saved scores (reference attention) need more blocks recomputed for the same budget.
+    budget = with_blocks[12]
+    assert acc.checkpoint_blocks_for_budget(config, 4, 2048, "bf16", budget) > 12
+
+
+def test_flash_style_attention_saves_no_scores() -> None:
+    config = MODEL_CONFIGS["small"]
+    with_scores = acc.activation_bytes(config, 4, 1024, "bf16")
+    flash = acc.activation_bytes(config, 4, 1024, "bf16", scores_saved=False)
+    scores = 4 * config.num_heads * 1024 * 1024
+    lse = 4 * 1024 * config.num_heads * acc.FP32
+    # Mask, bf16 and fp32 probabilities per layer, against one log-sum-exp per query/head.
+    per_layer = 1024 * 1024 * acc.BOOL + scores * (acc.BF16 + acc.FP32) - lse
+    assert with_scores - flash == config.num_layers * per_layer
+    assert saves_scores("reference") and not saves_scores("flash_triton")
+    assert not saves_scores("sdpa")
 
 
 def test_recipe_overrides_and_errors() -> None:

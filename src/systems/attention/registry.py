@@ -86,6 +86,7 @@ class AttentionBackend:
     half_precision_only: bool = False
     triton_kernels: bool = False  # CUDA, or Triton's interpreter (which computes bf16 wrongly)
     max_seq: int | None = None  # longer sequences are impractical, not wrong
+    saves_scores: bool = False  # autograd keeps the (n_q, n_k) probabilities for backward
 
     def unsupported_reason(self, device: torch.device, dtype: torch.dtype,
                            seq: int) -> str | None:
@@ -106,8 +107,9 @@ class AttentionBackend:
 _FLASH_TRITON = AttentionBackend(flash_triton_attention, triton_kernels=True)
 
 ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
-    "reference": AttentionBackend(reference_attention),
-    "reference_compiled": AttentionBackend(torch.compile(reference_attention)),
+    "reference": AttentionBackend(reference_attention, saves_scores=True),
+    "reference_compiled": AttentionBackend(torch.compile(reference_attention),
+                                           saves_scores=True),
     "sdpa": AttentionBackend(sdpa_attention),
     "sdpa_flash": AttentionBackend(_sdpa_with(SDPBackend.FLASH_ATTENTION), needs_cuda=True,
                                    half_precision_only=True),
@@ -136,6 +138,11 @@ def _backend(name: str) -> AttentionBackend:
 
 def get_attention(name: str) -> AttentionFn:
     return _backend(name).fn
+
+
+def saves_scores(name: str) -> bool:
+    """Whether the named attention keeps its score matrices for backward (memory models)."""
+    return _backend(name).saves_scores
 
 
 def unsupported_reason(name: str, device: torch.device, dtype: torch.dtype,
