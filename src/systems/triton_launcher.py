@@ -151,8 +151,11 @@ class _DirectLaunch:
             if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= free.keys():
                 return None
             c_launch = free["launcher"]
-            indices = sorted(free["tensordesc_indices"])
-            metas = free["tensordesc_meta"] or [None] * len(indices)
+            indices, metas = sorted(free["tensordesc_indices"]), free["tensordesc_meta"]
+            # Without metadata a descriptor expands to its tensor itself, which a cache
+            # keyed by address would keep alive.
+            if not metas or any(meta is None for meta in metas):
+                return None
             descriptor_meta = dict(zip(indices, metas, strict=True))
         prefix = (*grid_xyz, None, compiled.function, run.launch_cooperative_grid,
                   run.launch_pdl, None, None, compiled.packed_metadata, None, None, None)
