@@ -120,12 +120,13 @@ class _DirectLaunch:
     expanded as the wrapper would, and each descriptor's expansion is kept per base
     address (its shape, strides and block shape are fixed by the `KernelLauncher`)."""
 
-    def __init__(self, c_launch: Callable, prefix: tuple[object, ...],
-                 descriptor_meta: dict[int, object], expand: Callable) -> None:
+    def __init__(self, c_launch: Callable, grid_xyz: tuple[int, int, int],
+                 after_stream: tuple[object, ...], descriptor_meta: dict[int, object],
+                 expand: Callable) -> None:
         self._c_launch = c_launch
-        # The prefix holds (grid x, y, z, stream, ...); the stream is each call's.
-        self._grid = prefix[:3]
-        self._after_stream = prefix[4:]
+        # The C launcher's fixed arguments sit either side of each call's stream.
+        self._grid = grid_xyz
+        self._after_stream = after_stream
         self._descriptor_meta = descriptor_meta
         self._expand = expand
         self._expanded: dict[int, dict[int, list[object]]] = {i: {} for i in descriptor_meta}
@@ -157,9 +158,11 @@ class _DirectLaunch:
             if not metas or any(meta is None for meta in metas):
                 return None
             descriptor_meta = dict(zip(indices, metas, strict=True))
-        prefix = (*grid_xyz, None, compiled.function, run.launch_cooperative_grid,
-                  run.launch_pdl, None, None, compiled.packed_metadata, None, None, None)
-        return cls(c_launch, prefix, descriptor_meta, expand)
+        # function, cooperative grid, PDL, no scratch buffers, the kernel's metadata, and
+        # no launch metadata or hooks (installed hooks take Triton's own path).
+        after_stream = (compiled.function, run.launch_cooperative_grid, run.launch_pdl,
+                        None, None, compiled.packed_metadata, None, None, None)
+        return cls(c_launch, grid_xyz, after_stream, descriptor_meta, expand)
 
     def _expanded_descriptor(self, index: int, descriptor: TensorDescriptor) -> list[object]:
         by_address = self._expanded[index]

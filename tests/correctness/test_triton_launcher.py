@@ -71,8 +71,9 @@ def test_direct_launch_flattens_arguments_and_expands_a_descriptor_once_per_addr
         expansions.append((descriptor.base.data_ptr(), metadata))
         return [f"map@{descriptor.base.data_ptr()}", *descriptor.shape, *descriptor.strides]
 
-    prefix = (4, 2, 1, None, "function", False, False, None, None, (4, 1, 0), None, None, None)
-    direct = _DirectLaunch(lambda *flat: calls.append(flat), prefix, {0: "meta"}, expand)
+    after_stream = ("function", False, False, None, None, (4, 1, 0), None, None, None)
+    direct = _DirectLaunch(lambda *flat: calls.append(flat), (4, 2, 1), after_stream,
+                           {0: "meta"}, expand)
     first, second = torch.zeros(8), torch.zeros(8)
     for src in (first, second, first):
         direct(7, (PlannedDescriptor(src, (8,), (1,), [8]), "dst", 8), ("SCALE", "BLOCK"))
