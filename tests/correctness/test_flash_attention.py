@@ -28,6 +28,7 @@ from systems.attention.flash_triton import (
     flash_backward,
     flash_forward,
     launch,
+    op,
     recompute_backward,
 )
 
@@ -47,7 +48,9 @@ SHAPES = [
     ((2, 2), 96, 96, 80),
 ]
 # Larger problems for the GPU, where the kernels' default tiles loop many times.
-GPU_SHAPES = [((2, 4), 1024, 1024, 64), ((1,), 2048, 2048, 128), ((3,), 1000, 3000, 80)]
+# The last is the 2.7b model's attention at ctx 512: enough programs for d = 80's own tiles.
+GPU_SHAPES = [((2, 4), 1024, 1024, 64), ((1,), 2048, 2048, 128), ((3,), 1000, 3000, 80),
+              ((4, 32), 512, 512, 80)]
 
 
 def _shape_id(shape) -> str:
@@ -286,6 +289,17 @@ def test_triton_any_shape_and_tiling(lead, n_q, n_k, d, is_causal, config, seed)
         torch.testing.assert_close(grad.double(), exact[name], atol=tol * 10, rtol=0)
 
 
+def test_tiles_follow_the_padded_head_dim_unless_measured_on_their_own():
+    """d = 80 (measured at the 2.7b model's sizes) has its own half-precision tiles; d = 96,
+    which pads to the same 128 columns, takes d = 128's; fp32 keeps its own per padded dim."""
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    own = launch.default_config(80, bf16)
+    assert own != launch.default_config(128, bf16)
+    assert launch.default_config(80, fp16) == own
+    assert launch.default_config(96, bf16) == launch.default_config(128, bf16)
+    assert launch.default_config(80, fp32) == launch.default_config(128, fp32)
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     n_q=st.integers(1, 70), n_k=st.integers(1, 70), is_causal=st.booleans(),
@@ -332,6 +346,20 @@ def test_recompute_backward_matches_reference(is_causal):
     grads = recompute_backward(q, k, v, o, lse, do, is_causal)
     for name, grad in zip(("dq", "dk", "dv"), grads, strict=True):
         assert_close_as_pytorch(grad, same_dtype[name], exact[name], name)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_ops_pass_torch_opcheck(is_causal, device):
+    """What torch.compile relies on: the ops' schemas, fake kernels (shapes, dtypes,
+    strides) and real kernels agree, and no output aliases an input (torch.library.opcheck
+    also traces them through AOT autograd)."""
+    problem = Problem.random(((2, 3), 70, 90, 40), torch.float32, device, is_causal)
+    q, k, v, do = problem.q, problem.k, problem.v, problem.do
+    o, lse = op.flash_attention_forward(q, k, v, is_causal)
+    torch.testing.assert_close(o.double(), problem.run(_reference, torch.float64)["o"],
+                               atol=1e-4, rtol=0)
+    torch.library.opcheck(op.flash_attention_forward, (q, k, v, is_causal))
+    torch.library.opcheck(op.flash_attention_backward, (q, k, v, o, lse, do, is_causal))
 
 
 @pytest.mark.gpu

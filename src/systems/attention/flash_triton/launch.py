@@ -64,6 +64,13 @@ _HALF_CONFIGS: dict[int, FlashConfig] = {
     64: _tiles((128, 128, 4, 3), (128, 64, 4, 3), (32, 128, 4, 5)),
     128: _tiles((128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3)),
 }
+# Head dims between the powers of two pad to the next one (d = 80 runs 128-column tiles),
+# and for the one such dim measured, the 2.7b model's 80, narrower key tiles won at its
+# in-model sizes (bf16, causal, 128 matrices x 512 and x 2048 rows, the tune module on an
+# H100; runs in scripts/attention_tune_runs/2026-11-23/). Keyed by the head dim itself.
+_HALF_HEAD_DIM_CONFIGS: dict[int, FlashConfig] = {
+    80: _tiles((128, 32, 4, 3), (128, 32, 4, 3), (32, 64, 4, 3)),
+}
 # fp32 runs its dots as three TF32 products (`dot_precision`), whose operand splits take
 # several times the shared memory of a half-precision tile: at d = 128 only small tiles
 # fit. Chosen with the tune module on an H100 (fp32, full mask, 8 x 4096 x d).
@@ -96,7 +103,7 @@ def default_config(head_dim: int, dtype: torch.dtype, programs: int | None = Non
     on_gpu = programs is not None and device is not None and device.type == "cuda"
     if on_gpu and programs < _FEW_PROGRAMS_PER_SM[padded] * _sm_count(device):
         return _HALF_FEW_PROGRAM_CONFIG
-    return _HALF_CONFIGS[padded]
+    return _HALF_HEAD_DIM_CONFIGS.get(head_dim) or _HALF_CONFIGS[padded]
 
 
 @functools.cache

@@ -17,32 +17,41 @@ from systems.attention.flash_triton.launch import (
     flash_forward,
 )
 
+# Defined through torch.library.Library rather than torch.library.custom_op: custom_op
+# wraps every call in Python layers (an autograd kernel that redispatches, an aliasing
+# check, a Dynamo-disabling wrapper) that cost compiled callers host time per call. These
+# ops need none of them: autograd is FlashAttentionTriton's, and the outputs are new tensors.
+_LIBRARY = torch.library.Library("systems", "DEF")
+_LIBRARY.define("flash_attention_forward(Tensor q, Tensor k, Tensor v, bool is_causal)"
+                " -> (Tensor, Tensor)")
+_LIBRARY.define("flash_attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse,"
+                " Tensor do, bool is_causal) -> (Tensor, Tensor, Tensor)")
 
-@torch.library.custom_op("systems::flash_attention_forward", mutates_args=())
-def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+
+def _forward_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     check_triton_inputs(q, k, v)
     return flash_forward(q, k, v, is_causal)
 
 
-@flash_attention_forward.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-      is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
-@torch.library.custom_op("systems::flash_attention_backward", mutates_args=())
-def flash_attention_backward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-    do: torch.Tensor, is_causal: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return flash_backward(q, k, v, o, lse, do, is_causal)
-
-
-@flash_attention_backward.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-      do: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                   lse: torch.Tensor, do: torch.Tensor, is_causal: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+# One kernel for every backend: the launch code refuses devices it cannot run on.
+_LIBRARY.impl("flash_attention_forward", _forward_kernel, "CompositeExplicitAutograd")
+_LIBRARY.impl("flash_attention_backward", flash_backward, "CompositeExplicitAutograd")
+torch.library.register_fake("systems::flash_attention_forward", _forward_fake, lib=_LIBRARY)
+torch.library.register_fake("systems::flash_attention_backward", _backward_fake, lib=_LIBRARY)
+flash_attention_forward = torch.ops.systems.flash_attention_forward.default
+flash_attention_backward = torch.ops.systems.flash_attention_backward.default
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
