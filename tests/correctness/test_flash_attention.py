@@ -289,6 +289,25 @@ def test_triton_any_shape_and_tiling(lead, n_q, n_k, d, is_causal, config, seed)
         torch.testing.assert_close(grad.double(), exact[name], atol=tol * 10, rtol=0)
 
 
+@pytest.mark.parametrize("layout", ["packed", "transposed"])
+def test_tuning_entry_points_run_the_backward_kernels_one_at_a_time(layout, device):
+    """The tune module times dQ and dK/dV on their own (`launch.backward_dq`,
+    `launch.backward_dkdv`): with the default tiles they give flash_backward's gradients."""
+    problem = Problem.random(((2, 3), 70, 90, 40), torch.float32, device, is_causal=True)
+    q, k, v, do = problem.q, problem.k, problem.v, problem.do
+    if layout == "transposed":  # (batch, seq, heads, d) memory seen as (batch, heads, seq, d)
+        q, k, v, do = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, do))
+    o, lse = flash_forward(q, k, v, True)
+    tiles = launch.default_config(40, torch.float32)
+    dq, delta = launch.backward_dq(q, k, v, o, lse, do, True, tiles.backward_dq)
+    dk, dv = launch.backward_dkdv(q, k, v, do, lse, delta, True, tiles.backward_dkdv)
+    expected = flash_backward(q, k, v, o, lse, do, True)
+    for got, want in zip((dq, dk, dv), expected, strict=True):
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(delta, (o.double() * do.double()).sum(-1).float())
+
+
 def test_tiles_follow_the_padded_head_dim_unless_measured_on_their_own():
     """d = 80 (measured at the 2.7b model's sizes) has its own half-precision tiles; d = 96,
     which pads to the same 128 columns, takes d = 128's; fp32 keeps its own per padded dim."""
@@ -451,23 +470,25 @@ def test_model_hands_the_kernels_views_they_use_in_place(device, monkeypatch):
     the kernels' outputs need no copy: the kernels read and write those layouts."""
     from systems.model import MODEL_CONFIGS, TransformerLM
 
-    copies, seq_strides = [], set()
-    readable = launch._readable
-
-    def counting(t, head_dim, itemsize):
-        operand = readable(t, head_dim, itemsize)
-        seq_strides.add(t.stride(-2))
-        if operand[0] is not t:
-            copies.append(tuple(t.stride()))
-        return operand
-
-    monkeypatch.setattr(launch, "_readable", counting)
+    plans = {}  # the plans this model's calls make, from an empty cache
+    monkeypatch.setattr(launch, "_PLANS", plans)
     config = MODEL_CONFIGS["tiny"]
     model = TransformerLM(config, attention="flash_triton").to(device)
     tokens = torch.randint(0, config.vocab_size, (2, 40), device=device)
     model(tokens).float().square().mean().backward()
-    assert copies == []
-    assert seq_strides == {config.d_model}  # (batch, seq, heads, d) memory: rows d_model apart
+    forward, backward = (launch._ForwardPlan, launch._BackwardPlan)
+    assert sorted(type(plan).__name__ for plan in plans.values()) == sorted(
+        [forward.__name__, backward.__name__])
+    readings = [r for plan in plans.values()
+                for r in ((plan.q, plan.k, plan.v) if isinstance(plan, forward)
+                          else plan.readings)]
+    writings = [w for plan in plans.values()
+                for w in ((plan.o,) if isinstance(plan, forward)
+                          else (plan.dq_out, plan.dk_out, plan.dv_out))]
+    assert [r for r in readings if r.copy_to is not None] == []
+    assert [w for w in writings if w.buffer_shape is not None] == []
+    # (batch, seq, heads, d) memory: rows d_model apart
+    assert {r.strides[-1] for r in readings} == {config.d_model}
     out = launch.flash_forward(*(torch.randn(2, 40, 4, 16, device=device).transpose(1, 2)
                                  for _ in range(3)))[0]
     assert out.transpose(1, 2).is_contiguous()  # reshapes back into d_model for free

@@ -205,46 +205,78 @@ def _matrix_strides(shape: torch.Size, strides: tuple[int, ...], itemsize: int,
     return merged
 
 
-Operand = tuple[torch.Tensor, MatrixStrides]  # a tensor the kernels read, its strides
+def _packed_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return torch.empty(shape, device="meta").stride()
 
 
-def _readable(t: torch.Tensor, head_dim: int, itemsize: int) -> Operand:
-    """(t, its matrix strides) when the kernels can read t in place (16-byte aligned start:
-    every pointer a launcher sees is aligned, see `KernelLauncher`), else the same for a
-    zero-padded packed copy (pad columns add 0 to every score and produce output columns
-    that are cut off)."""
-    strides = _matrix_strides(t.shape, t.stride(), itemsize, head_dim)
-    if strides is not None and t.data_ptr() % 16 == 0:
-        return t, strides
+def _padded_copy(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """A zero-padded packed copy of t with head_dim columns: pad columns add 0 to every
+    score and produce output columns that are cut off."""
     padded = t.new_zeros(*t.shape[:-1], head_dim)
     padded[..., :t.shape[-1]] = t
-    return padded, _matrix_strides(padded.shape, padded.stride(), itemsize, head_dim)
+    return padded
 
 
-class _Output:
-    """An output shaped and laid out like `like` (as the ops' fake versions promise), and
-    the buffer the kernel writes: the output itself when the kernels can write that layout,
-    else a padded packed buffer whose first d columns `result()` copies into it."""
+@dataclass(frozen=True)
+class _Reading:
+    """How the kernels read an input of one layout: in place, or from a padded packed copy
+    (`copy_to`, its head dim); `strides` are those of what they read."""
 
-    def __init__(self, like: torch.Tensor, head_dim: int, itemsize: int) -> None:
-        self.tensor = _empty_like(like)
-        self.buffer, self.strides = self.tensor, _matrix_strides(
-            self.tensor.shape, self.tensor.stride(), itemsize, head_dim)
-        if self.strides is None:
-            self.buffer = _new_empty(like, (*like.shape[:-1], head_dim))
-            self.strides = _matrix_strides(self.buffer.shape, self.buffer.stride(), itemsize,
-                                           head_dim)
+    strides: MatrixStrides
+    copy_to: int | None
 
-    def result(self) -> torch.Tensor:
-        if self.buffer is not self.tensor:
-            self.tensor.copy_(self.buffer[..., :self.tensor.shape[-1]])
-        return self.tensor
+    @classmethod
+    def of(cls, t: torch.Tensor, aligned: bool, head_dim: int, itemsize: int) -> _Reading:
+        """In place when the kernels can read t's layout and t starts 16-byte aligned
+        (every pointer a launcher sees is aligned, see `KernelLauncher`)."""
+        strides = _matrix_strides(t.shape, t.stride(), itemsize, head_dim)
+        if strides is not None and aligned:
+            return cls(strides, None)
+        packed = torch.Size((*t.shape[:-1], head_dim))
+        return cls(_matrix_strides(packed, _packed_strides(packed), itemsize, head_dim),
+                   head_dim)
+
+    def read(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.copy_to is None else _padded_copy(t, self.copy_to)
+
+
+@dataclass(frozen=True)
+class _Writing:
+    """Where the kernels write an output shaped and laid out like an input of one layout
+    (`torch.empty_like`, as the ops' fake versions promise): into it, or into a padded
+    packed buffer of `buffer_shape` whose first d columns are then copied into it."""
+
+    strides: MatrixStrides
+    buffer_shape: torch.Size | None
+
+    @classmethod
+    def of(cls, like: torch.Tensor, head_dim: int, itemsize: int) -> _Writing:
+        out = torch.empty_like(like, device="meta")
+        strides = _matrix_strides(out.shape, out.stride(), itemsize, head_dim)
+        if strides is not None:
+            return cls(strides, None)
+        shape = torch.Size((*like.shape[:-1], head_dim))
+        return cls(_matrix_strides(shape, _packed_strides(shape), itemsize, head_dim), shape)
+
+    def allocate(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the output, the buffer the kernel writes). Every element of the buffer is
+        written by a kernel (tests poison them through `_empty_like` and `_new_empty`)."""
+        out = _empty_like(like)
+        return out, out if self.buffer_shape is None else _new_empty(like, self.buffer_shape)
+
+    def finish(self, out: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+        if buffer is not out:
+            out.copy_(buffer[..., :out.shape[-1]])
+        return out
+
+
+TileLayout = tuple[tuple[int, ...], tuple[int, ...], list[int]]  # a descriptor's layout
 
 
 @dataclass(frozen=True)
 class _Problem:
-    """One attention problem's launches. Shapes, dtype, device, mask and tiles fix most of
-    what Triton specialises on; the tensors' strides fix the rest, so each kernel has one
+    """One attention problem. Shapes, dtype, device, mask and tiles fix most of what
+    Triton specialises on; the tensors' strides fix the rest, so each kernel has one
     launcher per problem and strides (`KernelLauncher`: compiled once, launched directly)."""
 
     batch: int
@@ -268,24 +300,24 @@ class _Problem:
         return _next_power_of_2(self.head_dim)
 
     @functools.cached_property
-    def itemsize(self) -> int:
-        return self.dtype.itemsize
+    def sizes(self) -> tuple[int, int, int]:
+        """The kernels' trailing size arguments."""
+        return self.heads, self.n_q, self.n_k
 
-    def readable(self, *tensors: torch.Tensor) -> list[Operand]:
-        head_dim, itemsize = self.head_dim, self.itemsize
-        return [_readable(t, head_dim, itemsize) for t in tensors]
+    def reading(self, t: torch.Tensor, aligned: bool) -> _Reading:
+        return _Reading.of(t, aligned, self.head_dim, self.dtype.itemsize)
 
-    def output(self, like: torch.Tensor) -> _Output:
-        return _Output(like, self.head_dim, self.itemsize)
+    def writing(self, like: torch.Tensor) -> _Writing:
+        return _Writing.of(like, self.head_dim, self.dtype.itemsize)
 
-    def _tiles(self, operand: Operand, seq: int, block_rows: int) -> PlannedDescriptor:
-        """A descriptor reading block_rows x BLOCK_D tiles of one matrix of the operand."""
-        base, strides = operand
-        return PlannedDescriptor(base, (self.batch, self.heads, seq, self.head_dim),
-                                 (*strides, 1), [1, 1, block_rows, self.block_d])
+    def tiles(self, strides: MatrixStrides, seq: int, block_rows: int) -> TileLayout:
+        """The layout of a descriptor reading block_rows x BLOCK_D tiles of one matrix of an
+        operand with these strides (`PlannedDescriptor(base, *layout)`)."""
+        return ((self.batch, self.heads, seq, self.head_dim), (*strides, 1),
+                [1, 1, block_rows, self.block_d])
 
-    def _launcher(self, kernel: triton.JITFunction, tiles: TileConfig, seq: int, block: int,
-                  strides: tuple[MatrixStrides, ...], **constexprs: object) -> KernelLauncher:
+    def launcher(self, kernel: triton.JITFunction, tiles: TileConfig, seq: int, block: int,
+                 strides: tuple[MatrixStrides, ...], **constexprs: object) -> KernelLauncher:
         """The kernel over a (matrices, tiles of `block` rows of `seq`) grid, for tensors
         of these strides."""
         key = (kernel, strides)
@@ -300,47 +332,6 @@ class _Problem:
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages,
                 device_index=self.device.index or 0)
         return launcher
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        tiles = self.config.forward
-        o = self.output(q)
-        lse = _new_empty(q, q.shape[:-1], torch.float32)
-        q, k, v = self.readable(q, k, v)
-        launch = self._launcher(flash_forward_kernel, tiles, self.n_q, tiles.block_m,
-                                (q[1], k[1], v[1], o.strides))
-        launch(q[0], *q[1], self._tiles(k, self.n_k, tiles.block_n),
-               self._tiles(v, self.n_k, tiles.block_n), o.buffer, *o.strides, lse,
-               self.heads, self.n_q, self.n_k)
-        return o.result(), lse
-
-    def backward_dq(self, like_q: torch.Tensor, q: Operand, k: Operand, v: Operand,
-                    o: Operand, lse: torch.Tensor, do: Operand, tiles: TileConfig
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(dq laid out like `like_q`, D) from readable operands."""
-        dq, delta = self.output(like_q), _empty_like(lse)
-        launch = self._launcher(flash_backward_dq_kernel, tiles, self.n_q, tiles.block_m,
-                                (q[1], k[1], v[1], o[1], do[1], dq.strides))
-        launch(q[0], *q[1], self._tiles(k, self.n_k, tiles.block_n),
-               self._tiles(v, self.n_k, tiles.block_n), o[0], *o[1], do[0], *do[1], lse,
-               delta, dq.buffer, *dq.strides, self.heads, self.n_q, self.n_k)
-        return dq.result(), delta
-
-    def backward_dkdv(self, like_k: torch.Tensor, like_v: torch.Tensor, q: Operand,
-                      k: Operand, v: Operand, do: Operand, lse: torch.Tensor,
-                      delta: torch.Tensor, tiles: TileConfig
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(dk, dv) laid out like `like_k` and `like_v`, from readable operands."""
-        dk, dv = self.output(like_k), self.output(like_v)
-        # Its programs walk key tiles; the last query tile is partial unless block_m
-        # divides n_q.
-        launch = self._launcher(flash_backward_dkdv_kernel, tiles, self.n_k, tiles.block_n,
-                                (q[1], k[1], v[1], do[1], dk.strides, dv.strides),
-                                CHECK_Q_ROWS=self.n_q % tiles.block_m != 0)
-        launch(self._tiles(q, self.n_q, tiles.block_m), k[0], *k[1], v[0], *v[1],
-               self._tiles(do, self.n_q, tiles.block_m), lse, delta, dk.buffer, *dk.strides,
-               dv.buffer, *dv.strides, self.heads, self.n_q, self.n_k)
-        return dk.result(), dv.result()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -357,13 +348,142 @@ def _problem_of(q: torch.Tensor, k: torch.Tensor, is_causal: bool,
                     q.device, is_causal, config)
 
 
+class _ForwardPlan:
+    """The forward for inputs of one problem and layout (strides and alignment): what
+    is read in place or copied, where o is written, the descriptors' layouts and the
+    launcher are worked out once; a call allocates, launches and returns."""
+
+    def __init__(self, problem: _Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 aligned: tuple[bool, ...]) -> None:
+        tiles = problem.config.forward
+        self.q, self.k, self.v = (problem.reading(t, a) for t, a in zip((q, k, v), aligned,
+                                                                         strict=True))
+        self.o = problem.writing(q)
+        self.k_tiles = problem.tiles(self.k.strides, problem.n_k, tiles.block_n)
+        self.v_tiles = problem.tiles(self.v.strides, problem.n_k, tiles.block_n)
+        self.launch = problem.launcher(
+            flash_forward_kernel, tiles, problem.n_q, tiles.block_m,
+            (self.q.strides, self.k.strides, self.v.strides, self.o.strides))
+        self.lse_shape = q.shape[:-1]
+        self.sizes = problem.sizes
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        o, buffer = self.o.allocate(q)
+        lse = _new_empty(q, self.lse_shape, torch.float32)
+        self.launch(self.q.read(q), *self.q.strides,
+                    PlannedDescriptor(self.k.read(k), *self.k_tiles),
+                    PlannedDescriptor(self.v.read(v), *self.v_tiles), buffer, *self.o.strides,
+                    lse, *self.sizes)
+        return self.o.finish(o, buffer), lse
+
+
+class _BackwardPlan:
+    """The backward for tensors of one problem and layout, worked out once as
+    `_ForwardPlan` is: a dQ pass over query tiles (it also writes D), then a dK/dV pass.
+    Inputs are read (copied where needed) once for both."""
+
+    def __init__(self, problem: _Problem, tensors: tuple[torch.Tensor, ...],
+                 aligned: tuple[bool, ...]) -> None:
+        q, k, v, _, _ = tensors
+        self.readings = tuple(problem.reading(t, a) for t, a in zip(tensors, aligned,
+                                                                    strict=True))
+        rq, rk, rv, ro, rdo = (r.strides for r in self.readings)
+        self.dq_out, self.dk_out, self.dv_out = (problem.writing(t) for t in (q, k, v))
+        dq_tiles, dkdv_tiles = problem.config.backward_dq, problem.config.backward_dkdv
+        self.dq_kv_tiles = (problem.tiles(rk, problem.n_k, dq_tiles.block_n),
+                            problem.tiles(rv, problem.n_k, dq_tiles.block_n))
+        self.dq_launch = problem.launcher(
+            flash_backward_dq_kernel, dq_tiles, problem.n_q, dq_tiles.block_m,
+            (rq, rk, rv, ro, rdo, self.dq_out.strides))
+        self.dkdv_q_do_tiles = (problem.tiles(rq, problem.n_q, dkdv_tiles.block_m),
+                                problem.tiles(rdo, problem.n_q, dkdv_tiles.block_m))
+        # Its programs walk key tiles; the last query tile is partial unless block_m
+        # divides n_q.
+        self.dkdv_launch = problem.launcher(
+            flash_backward_dkdv_kernel, dkdv_tiles, problem.n_k, dkdv_tiles.block_n,
+            (rq, rk, rv, rdo, self.dk_out.strides, self.dv_out.strides),
+            CHECK_Q_ROWS=problem.n_q % dkdv_tiles.block_m != 0)
+        self.sizes = problem.sizes
+
+    def read(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """(q, k, v, o, do) as the kernels read them."""
+        return [r.read(t) for r, t in zip(self.readings, tensors, strict=True)]
+
+    def dq(self, like_q: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(dq laid out like `like_q`, D) from read inputs."""
+        rq, _, _, ro, rdo = self.readings
+        k_tiles, v_tiles = self.dq_kv_tiles
+        dq, buffer = self.dq_out.allocate(like_q)
+        delta = _empty_like(lse)
+        self.dq_launch(q, *rq.strides, PlannedDescriptor(k, *k_tiles),
+                       PlannedDescriptor(v, *v_tiles), o, *ro.strides, do, *rdo.strides, lse,
+                       delta, buffer, *self.dq_out.strides, *self.sizes)
+        return self.dq_out.finish(dq, buffer), delta
+
+    def dkdv(self, like_k: torch.Tensor, like_v: torch.Tensor, q: torch.Tensor,
+             k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
+             delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(dk, dv) laid out like `like_k` and `like_v`, from read inputs."""
+        _, rk, rv, _, _ = self.readings
+        q_tiles, do_tiles = self.dkdv_q_do_tiles
+        dk, dk_buffer = self.dk_out.allocate(like_k)
+        dv, dv_buffer = self.dv_out.allocate(like_v)
+        self.dkdv_launch(PlannedDescriptor(q, *q_tiles), k, *rk.strides, v, *rv.strides,
+                         PlannedDescriptor(do, *do_tiles), lse, delta, dk_buffer,
+                         *self.dk_out.strides, dv_buffer, *self.dv_out.strides, *self.sizes)
+        return self.dk_out.finish(dk, dk_buffer), self.dv_out.finish(dv, dv_buffer)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                 lse: torch.Tensor, do: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q_in, k_in, v_in, o_in, do_in = self.read(q, k, v, o, do)
+        dq, delta = self.dq(q, q_in, k_in, v_in, o_in, do_in, lse)
+        dk, dv = self.dkdv(k, v, q_in, k_in, v_in, do_in, lse, delta)
+        return dq, dk, dv
+
+
+# Plans by everything they depend on; they hold layouts and launchers, no tensors.
+_PLANS: dict[tuple[object, ...], _ForwardPlan | _BackwardPlan] = {}
+_MAX_PLANS = 4096
+
+
+def _remember(key: tuple[object, ...], plan: _ForwardPlan | _BackwardPlan
+              ) -> _ForwardPlan | _BackwardPlan:
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
+def _aligned(*tensors: torch.Tensor) -> tuple[bool, ...]:
+    return tuple([t.data_ptr() % 16 == 0 for t in tensors])
+
+
 def flash_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
     config: FlashConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, L) for checked inputs; o is laid out like q (`torch.empty_like`), L is the
     natural-log log-sum-exp, fp32, (..., n_queries), packed."""
-    return _problem_of(q, k, is_causal, config).forward(q, k, v)
+    aligned = _aligned(q, k, v)
+    key = (_ForwardPlan, q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype,
+           q.device, is_causal, config, aligned)
+    plan = _PLANS.get(key) or _remember(
+        key, _ForwardPlan(_problem_of(q, k, is_causal, config), q, k, v, aligned))
+    return plan(q, k, v)
+
+
+def _backward_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                   do: torch.Tensor, is_causal: bool, config: FlashConfig | None
+                   ) -> _BackwardPlan:
+    aligned = _aligned(q, k, v, o, do)
+    key = (_BackwardPlan, q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(),
+           do.stride(), q.dtype, q.device, is_causal, config, aligned)
+    return _PLANS.get(key) or _remember(
+        key, _BackwardPlan(_problem_of(q, k, is_causal, config), (q, k, v, o, do), aligned))
 
 
 def flash_backward(
@@ -374,13 +494,7 @@ def flash_backward(
     writes D), then a dK/dV pass. lse must be flash_forward's (packed, freshly allocated,
     so 16-byte aligned); do may have any strides (autograd may hand over an expanded or
     transposed gradient)."""
-    problem = _problem_of(q, k, is_causal, config)
-    q_in, k_in, v_in, o_in, do_in = problem.readable(q, k, v, o, do)
-    dq, delta = problem.backward_dq(q, q_in, k_in, v_in, o_in, lse, do_in,
-                                    problem.config.backward_dq)
-    dk, dv = problem.backward_dkdv(k, v, q_in, k_in, v_in, do_in, lse, delta,
-                                   problem.config.backward_dkdv)
-    return dq, dk, dv
+    return _backward_plan(q, k, v, o, do, is_causal, config)(q, k, v, o, lse, do)
 
 
 def backward_dq(
@@ -388,15 +502,16 @@ def backward_dq(
     do: torch.Tensor, is_causal: bool, tiles: TileConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dq, D) with `tiles`, where D = rowsum(o * do), fp32, shaped like L (for tuning)."""
-    problem = _problem_of(q, k, is_causal, FlashConfig(tiles, tiles, tiles))
-    return problem.backward_dq(q, *problem.readable(q, k, v, o), lse,
-                               *problem.readable(do), tiles)
+    plan = _backward_plan(q, k, v, o, do, is_causal, FlashConfig(tiles, tiles, tiles))
+    return plan.dq(q, *plan.read(q, k, v, o, do), lse)
 
 
 def backward_dkdv(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
     delta: torch.Tensor, is_causal: bool, tiles: TileConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dk, dv) with `tiles` (for tuning)."""
-    problem = _problem_of(q, k, is_causal, FlashConfig(tiles, tiles, tiles))
-    return problem.backward_dkdv(k, v, *problem.readable(q, k, v, do), lse, delta, tiles)
+    """(dk, dv) with `tiles` (for tuning). The dK/dV pass does not read o: do stands in
+    for it in the plan (it has o's shape)."""
+    plan = _backward_plan(q, k, v, do, do, is_causal, FlashConfig(tiles, tiles, tiles))
+    q_in, k_in, v_in, _, do_in = plan.read(q, k, v, do, do)
+    return plan.dkdv(k, v, q_in, k_in, v_in, do_in, lse, delta)
