@@ -325,13 +325,16 @@ class _Problem:
         if launcher is None:
             launcher = self.launchers[key] = KernelLauncher(
                 kernel, (self.batch * self.heads, _cdiv(seq, block)),
-                {"SM_SCALE": self.d ** -0.5, "HEAD_DIM": self.head_dim,
-                 "BLOCK_D": self.block_d, "BLOCK_M": tiles.block_m,
-                 "BLOCK_N": tiles.block_n, "IS_CAUSAL": self.is_causal, **constexprs,
-                 "DOT_PRECISION": dot_precision(self.dtype)},
-                num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-                device_index=self.device.index or 0)
+                self.constexprs(tiles, **constexprs), num_warps=tiles.num_warps,
+                num_stages=tiles.num_stages, device_index=self.device.index or 0)
         return launcher
+
+    def constexprs(self, tiles: TileConfig, **extra: object) -> dict[str, object]:
+        """A kernel's compile-time arguments (its trailing parameters) for this problem and
+        tiles; `extra` are the kernel's own (the dK/dV kernel's CHECK_Q_ROWS)."""
+        return {"SM_SCALE": self.d ** -0.5, "HEAD_DIM": self.head_dim, "BLOCK_D": self.block_d,
+                "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
+                "IS_CAUSAL": self.is_causal, **extra, "DOT_PRECISION": dot_precision(self.dtype)}
 
 
 @functools.lru_cache(maxsize=1024)
