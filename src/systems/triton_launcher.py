@@ -8,9 +8,10 @@ owner): its first call goes through `kernel[grid](...)`, which compiles and retu
 compiled kernel, and every later call hands the arguments straight to that kernel.
 
 The owner guarantees that every call passes arguments Triton would specialise alike: the
-same dtypes, the same integers, descriptors of the same shape, strides and block shape,
-and pointers that are all 16-byte aligned (see `systems.attention.flash_triton.launch`,
-which keys its launchers by exact shapes).
+same dtypes, the same integers, and pointers that are all 16-byte aligned (see
+`systems.attention.flash_triton.launch`, which keys its launchers by exact shapes).
+Tensor-descriptor arguments have one layout per launcher (shape, strides, block shape,
+given at construction): calls pass their base tensors only.
 
 Later calls skip Triton's Python launch wrapper too where its layout is the one checked
 (`_DirectLaunch`): they call Triton's compiled C launcher with the arguments already
@@ -32,20 +33,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from systems.triton_runtime import INTERPRETED
 
-
-class PlannedDescriptor(TensorDescriptor):
-    """A TensorDescriptor without the per-call checks: `KernelLauncher` validates it (as a
-    plain `TensorDescriptor`) on its first call, and later calls share its layout."""
-
-    def __post_init__(self) -> None:
-        pass
-
-    def checked(self) -> TensorDescriptor:
-        return TensorDescriptor(self.base, self.shape, self.strides, self.block_shape)
-
-
-def _checked(arg: object) -> object:
-    return arg.checked() if isinstance(arg, PlannedDescriptor) else arg
+# A tensor descriptor's layout: shape, strides and block shape (TensorDescriptor's fields).
+DescriptorLayout = tuple[Sequence[int], Sequence[int], list[int]]
 
 
 def _launch_hooks_installed() -> bool:
@@ -56,12 +45,16 @@ def _launch_hooks_installed() -> bool:
 
 class KernelLauncher:
     """`launcher(*args)` runs `kernel[grid](*args, **constexprs, num_warps=...,
-    num_stages=...)`. The constexprs must be the kernel's trailing parameters."""
+    num_stages=...)`, where each argument at an index of `descriptors` is a tensor that the
+    kernel reads through a TensorDescriptor of that layout (checked by TensorDescriptor on
+    the first call). The constexprs must be the kernel's trailing parameters."""
 
     def __init__(self, kernel: triton.JITFunction, grid: Sequence[int],
                  constexprs: Mapping[str, object], *, num_warps: int, num_stages: int,
-                 device_index: int) -> None:
+                 device_index: int,
+                 descriptors: Mapping[int, DescriptorLayout] | None = None) -> None:
         self.kernel = kernel
+        self.descriptors = dict(descriptors or {})
         self.grid = tuple(grid)
         self.constexprs = dict(constexprs)
         self.options = {"num_warps": num_warps, "num_stages": num_stages}
@@ -82,14 +75,19 @@ class KernelLauncher:
         """Whether later calls skip Triton's Python launch wrapper (`_DirectLaunch`)."""
         return self._direct is not None
 
+    def _described(self, args: Sequence[object]) -> list[object]:
+        """args with each descriptor's base tensor wrapped in its TensorDescriptor."""
+        return [TensorDescriptor(arg, *self.descriptors[index]) if index in self.descriptors
+                else arg for index, arg in enumerate(args)]
+
     def __call__(self, *args: object) -> None:
         compiled = self._compiled
         if compiled is None or _launch_hooks_installed():
-            result = self.kernel[self.grid](*map(_checked, args), **self.constexprs,
+            result = self.kernel[self.grid](*self._described(args), **self.constexprs,
                                             **self.options)
             if not INTERPRETED:
                 self._compiled = result
-                self._direct = _DirectLaunch.of(result, self._grid_xyz)
+                self._direct = _DirectLaunch.of(result, self._grid_xyz, self.descriptors)
             return
         stream = driver.active.get_current_stream(self._device_index)
         if self._direct is not None:
@@ -98,7 +96,8 @@ class KernelLauncher:
         grid_x, grid_y, grid_z = self._grid_xyz
         # What JITFunction.run ends with, minus launch metadata and hooks (checked above).
         compiled.run(grid_x, grid_y, grid_z, stream, compiled.function,
-                     compiled.packed_metadata, None, None, None, *args, *self._trailing)
+                     compiled.packed_metadata, None, None, None, *self._described(args),
+                     *self._trailing)
 
 
 # Triton's CUDA launcher layout that `_DirectLaunch` reproduces (Triton 3.6): the C
@@ -118,24 +117,27 @@ class _DirectLaunch:
     """One compiled kernel's launch through Triton's C launcher, without Triton's Python
     wrapper: the fixed part of the C launcher's arguments is built once, descriptors are
     expanded as the wrapper would, and each descriptor's expansion is kept per base
-    address (its shape, strides and block shape are fixed by the `KernelLauncher`)."""
+    address (its layout is fixed by the `KernelLauncher`)."""
 
     def __init__(self, c_launch: Callable, grid_xyz: tuple[int, int, int],
                  after_stream: tuple[object, ...], descriptor_meta: dict[int, object],
-                 expand: Callable) -> None:
+                 layouts: Mapping[int, DescriptorLayout], expand: Callable) -> None:
         self._c_launch = c_launch
         # The C launcher's fixed arguments sit either side of each call's stream.
         self._grid = grid_xyz
         self._after_stream = after_stream
         self._descriptor_meta = descriptor_meta
+        self._layouts = layouts
         self._expand = expand
         self._expanded: dict[int, dict[int, list[object]]] = {i: {} for i in descriptor_meta}
 
     @classmethod
-    def of(cls, compiled: object, grid_xyz: tuple[int, int, int]) -> _DirectLaunch | None:
+    def of(cls, compiled: object, grid_xyz: tuple[int, int, int],
+           layouts: Mapping[int, DescriptorLayout]) -> _DirectLaunch | None:
         """The direct launch of `compiled`, or None when Triton's launcher does not have
-        the layout checked here (another Triton version, or a kernel that needs scratch
-        memory): the caller then keeps Triton's own path."""
+        the layout checked here (another Triton version, a kernel that needs scratch
+        memory, or descriptors other than `layouts` says): the caller then keeps Triton's
+        own path."""
         module = sys.modules.get("triton.backends.nvidia.driver")
         run = getattr(compiled, "run", None)
         wrapped = getattr(run, "launch", None)
@@ -158,21 +160,23 @@ class _DirectLaunch:
             if not metas or any(meta is None for meta in metas):
                 return None
             descriptor_meta = dict(zip(indices, metas, strict=True))
+        if descriptor_meta.keys() != layouts.keys():
+            return None
         # function, cooperative grid, PDL, no scratch buffers, the kernel's metadata, and
         # no launch metadata or hooks (installed hooks take Triton's own path).
         after_stream = (compiled.function, run.launch_cooperative_grid, run.launch_pdl,
                         None, None, compiled.packed_metadata, None, None, None)
-        return cls(c_launch, grid_xyz, after_stream, descriptor_meta, expand)
+        return cls(c_launch, grid_xyz, after_stream, descriptor_meta, layouts, expand)
 
-    def _expanded_descriptor(self, index: int, descriptor: TensorDescriptor) -> list[object]:
+    def _expanded_descriptor(self, index: int, base: object) -> list[object]:
         by_address = self._expanded[index]
-        address = descriptor.base.data_ptr()
+        address = base.data_ptr()
         expanded = by_address.get(address)
         if expanded is None:
             if len(by_address) >= _DESCRIPTOR_CACHE_SIZE:
                 by_address.clear()
-            expanded = by_address[address] = self._expand(descriptor,
-                                                          self._descriptor_meta[index])
+            expanded = by_address[address] = self._expand(
+                TensorDescriptor(base, *self._layouts[index]), self._descriptor_meta[index])
         return expanded
 
     def __call__(self, stream: int, args: Sequence[object],

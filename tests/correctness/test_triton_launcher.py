@@ -6,10 +6,9 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 import systems.triton_runtime  # noqa: F401 - sets TRITON_INTERPRET before the kernel exists
-from systems.triton_launcher import KernelLauncher, PlannedDescriptor, _DirectLaunch
+from systems.triton_launcher import KernelLauncher, _DirectLaunch
 
 
 @triton.jit
@@ -22,17 +21,19 @@ def _scaled_copy(src_tiles, dst, n, SCALE: tl.constexpr, BLOCK: tl.constexpr):
 
 def _launcher(n: int, block: int, device: torch.device) -> KernelLauncher:
     return KernelLauncher(_scaled_copy, (triton.cdiv(n, block),), {"SCALE": 3.0, "BLOCK": block},
-                          num_warps=1, num_stages=1, device_index=device.index or 0)
+                          num_warps=1, num_stages=1, device_index=device.index or 0,
+                          descriptors={0: ((n,), (1,), [block])})
 
 
 def test_repeat_launches_compute_on_each_call_s_arguments(device):
-    """The first call compiles, later ones launch the compiled kernel with new pointers."""
+    """The first call compiles, later ones launch the compiled kernel with new pointers
+    (the descriptor's base tensor changes, its layout does not)."""
     n, block = 100, 32
     launch = _launcher(n, block, device)
     for _ in range(3):
         src = torch.randn(n, device=device)
         dst = torch.full((n,), float("nan"), device=device)
-        launch(PlannedDescriptor(src, (n,), (1,), [block]), dst, n)
+        launch(src, dst, n)
         torch.testing.assert_close(dst, 3 * src)
 
 
@@ -42,13 +43,15 @@ def test_constexprs_must_be_the_trailing_parameters(device):
                        device_index=0)
 
 
-def test_planned_descriptor_is_checked_on_request():
-    t = torch.zeros(2, 128, 60, dtype=torch.float16)
-    planned = PlannedDescriptor(t, (2, 128, 60), (128 * 60, 60, 1), [1, 64, 64])
+def test_descriptor_layouts_are_checked_on_the_first_call(device):
+    """TensorDescriptor's own checks run on the first call (later ones reuse the layout):
+    60 fp16 columns make a 120-byte row stride, which TMA cannot use."""
+    t = torch.zeros(2, 128, 60, dtype=torch.float16, device=device)
+    launch = KernelLauncher(_scaled_copy, (1,), {"SCALE": 1.0, "BLOCK": 64}, num_warps=1,
+                            num_stages=1, device_index=0,
+                            descriptors={0: ((2, 128, 60), (128 * 60, 60, 1), [1, 64, 64])})
     with pytest.raises(AssertionError, match="16-byte aligned"):
-        planned.checked()  # 60 fp16 columns: a 120-byte row stride
-    assert isinstance(PlannedDescriptor(t, (2, 128, 64), (128 * 64, 64, 1), [1, 64, 64]).checked(),
-                      TensorDescriptor)
+        launch(t, torch.empty(64, device=device), 64)
 
 
 @pytest.mark.gpu
@@ -60,7 +63,7 @@ def test_triton_3_6_launches_skip_the_python_wrapper(device):
     n, block = 64, 32
     launch = _launcher(n, block, device)
     src, dst = torch.randn(n, device=device), torch.empty(n, device=device)
-    launch(PlannedDescriptor(src, (n,), (1,), [block]), dst, n)
+    launch(src, dst, n)
     assert launch.direct
 
 
@@ -73,10 +76,10 @@ def test_direct_launch_flattens_arguments_and_expands_a_descriptor_once_per_addr
 
     after_stream = ("function", False, False, None, None, (4, 1, 0), None, None, None)
     direct = _DirectLaunch(lambda *flat: calls.append(flat), (4, 2, 1), after_stream,
-                           {0: "meta"}, expand)
+                           {0: "meta"}, {0: ((8,), (1,), [8])}, expand)
     first, second = torch.zeros(8), torch.zeros(8)
     for src in (first, second, first):
-        direct(7, (PlannedDescriptor(src, (8,), (1,), [8]), "dst", 8), ("SCALE", "BLOCK"))
+        direct(7, (src, "dst", 8), ("SCALE", "BLOCK"))
     assert expansions == [(first.data_ptr(), "meta"), (second.data_ptr(), "meta")]
     assert calls[0] == (4, 2, 1, 7, "function", False, False, None, None, (4, 1, 0), None, None,
                         None, f"map@{first.data_ptr()}", 8, 1, "dst", 8, "SCALE", "BLOCK")

@@ -16,7 +16,7 @@ from systems.attention.flash_triton.kernels import (
     flash_forward_kernel,
 )
 from systems.attention.inputs import check_attention_inputs
-from systems.triton_launcher import KernelLauncher, PlannedDescriptor
+from systems.triton_launcher import DescriptorLayout, KernelLauncher
 from systems.triton_runtime import INTERPRETED
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
@@ -270,7 +270,6 @@ class _Writing:
         return out
 
 
-TileLayout = tuple[tuple[int, ...], tuple[int, ...], list[int]]  # a descriptor's layout
 
 
 @dataclass(frozen=True)
@@ -310,23 +309,27 @@ class _Problem:
     def writing(self, like: torch.Tensor) -> _Writing:
         return _Writing.of(like, self.head_dim, self.dtype.itemsize)
 
-    def tiles(self, strides: MatrixStrides, seq: int, block_rows: int) -> TileLayout:
+    def tiles(self, strides: MatrixStrides, seq: int, block_rows: int) -> DescriptorLayout:
         """The layout of a descriptor reading block_rows x BLOCK_D tiles of one matrix of an
-        operand with these strides (`PlannedDescriptor(base, *layout)`)."""
+        operand with these strides."""
         return ((self.batch, self.heads, seq, self.head_dim), (*strides, 1),
                 [1, 1, block_rows, self.block_d])
 
     def launcher(self, kernel: triton.JITFunction, tiles: TileConfig, seq: int, block: int,
-                 strides: tuple[MatrixStrides, ...], **constexprs: object) -> KernelLauncher:
+                 strides: tuple[MatrixStrides, ...], descriptors: dict[str, DescriptorLayout],
+                 **constexprs: object) -> KernelLauncher:
         """The kernel over a (matrices, tiles of `block` rows of `seq`) grid, for tensors
-        of these strides."""
+        of these strides; `descriptors` are the layouts of its descriptor parameters, by
+        name (calls pass those parameters' base tensors)."""
         key = (kernel, strides)
         launcher = self.launchers.get(key)
         if launcher is None:
             launcher = self.launchers[key] = KernelLauncher(
                 kernel, (self.batch * self.heads, _cdiv(seq, block)),
                 self.constexprs(tiles, **constexprs), num_warps=tiles.num_warps,
-                num_stages=tiles.num_stages, device_index=self.device.index or 0)
+                num_stages=tiles.num_stages, device_index=self.device.index or 0,
+                descriptors={kernel.arg_names.index(name): layout
+                             for name, layout in descriptors.items()})
         return launcher
 
     def constexprs(self, tiles: TileConfig, **extra: object) -> dict[str, object]:
@@ -362,11 +365,11 @@ class _ForwardPlan:
         self.q, self.k, self.v = (problem.reading(t, a) for t, a in zip((q, k, v), aligned,
                                                                          strict=True))
         self.o = problem.writing(q)
-        self.k_tiles = problem.tiles(self.k.strides, problem.n_k, tiles.block_n)
-        self.v_tiles = problem.tiles(self.v.strides, problem.n_k, tiles.block_n)
         self.launch = problem.launcher(
             flash_forward_kernel, tiles, problem.n_q, tiles.block_m,
-            (self.q.strides, self.k.strides, self.v.strides, self.o.strides))
+            (self.q.strides, self.k.strides, self.v.strides, self.o.strides),
+            {"k_tiles": problem.tiles(self.k.strides, problem.n_k, tiles.block_n),
+             "v_tiles": problem.tiles(self.v.strides, problem.n_k, tiles.block_n)})
         self.lse_shape = q.shape[:-1]
         self.sizes = problem.sizes
 
@@ -374,10 +377,8 @@ class _ForwardPlan:
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         o, buffer = self.o.allocate(q)
         lse = _new_empty(q, self.lse_shape, torch.float32)
-        self.launch(self.q.read(q), *self.q.strides,
-                    PlannedDescriptor(self.k.read(k), *self.k_tiles),
-                    PlannedDescriptor(self.v.read(v), *self.v_tiles), buffer, *self.o.strides,
-                    lse, *self.sizes)
+        self.launch(self.q.read(q), *self.q.strides, self.k.read(k), self.v.read(v), buffer,
+                    *self.o.strides, lse, *self.sizes)
         return self.o.finish(o, buffer), lse
 
 
@@ -394,18 +395,18 @@ class _BackwardPlan:
         rq, rk, rv, ro, rdo = (r.strides for r in self.readings)
         self.dq_out, self.dk_out, self.dv_out = (problem.writing(t) for t in (q, k, v))
         dq_tiles, dkdv_tiles = problem.config.backward_dq, problem.config.backward_dkdv
-        self.dq_kv_tiles = (problem.tiles(rk, problem.n_k, dq_tiles.block_n),
-                            problem.tiles(rv, problem.n_k, dq_tiles.block_n))
         self.dq_launch = problem.launcher(
             flash_backward_dq_kernel, dq_tiles, problem.n_q, dq_tiles.block_m,
-            (rq, rk, rv, ro, rdo, self.dq_out.strides))
-        self.dkdv_q_do_tiles = (problem.tiles(rq, problem.n_q, dkdv_tiles.block_m),
-                                problem.tiles(rdo, problem.n_q, dkdv_tiles.block_m))
+            (rq, rk, rv, ro, rdo, self.dq_out.strides),
+            {"k_tiles": problem.tiles(rk, problem.n_k, dq_tiles.block_n),
+             "v_tiles": problem.tiles(rv, problem.n_k, dq_tiles.block_n)})
         # Its programs walk key tiles; the last query tile is partial unless block_m
         # divides n_q.
         self.dkdv_launch = problem.launcher(
             flash_backward_dkdv_kernel, dkdv_tiles, problem.n_k, dkdv_tiles.block_n,
             (rq, rk, rv, rdo, self.dk_out.strides, self.dv_out.strides),
+            {"q_tiles": problem.tiles(rq, problem.n_q, dkdv_tiles.block_m),
+             "do_tiles": problem.tiles(rdo, problem.n_q, dkdv_tiles.block_m)},
             CHECK_Q_ROWS=problem.n_q % dkdv_tiles.block_m != 0)
         self.sizes = problem.sizes
 
@@ -418,12 +419,10 @@ class _BackwardPlan:
            ) -> tuple[torch.Tensor, torch.Tensor]:
         """(dq laid out like `like_q`, D) from read inputs."""
         rq, _, _, ro, rdo = self.readings
-        k_tiles, v_tiles = self.dq_kv_tiles
         dq, buffer = self.dq_out.allocate(like_q)
         delta = _empty_like(lse)
-        self.dq_launch(q, *rq.strides, PlannedDescriptor(k, *k_tiles),
-                       PlannedDescriptor(v, *v_tiles), o, *ro.strides, do, *rdo.strides, lse,
-                       delta, buffer, *self.dq_out.strides, *self.sizes)
+        self.dq_launch(q, *rq.strides, k, v, o, *ro.strides, do, *rdo.strides, lse, delta,
+                       buffer, *self.dq_out.strides, *self.sizes)
         return self.dq_out.finish(dq, buffer), delta
 
     def dkdv(self, like_k: torch.Tensor, like_v: torch.Tensor, q: torch.Tensor,
@@ -431,11 +430,9 @@ class _BackwardPlan:
              delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(dk, dv) laid out like `like_k` and `like_v`, from read inputs."""
         _, rk, rv, _, _ = self.readings
-        q_tiles, do_tiles = self.dkdv_q_do_tiles
         dk, dk_buffer = self.dk_out.allocate(like_k)
         dv, dv_buffer = self.dv_out.allocate(like_v)
-        self.dkdv_launch(PlannedDescriptor(q, *q_tiles), k, *rk.strides, v, *rv.strides,
-                         PlannedDescriptor(do, *do_tiles), lse, delta, dk_buffer,
+        self.dkdv_launch(q, k, *rk.strides, v, *rv.strides, do, lse, delta, dk_buffer,
                          *self.dk_out.strides, dv_buffer, *self.dv_out.strides, *self.sizes)
         return self.dk_out.finish(dk, dk_buffer), self.dv_out.finish(dv, dv_buffer)
 
