@@ -5,8 +5,10 @@ Triton compiles for a named target without a GPU. This builds the forward, dQ an
 kernels at every tile config `launch.py` can pick and reports each build's shared memory
 against sm_90's limit per block, so a kernel that no longer compiles for the GPU, or a
 config that could not launch there, shows up on a machine without one (the correctness
-suite runs it on the CPU). What it cannot see: register spills, speed, and the numbers the
-kernels compute (the interpreter tests those).
+suite runs it on the CPU). It also reports each build's registers per thread and stack
+bytes per thread (where register spills go), read from the binary by the `cuobjdump` that
+ships with Triton. What it cannot see: speed, and the numbers the kernels compute (the
+interpreter tests those). The builds are this Triton's: another version builds otherwise.
 
 The kernels must be compiled, not interpreted, in this process: TRITON_INTERPRET=0 has to be
 set before Python starts (CPU-only PyTorch turns the interpreter on otherwise).
@@ -16,7 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 import triton
@@ -40,6 +46,7 @@ _SEQ = 1000
 _TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _SIZE_ARGS = ("n_heads", "n_q", "n_k")
 _FP32_POINTERS = ("L", "Delta")
+_CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
 def configured() -> dict[str, tuple[int, torch.dtype, launch.FlashConfig]]:
@@ -76,8 +83,23 @@ def _signature(kernel: triton.JITFunction, dtype: torch.dtype, constexprs: dict[
     return types
 
 
-def build(head_dim: int, dtype: torch.dtype, config: launch.FlashConfig) -> dict[str, int]:
-    """Shared memory in bytes of each kernel built for Hopper with `config`, causal."""
+def _resources(cubin: bytes) -> dict[str, int]:
+    """Registers and stack bytes per thread of a binary (empty without cuobjdump)."""
+    if not _CUOBJDUMP.exists():
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as binary:
+        binary.write(cubin)
+        binary.flush()
+        usage = subprocess.run([str(_CUOBJDUMP), "-res-usage", binary.name],
+                               capture_output=True, text=True, check=True).stdout
+    found = dict(re.findall(r"\b(REG|STACK):(\d+)", usage))
+    return {"registers": int(found["REG"]), "stack_bytes": int(found["STACK"])}
+
+
+def build(head_dim: int, dtype: torch.dtype, config: launch.FlashConfig
+          ) -> dict[str, dict[str, int]]:
+    """Per kernel built for Hopper with `config` (causal): shared memory in bytes per block,
+    and registers and stack bytes per thread where cuobjdump can tell."""
     problem = launch._Problem(1, 1, _SEQ, _SEQ, head_dim, dtype, torch.device("cuda"), True,
                               config)
     kernels = (
@@ -86,7 +108,7 @@ def build(head_dim: int, dtype: torch.dtype, config: launch.FlashConfig) -> dict
         ("dkdv", flash_backward_dkdv_kernel, config.backward_dkdv,
          {"CHECK_Q_ROWS": _SEQ % config.backward_dkdv.block_m != 0}),
     )
-    shared = {}
+    built = {}
     for name, kernel, tiles, extra in kernels:
         constexprs = problem.constexprs(tiles, **extra)
         signature = _signature(kernel, dtype, constexprs, tiles, problem.block_d)
@@ -96,8 +118,9 @@ def build(head_dim: int, dtype: torch.dtype, config: launch.FlashConfig) -> dict
         compiled = triton.compile(ASTSource(kernel, signature, constexprs, aligned),
                                   target=HOPPER, options={"num_warps": tiles.num_warps,
                                                           "num_stages": tiles.num_stages})
-        shared[name] = compiled.metadata.shared
-    return shared
+        built[name] = {"shared_bytes": compiled.metadata.shared,
+                       **_resources(compiled.asm["cubin"])}
+    return built
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,14 +135,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the kernels are interpreted here: run with TRITON_INTERPRET=0")
     rows = configured()
     over = 0
+    if not args.json:
+        print(f"Triton {triton.__version__}, sm_90; shared memory per block (limit "
+              f"{HOPPER_SHARED_BYTES / 1024:.0f} KiB), registers and stack bytes per thread")
     for label in args.config or list(rows):
-        shared = build(*rows[label])
-        over += sum(size > HOPPER_SHARED_BYTES for size in shared.values())
+        built = build(*rows[label])
+        over += sum(kernel["shared_bytes"] > HOPPER_SHARED_BYTES for kernel in built.values())
         if args.json:
-            print(json.dumps({"config": label, "shared_bytes": shared}), flush=True)
+            print(json.dumps({"config": label, "triton": triton.__version__, "kernels": built}),
+                  flush=True)
         else:
-            sizes = ", ".join(f"{name} {size / 1024:.0f} KiB" for name, size in shared.items())
-            print(f"{label}: {sizes} (limit {HOPPER_SHARED_BYTES / 1024:.0f} KiB)", flush=True)
+            print(f"{label}: " + "; ".join(
+                f"{name} {kernel['shared_bytes'] / 1024:.0f} KiB"
+                + "".join(f", {kernel[key]} {unit}" for key, unit in
+                          (("registers", "regs"), ("stack_bytes", "B stack")) if key in kernel)
+                for name, kernel in built.items()), flush=True)
     return 1 if over else 0
 
 
