@@ -270,8 +270,6 @@ class _Writing:
         return out
 
 
-
-
 @dataclass(frozen=True)
 class _Problem:
     """One attention problem. Shapes, dtype, device, mask and tiles fix most of what
