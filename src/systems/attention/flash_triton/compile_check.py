@@ -84,15 +84,18 @@ def _signature(kernel: triton.JITFunction, dtype: torch.dtype, constexprs: dict[
 
 
 def _resources(cubin: bytes) -> dict[str, int]:
-    """Registers and stack bytes per thread of a binary (empty without cuobjdump)."""
+    """Registers and stack bytes per thread of a binary; empty where cuobjdump is missing
+    or does not say (the report only, never the check, depends on it)."""
     if not _CUOBJDUMP.exists():
         return {}
     with tempfile.NamedTemporaryFile(suffix=".cubin") as binary:
         binary.write(cubin)
         binary.flush()
         usage = subprocess.run([str(_CUOBJDUMP), "-res-usage", binary.name],
-                               capture_output=True, text=True, check=True).stdout
+                               capture_output=True, text=True).stdout
     found = dict(re.findall(r"\b(REG|STACK):(\d+)", usage))
+    if found.keys() != {"REG", "STACK"}:
+        return {}
     return {"registers": int(found["REG"]), "stack_bytes": int(found["STACK"])}
 
 
