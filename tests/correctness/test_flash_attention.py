@@ -8,7 +8,9 @@ Triton kernels run in Triton's interpreter (fp32 and fp16; bf16 needs a GPU).
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 from dataclasses import dataclass
 
 import pytest
@@ -287,6 +289,29 @@ def test_triton_any_shape_and_tiling(lead, n_q, n_k, d, is_causal, config, seed)
                                atol=tol, rtol=0)
     for name, grad in zip(("dq", "dk", "dv"), grads, strict=True):
         torch.testing.assert_close(grad.double(), exact[name], atol=tol * 10, rtol=0)
+
+
+def test_plans_tell_aligned_from_misaligned_inputs_and_keep_no_tensors(device, monkeypatch):
+    """A plan is kept per layout, start alignment included: a view that starts 4 bytes past
+    an aligned address (same shape and strides as an aligned tensor) gets its own plan,
+    which copies it (TMA needs 16-byte aligned starts; the interpreter has no such rule, so
+    only the plans can show it here). Plans hold layouts, not the tensors of the call that
+    made them."""
+    plans = {}
+    monkeypatch.setattr(launch, "_PLANS", plans)
+    shape = (2, 3, 70, 40)
+    aligned = torch.randn(shape, device=device)
+    misaligned = torch.randn(math.prod(shape) + 1, device=device)[1:].view(shape)
+    assert aligned.stride() == misaligned.stride() and misaligned.data_ptr() % 16
+    outputs = [flash_forward(q, aligned, aligned, True)[0] for q in (aligned, misaligned)]
+    torch.testing.assert_close(outputs[1], flash_forward(misaligned.clone(), aligned,
+                                                         aligned, True)[0], atol=0, rtol=0)
+    copies = [(plan.q.copy_to, plan.k.copy_to) for plan in plans.values()]
+    assert len(copies) == 2 and set(copies) == {(None, None), (40, None)}
+    alive = weakref.ref(misaligned)
+    del misaligned, outputs
+    gc.collect()
+    assert alive() is None
 
 
 @pytest.mark.parametrize("layout", ["packed", "transposed"])
