@@ -459,7 +459,7 @@ def test_compiled_apply_serves_new_lengths_and_head_dims(device):
 
 @pytest.mark.gpu
 def test_cached_launches_tell_specialisations_apart(device, poisoned_outputs):
-    """Repeat launches skip Triton's argument binding (`CachedLauncher`). Shapes that share
+    """Repeat launches skip Triton's argument binding (`KernelLauncher`). Shapes that share
     tiles but differ in what a kernel is specialised on (the softmax scale of d = 60 and
     d = 64, both padded to 64; lengths 256 and 250) must each run their own kernel, also
     the second time round, when every launch comes from the cache."""
