@@ -1,33 +1,21 @@
 """`TRITON_INTERPRET=0 python -m systems.attention.flash_triton.compile_check`: build the
 kernels for Hopper on any machine.
 
-Triton compiles for a named target without a GPU. This builds the forward, dQ and dK/dV
-kernels at every tile config `launch.py` can pick and reports each build's shared memory
-against sm_90's limit per block, so a kernel that no longer compiles for the GPU, or a
-config that could not launch there, shows up on a machine without one (the correctness
-suite runs it on the CPU). It also reports each build's registers per thread and stack
-bytes per thread (where register spills go), read from the binary by the `cuobjdump` that
-ships with Triton. What it cannot see: speed, and the numbers the kernels compute (the
-interpreter tests those). The builds are this Triton's: another version builds otherwise.
-
-The kernels must be compiled, not interpreted, in this process: TRITON_INTERPRET=0 has to be
-set before Python starts (CPU-only PyTorch turns the interpreter on otherwise).
+Builds the forward, dQ and dK/dV kernels at every tile config `launch.py` can pick
+(`systems.triton_build`) and reports each build's shared memory against sm_90's limit per
+block, registers and stack bytes per thread; exits 1 when a build does not fit. What it
+cannot see: speed, and the numbers the kernels compute (the interpreter tests those). The
+builds are this Triton's: another version builds otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import torch
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 from systems.attention.flash_triton import launch
 from systems.attention.flash_triton.kernels import (
@@ -36,17 +24,14 @@ from systems.attention.flash_triton.kernels import (
     flash_forward_kernel,
 )
 from systems.common.cli_help import HelpFormatter
+from systems.triton_build import HOPPER_SHARED_BYTES, build_for_hopper
 from systems.triton_runtime import INTERPRETED
 
-HOPPER = GPUTarget("cuda", 90, 32)
-# The most dynamic shared memory one block may use on sm_90 (H100, H200): 227 KiB.
-HOPPER_SHARED_BYTES = 232448
 # A length no tile divides, so that the kernels build their masked paths.
 _SEQ = 1000
 _TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _SIZE_ARGS = ("n_heads", "n_q", "n_k")
 _FP32_POINTERS = ("L", "Delta")
-_CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
 def configured() -> dict[str, tuple[int, torch.dtype, launch.FlashConfig]]:
@@ -83,22 +68,6 @@ def _signature(kernel: triton.JITFunction, dtype: torch.dtype, constexprs: dict[
     return types
 
 
-def _resources(cubin: bytes) -> dict[str, int]:
-    """Registers and stack bytes per thread of a binary; empty where cuobjdump is missing
-    or does not say (the report only, never the check, depends on it)."""
-    if not _CUOBJDUMP.exists():
-        return {}
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as binary:
-        binary.write(cubin)
-        binary.flush()
-        usage = subprocess.run([str(_CUOBJDUMP), "-res-usage", binary.name],
-                               capture_output=True, text=True).stdout
-    found = dict(re.findall(r"\b(REG|STACK):(\d+)", usage))
-    if found.keys() != {"REG", "STACK"}:
-        return {}
-    return {"registers": int(found["REG"]), "stack_bytes": int(found["STACK"])}
-
-
 def build(head_dim: int, dtype: torch.dtype, config: launch.FlashConfig
           ) -> dict[str, dict[str, int]]:
     """Per kernel built for Hopper with `config` (causal): shared memory in bytes per block,
@@ -114,15 +83,11 @@ def build(head_dim: int, dtype: torch.dtype, config: launch.FlashConfig
     built = {}
     for name, kernel, tiles, extra in kernels:
         constexprs = problem.constexprs(tiles, **extra)
-        signature = _signature(kernel, dtype, constexprs, tiles, problem.block_d)
-        # Every pointer a launcher passes is 16-byte aligned (`KernelLauncher`).
-        aligned = {(kernel.arg_names.index(arg),): [["tt.divisibility", 16]]
-                   for arg, kind in signature.items() if kind.startswith("*")}
-        compiled = triton.compile(ASTSource(kernel, signature, constexprs, aligned),
-                                  target=HOPPER, options={"num_warps": tiles.num_warps,
-                                                          "num_stages": tiles.num_stages})
-        built[name] = {"shared_bytes": compiled.metadata.shared,
-                       **_resources(compiled.asm["cubin"])}
+        # Every pointer a launcher passes is 16-byte aligned (`KernelLauncher`), as
+        # build_for_hopper assumes.
+        built[name] = build_for_hopper(
+            kernel, _signature(kernel, dtype, constexprs, tiles, problem.block_d), constexprs,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return built
 
 

@@ -1,6 +1,7 @@
-"""The flash attention kernels build for Hopper (sm_90) at every tile config `launch.py` can
-pick, and fit its shared memory per block: checked on any machine, GPU or not, through
-Triton's ahead-of-time compiler (`systems.attention.flash_triton.compile_check`)."""
+"""Our Triton kernels build for Hopper (sm_90), on any machine, GPU or not, through Triton's
+ahead-of-time compiler (`systems.triton_build`): the flash attention kernels at every tile
+config `launch.py` can pick, fitting sm_90's shared memory per block, and the fused AdamW
+kernel for the dtypes its optimizer launches."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import systems
-from systems.attention.flash_triton.compile_check import HOPPER_SHARED_BYTES, configured
+from systems.attention.flash_triton.compile_check import configured
+from systems.triton_build import HOPPER_SHARED_BYTES
 
 
 def _compiled_python(*args: str) -> subprocess.CompletedProcess:
@@ -47,3 +49,29 @@ def test_the_check_sees_tiles_that_do_not_fit():
     assert result.returncode == 0, result.stderr[-4000:]
     built = json.loads(result.stdout.splitlines()[-1])
     assert all(kernel["shared_bytes"] > HOPPER_SHARED_BYTES for kernel in built.values()), built
+
+
+def test_fused_adamw_kernel_builds_for_hopper():
+    """bf16 and fp16 parameters and gradients, addresses aligned or not (`ALIGNED`)."""
+    result = _compiled_python("-c", (
+        "import json\n"
+        "import triton.language as tl\n"
+        "from systems.optim.adamw_kernel import BLOCK_SIZE, NUM_WARPS, _adamw_kernel\n"
+        "from systems.triton_build import build_for_hopper\n"
+        "pointers = {'block_tensor': '*i32', 'block_start': '*i64', 'addresses': '*i64',\n"
+        "            'numels': '*i64', 'corrections': '*fp32'}\n"
+        "scalars = {'num_tensors': 'i32', **dict.fromkeys(\n"
+        "    ('lr', 'beta1', 'beta2', 'eps', 'weight_decay'), 'fp32')}\n"
+        "built = {}\n"
+        "for name, dtype in (('bf16', tl.bfloat16), ('fp16', tl.float16)):\n"
+        "    for aligned in (True, False):\n"
+        "        constexprs = {'PARAM_DTYPE': dtype, 'GRAD_DTYPE': dtype, 'ALIGNED': aligned,\n"
+        "                      'BLOCK_SIZE': BLOCK_SIZE}\n"
+        "        signature = {**pointers, **scalars, **dict.fromkeys(constexprs, 'constexpr')}\n"
+        "        built[f'{name}-{aligned}'] = build_for_hopper(\n"
+        "            _adamw_kernel, signature, constexprs, num_warps=NUM_WARPS, num_stages=3)\n"
+        "print(json.dumps(built))\n"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    built = json.loads(result.stdout.splitlines()[-1])
+    assert len(built) == 4
+    assert all(0 <= kernel["shared_bytes"] <= HOPPER_SHARED_BYTES for kernel in built.values())

@@ -1,0 +1,62 @@
+"""Building a Triton kernel for Hopper (sm_90) on a machine without that GPU.
+
+Triton compiles for a named target without a device: `build_for_hopper` returns what the
+build needs per block and per thread, so that a kernel that no longer compiles for the GPU,
+or a configuration that could not launch there, shows up on any machine (the correctness
+suite checks ours on the CPU). Registers and stack bytes per thread (spilled registers live
+on the stack) are read from the binary with the `cuobjdump` that ships with Triton.
+
+Kernels must be compiled, not interpreted, in the calling process: TRITON_INTERPRET=0 has
+to be set before Python starts (CPU-only PyTorch turns the interpreter on otherwise).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+HOPPER = GPUTarget("cuda", 90, 32)
+# The most dynamic shared memory one block may use on sm_90 (H100, H200): 227 KiB.
+HOPPER_SHARED_BYTES = 232448
+_CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+def _resources(cubin: bytes) -> dict[str, int]:
+    """Registers and stack bytes per thread of a binary; empty where cuobjdump is missing
+    or does not say (only the report depends on it, never a check)."""
+    if not _CUOBJDUMP.exists():
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as binary:
+        binary.write(cubin)
+        binary.flush()
+        usage = subprocess.run([str(_CUOBJDUMP), "-res-usage", binary.name],
+                               capture_output=True, text=True).stdout
+    found = dict(re.findall(r"\b(REG|STACK):(\d+)", usage))
+    if found.keys() != {"REG", "STACK"}:
+        return {}
+    return {"registers": int(found["REG"]), "stack_bytes": int(found["STACK"])}
+
+
+def build_for_hopper(kernel: triton.JITFunction, signature: dict[str, str],
+                     constexprs: dict[str, object], *, num_warps: int,
+                     num_stages: int) -> dict[str, int]:
+    """Build `kernel` for sm_90 with Triton's type for each parameter (`signature`, e.g.
+    "*bf16", "i32", "constexpr") and the constexprs' values; every pointer is taken as
+    16-byte aligned, as launches that specialise on alignment pass them. Returns the
+    shared memory per block in bytes ("shared_bytes") and, where cuobjdump can tell,
+    "registers" and "stack_bytes" per thread."""
+    missing = set(kernel.arg_names) - signature.keys()
+    if missing:
+        raise ValueError(f"{kernel.__name__}: no type for {sorted(missing)}")
+    signature = {name: signature[name] for name in kernel.arg_names}  # in parameter order
+    aligned = {(index,): [["tt.divisibility", 16]]
+               for index, kind in enumerate(signature.values()) if kind.startswith("*")}
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, aligned), target=HOPPER,
+                              options={"num_warps": num_warps, "num_stages": num_stages})
+    return {"shared_bytes": compiled.metadata.shared, **_resources(compiled.asm["cubin"])}
