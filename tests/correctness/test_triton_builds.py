@@ -18,21 +18,22 @@ from systems.attention.flash_triton.compile_check import configured
 from systems.triton_build import HOPPER_SHARED_BYTES
 
 
-def _compiled_python(*args: str) -> subprocess.CompletedProcess:
-    """Python with the kernels compiled, not interpreted, and this checkout importable."""
+def _built(*args: str) -> dict:
+    """The JSON that `python *args` prints last, run with the kernels compiled, not
+    interpreted, and this checkout importable."""
     src = str(Path(systems.__file__).parents[1])
     path = os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path, "TRITON_INTERPRET": "0"}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
-                          timeout=900)
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
+                            timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return json.loads(result.stdout.splitlines()[-1])
 
 
 @pytest.mark.parametrize("config", sorted(configured()))
 def test_kernels_build_for_hopper_and_fit_its_shared_memory(config):
-    result = _compiled_python("-m", "systems.attention.flash_triton.compile_check",
-                              "--config", config, "--json")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    built = json.loads(result.stdout.splitlines()[-1])["kernels"]
+    built = _built("-m", "systems.attention.flash_triton.compile_check", "--config", config,
+                   "--json")["kernels"]
     assert set(built) == {"forward", "dq", "dkdv"}
     shared = {name: kernel["shared_bytes"] for name, kernel in built.items()}
     assert all(0 < size <= HOPPER_SHARED_BYTES for size in shared.values()), shared
@@ -41,19 +42,17 @@ def test_kernels_build_for_hopper_and_fit_its_shared_memory(config):
 def test_the_check_sees_tiles_that_do_not_fit():
     """fp32 at d = 128 with half precision's large tiles: the three-TF32 operand splits
     need more shared memory than a Hopper block has, which the check must report."""
-    result = _compiled_python("-c", (
+    built = _built("-c", (
         "import json, torch\n"
         "from systems.attention.flash_triton import compile_check, launch\n"
         "tiles = launch._tiles((128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3))\n"
         "print(json.dumps(compile_check.build(128, torch.float32, tiles)))\n"))
-    assert result.returncode == 0, result.stderr[-4000:]
-    built = json.loads(result.stdout.splitlines()[-1])
     assert all(kernel["shared_bytes"] > HOPPER_SHARED_BYTES for kernel in built.values()), built
 
 
 def test_fused_adamw_kernel_builds_for_hopper():
     """bf16 and fp16 parameters and gradients, addresses aligned or not (`ALIGNED`)."""
-    result = _compiled_python("-c", (
+    built = _built("-c", (
         "import json\n"
         "import triton.language as tl\n"
         "from systems.optim.adamw_kernel import BLOCK_SIZE, NUM_WARPS, _adamw_kernel\n"
@@ -71,7 +70,5 @@ def test_fused_adamw_kernel_builds_for_hopper():
         "        built[f'{name}-{aligned}'] = build_for_hopper(\n"
         "            _adamw_kernel, signature, constexprs, num_warps=NUM_WARPS, num_stages=3)\n"
         "print(json.dumps(built))\n"))
-    assert result.returncode == 0, result.stderr[-4000:]
-    built = json.loads(result.stdout.splitlines()[-1])
     assert len(built) == 4
     assert all(0 <= kernel["shared_bytes"] <= HOPPER_SHARED_BYTES for kernel in built.values())
