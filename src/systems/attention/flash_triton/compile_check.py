@@ -78,7 +78,7 @@ def build(head_dim: int, dtype: torch.dtype, config: launch.FlashConfig
         ("forward", flash_forward_kernel, config.forward, {}),
         ("dq", flash_backward_dq_kernel, config.backward_dq, {}),
         ("dkdv", flash_backward_dkdv_kernel, config.backward_dkdv,
-         {"CHECK_Q_ROWS": _SEQ % config.backward_dkdv.block_m != 0}),
+         problem.dkdv_constexprs(config.backward_dkdv)),
     )
     built = {}
     for name, kernel, tiles, extra in kernels:

@@ -205,8 +205,14 @@ def _matrix_strides(shape: torch.Size, strides: tuple[int, ...], itemsize: int,
     return merged
 
 
-def _packed_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return torch.empty(shape, device="meta").stride()
+def _packed(like: torch.Tensor, head_dim: int, itemsize: int
+            ) -> tuple[torch.Size, MatrixStrides]:
+    """The shape and matrix strides of a packed tensor like `like` with head_dim columns:
+    the zero-padded copy of an input, or the buffer of an output, the kernels cannot use
+    in place."""
+    shape = torch.Size((*like.shape[:-1], head_dim))
+    packed = torch.empty(shape, device="meta")
+    return shape, _matrix_strides(shape, packed.stride(), itemsize, head_dim)
 
 
 def _padded_copy(t: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -232,9 +238,7 @@ class _Reading:
         strides = _matrix_strides(t.shape, t.stride(), itemsize, head_dim)
         if strides is not None and aligned:
             return cls(strides, None)
-        packed = torch.Size((*t.shape[:-1], head_dim))
-        return cls(_matrix_strides(packed, _packed_strides(packed), itemsize, head_dim),
-                   head_dim)
+        return cls(_packed(t, head_dim, itemsize)[1], head_dim)
 
     def read(self, t: torch.Tensor) -> torch.Tensor:
         return t if self.copy_to is None else _padded_copy(t, self.copy_to)
@@ -255,8 +259,8 @@ class _Writing:
         strides = _matrix_strides(out.shape, out.stride(), itemsize, head_dim)
         if strides is not None:
             return cls(strides, None)
-        shape = torch.Size((*like.shape[:-1], head_dim))
-        return cls(_matrix_strides(shape, _packed_strides(shape), itemsize, head_dim), shape)
+        shape, strides = _packed(like, head_dim, itemsize)
+        return cls(strides, shape)
 
     def allocate(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the output, the buffer the kernel writes). Every element of the buffer is
@@ -332,10 +336,15 @@ class _Problem:
 
     def constexprs(self, tiles: TileConfig, **extra: object) -> dict[str, object]:
         """A kernel's compile-time arguments (its trailing parameters) for this problem and
-        tiles; `extra` are the kernel's own (the dK/dV kernel's CHECK_Q_ROWS)."""
+        tiles; `extra` are the kernel's own (`dkdv_constexprs`)."""
         return {"SM_SCALE": self.d ** -0.5, "HEAD_DIM": self.head_dim, "BLOCK_D": self.block_d,
                 "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
                 "IS_CAUSAL": self.is_causal, **extra, "DOT_PRECISION": dot_precision(self.dtype)}
+
+    def dkdv_constexprs(self, tiles: TileConfig) -> dict[str, object]:
+        """The dK/dV kernel's own: its programs walk key tiles, and the last query tile is
+        partial unless block_m divides n_q."""
+        return {"CHECK_Q_ROWS": self.n_q % tiles.block_m != 0}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -357,18 +366,18 @@ class _ForwardPlan:
     is read in place or copied, where o is written, the descriptors' layouts and the
     launcher are worked out once; a call allocates, launches and returns."""
 
-    def __init__(self, problem: _Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def __init__(self, problem: _Problem, tensors: tuple[torch.Tensor, ...],
                  aligned: tuple[bool, ...]) -> None:
         tiles = problem.config.forward
-        self.q, self.k, self.v = (problem.reading(t, a) for t, a in zip((q, k, v), aligned,
+        self.q, self.k, self.v = (problem.reading(t, a) for t, a in zip(tensors, aligned,
                                                                          strict=True))
-        self.o = problem.writing(q)
+        self.o = problem.writing(tensors[0])
         self.launch = problem.launcher(
             flash_forward_kernel, tiles, problem.n_q, tiles.block_m,
             (self.q.strides, self.k.strides, self.v.strides, self.o.strides),
             {"k_tiles": problem.tiles(self.k.strides, problem.n_k, tiles.block_n),
              "v_tiles": problem.tiles(self.v.strides, problem.n_k, tiles.block_n)})
-        self.lse_shape = q.shape[:-1]
+        self.lse_shape = tensors[0].shape[:-1]
         self.sizes = problem.sizes
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -398,14 +407,12 @@ class _BackwardPlan:
             (rq, rk, rv, ro, rdo, self.dq_out.strides),
             {"k_tiles": problem.tiles(rk, problem.n_k, dq_tiles.block_n),
              "v_tiles": problem.tiles(rv, problem.n_k, dq_tiles.block_n)})
-        # Its programs walk key tiles; the last query tile is partial unless block_m
-        # divides n_q.
         self.dkdv_launch = problem.launcher(
             flash_backward_dkdv_kernel, dkdv_tiles, problem.n_k, dkdv_tiles.block_n,
             (rq, rk, rv, rdo, self.dk_out.strides, self.dv_out.strides),
             {"q_tiles": problem.tiles(rq, problem.n_q, dkdv_tiles.block_m),
              "do_tiles": problem.tiles(rdo, problem.n_q, dkdv_tiles.block_m)},
-            CHECK_Q_ROWS=problem.n_q % dkdv_tiles.block_m != 0)
+            **problem.dkdv_constexprs(dkdv_tiles))
         self.sizes = problem.sizes
 
     def read(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -448,16 +455,21 @@ _PLANS: dict[tuple[object, ...], _ForwardPlan | _BackwardPlan] = {}
 _MAX_PLANS = 4096
 
 
-def _remember(key: tuple[object, ...], plan: _ForwardPlan | _BackwardPlan
-              ) -> _ForwardPlan | _BackwardPlan:
-    if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()
-    _PLANS[key] = plan
+def _plan(plan_type: type[_ForwardPlan] | type[_BackwardPlan], tensors: tuple[torch.Tensor, ...],
+          is_causal: bool, config: FlashConfig | None) -> _ForwardPlan | _BackwardPlan:
+    """The plan of this type for these tensors ((q, k, v) or (q, k, v, o, do)), made on
+    first use: kept by the problem's shapes, dtype, device, mask and tiles, and each
+    tensor's strides and start alignment."""
+    q, k = tensors[0], tensors[1]
+    aligned = tuple([t.data_ptr() % 16 == 0 for t in tensors])
+    key = (plan_type, q.shape, k.shape, tuple([t.stride() for t in tensors]), q.dtype,
+           q.device, is_causal, config, aligned)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = plan_type(_problem_of(q, k, is_causal, config), tensors, aligned)
     return plan
-
-
-def _aligned(*tensors: torch.Tensor) -> tuple[bool, ...]:
-    return tuple([t.data_ptr() % 16 == 0 for t in tensors])
 
 
 def flash_forward(
@@ -466,22 +478,7 @@ def flash_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, L) for checked inputs; o is laid out like q (`torch.empty_like`), L is the
     natural-log log-sum-exp, fp32, (..., n_queries), packed."""
-    aligned = _aligned(q, k, v)
-    key = (_ForwardPlan, q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype,
-           q.device, is_causal, config, aligned)
-    plan = _PLANS.get(key) or _remember(
-        key, _ForwardPlan(_problem_of(q, k, is_causal, config), q, k, v, aligned))
-    return plan(q, k, v)
-
-
-def _backward_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                   do: torch.Tensor, is_causal: bool, config: FlashConfig | None
-                   ) -> _BackwardPlan:
-    aligned = _aligned(q, k, v, o, do)
-    key = (_BackwardPlan, q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(),
-           do.stride(), q.dtype, q.device, is_causal, config, aligned)
-    return _PLANS.get(key) or _remember(
-        key, _BackwardPlan(_problem_of(q, k, is_causal, config), (q, k, v, o, do), aligned))
+    return _plan(_ForwardPlan, (q, k, v), is_causal, config)(q, k, v)
 
 
 def flash_backward(
@@ -492,7 +489,7 @@ def flash_backward(
     writes D), then a dK/dV pass. lse must be flash_forward's (packed, freshly allocated,
     so 16-byte aligned); do may have any strides (autograd may hand over an expanded or
     transposed gradient)."""
-    return _backward_plan(q, k, v, o, do, is_causal, config)(q, k, v, o, lse, do)
+    return _plan(_BackwardPlan, (q, k, v, o, do), is_causal, config)(q, k, v, o, lse, do)
 
 
 def backward_dq(
@@ -500,7 +497,7 @@ def backward_dq(
     do: torch.Tensor, is_causal: bool, tiles: TileConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dq, D) with `tiles`, where D = rowsum(o * do), fp32, shaped like L (for tuning)."""
-    plan = _backward_plan(q, k, v, o, do, is_causal, FlashConfig(tiles, tiles, tiles))
+    plan = _plan(_BackwardPlan, (q, k, v, o, do), is_causal, FlashConfig(tiles, tiles, tiles))
     return plan.dq(q, *plan.read(q, k, v, o, do), lse)
 
 
@@ -510,6 +507,6 @@ def backward_dkdv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dk, dv) with `tiles` (for tuning). The dK/dV pass does not read o: do stands in
     for it in the plan (it has o's shape)."""
-    plan = _backward_plan(q, k, v, do, do, is_causal, FlashConfig(tiles, tiles, tiles))
+    plan = _plan(_BackwardPlan, (q, k, v, do, do), is_causal, FlashConfig(tiles, tiles, tiles))
     q_in, k_in, v_in, _, do_in = plan.read(q, k, v, do, do)
     return plan.dkdv(k, v, q_in, k_in, v_in, do_in, lse, delta)
