@@ -301,7 +301,7 @@ def test_plans_tell_aligned_from_misaligned_inputs_and_keep_no_tensors(device, m
     monkeypatch.setattr(launch, "_PLANS", plans)
     shape = (2, 3, 70, 40)
     aligned = torch.randn(shape, device=device)
-    misaligned = torch.randn(math.prod(shape) + 1, device=device)[1:].view(shape)
+    misaligned = _misaligned(torch.randn(shape, device=device))
     assert aligned.stride() == misaligned.stride() and misaligned.data_ptr() % 16
     outputs = [flash_forward(q, aligned, aligned, True)[0] for q in (aligned, misaligned)]
     torch.testing.assert_close(outputs[1], flash_forward(misaligned.clone(), aligned,
@@ -425,12 +425,8 @@ def test_compiled_apply_reads_misaligned_views(device):
     place, as in eager calls (the two agree exactly: same kernels, same tiles)."""
     torch._dynamo.reset()
     shape = (2, 70, 40)
-
-    def misaligned() -> torch.Tensor:
-        flat = torch.randn(math.prod(shape) + 1, device=device, requires_grad=True)
-        return flat[1:].view(shape)
-
-    q, k, v = misaligned(), misaligned(), misaligned()
+    q, k, v = (_misaligned(torch.randn(shape, device=device)).requires_grad_()
+               for _ in range(3))
     do = torch.randn(shape, device=device)
     assert q.data_ptr() % 16 != 0
     compiled = torch.compile(FlashAttentionTriton.apply, fullgraph=True)
