@@ -1,13 +1,19 @@
-"""MixedPrecisionAdamW: fp32 master weights updated like torch.optim.AdamW, bf16 copies."""
+"""MixedPrecisionAdamW: fp32 master weights updated like torch.optim.AdamW, bf16 copies,
+the split master layout of bf16 parameters, and checkpoints."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from systems import triton_runtime
 from systems.optim import MixedPrecisionAdamW
 from systems.optim.adamw_kernel import BLOCK_SIZE, fused_adamw_step_
+from systems.optim.split_master import join_master, split_master
 
 # One tensor over several kernel blocks with a ragged end, and small awkward ones.
 SHAPES = [(3, BLOCK_SIZE + 17), (5,), (3, 4, 2), (1,)]
@@ -56,7 +62,9 @@ def test_masters_follow_torch_adamw_and_params_are_their_rounding(dtype, kwargs,
         assert p.dtype == dtype
         master = optimizer.master(p)
         torch.testing.assert_close(master, r.detach(), rtol=1e-5, atol=1e-6)
-        if device == "cuda":
+        if dtype == torch.bfloat16:  # the split layout: integer rounding, GPU and CPU alike
+            assert torch.equal(p.detach(), split_master(master)[0])
+        elif device == "cuda":
             assert torch.equal(p.detach(), master.to(dtype))
         else:  # Triton's interpreter truncates where the GPU rounds: within one unit
             error = (p.detach().float() - master).abs()
@@ -64,8 +72,10 @@ def test_masters_follow_torch_adamw_and_params_are_their_rounding(dtype, kwargs,
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_misaligned_tensors_update_exactly_like_aligned_ones(dtype, device) -> None:
+@pytest.mark.parametrize("dtype,master_dtype", [
+    (torch.bfloat16, torch.float32), (torch.bfloat16, torch.int16),
+    (torch.float32, torch.float32)], ids=["bf16", "bf16-split", "fp32"])
+def test_misaligned_tensors_update_exactly_like_aligned_ones(dtype, master_dtype, device):
     # Views one element into a buffer are not 16-byte aligned: the kernel must take its
     # element-wise path for them and still give the aligned result bit for bit.
     gen = torch.Generator().manual_seed(3)
@@ -73,6 +83,8 @@ def test_misaligned_tensors_update_exactly_like_aligned_ones(dtype, device) -> N
     fresh = [[torch.randn(n, generator=gen).to(device) for n in sizes] for _ in range(5)]
     fresh[0] = [t.to(dtype) for t in fresh[0]]  # parameters
     fresh[1] = [t.to(dtype) for t in fresh[1]]  # gradients
+    if master_dtype == torch.int16:  # low bits under the parameters
+        fresh[2] = [split_master(t)[1] for t in fresh[2]]
     fresh[4] = [t.abs() for t in fresh[4]]  # second moments are never negative
 
     def misaligned(t: torch.Tensor) -> torch.Tensor:
@@ -89,7 +101,82 @@ def test_misaligned_tensors_update_exactly_like_aligned_ones(dtype, device) -> N
     for a_group, s_group in zip(aligned, shifted, strict=True):
         for a, s in zip(a_group, s_group, strict=True):
             assert torch.equal(a, s)
-    assert not torch.equal(aligned[2][0], fresh[2][0].float())  # the step did update
+    assert not torch.equal(aligned[0][0], fresh[0][0])  # the step did update
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_split_masters_update_exactly_like_fp32_masters(device) -> None:
+    """The kernel's split layout computes the fp32 layout's update bit for bit: its joined
+    master equals the fp32 master, its parameter is that master's split, the moments agree.
+    Sizes and masters cover several blocks, a ragged end, and values near rounding ties."""
+    gen = torch.Generator().manual_seed(11)
+    sizes = [BLOCK_SIZE + 3, 2 * BLOCK_SIZE, 5]
+    masters = [torch.randn(n, generator=gen) for n in sizes]
+    # Half-way patterns: the low 16 bits 0x8000 exactly, and one unit either side.
+    masters[0][:3] = (masters[0][:3].view(torch.int32) & ~0xFFFF
+                      | torch.tensor([0x7FFF, 0x8000, 0x8001], dtype=torch.int32)
+                      ).view(torch.float32)
+    masters = [m.to(device) for m in masters]
+    grads = [torch.randn(n, generator=gen).to(device, torch.bfloat16) for n in sizes]
+    moments = [[torch.randn(n, generator=gen).to(device).abs() for n in sizes]
+               for _ in range(2)]
+    split = [split_master(m) for m in masters]
+    fp32 = ([p.clone() for p, _ in split], grads, [m.clone() for m in masters],
+            *[[t.clone() for t in group] for group in moments])
+    halves = ([p.clone() for p, _ in split], grads, [low.clone() for _, low in split],
+              *[[t.clone() for t in group] for group in moments])
+    # A step with no learning rate and no decay leaves the masters as they were, so the
+    # kernel's split of them (ties included) must be PyTorch's.
+    frozen = dict(lr=0.0, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0)
+    still = [[t.clone() for t in group] for group in halves]
+    fused_adamw_step_(*still, step=1, **frozen)
+    assert all(torch.equal(a, p) for a, (p, _) in zip(still[0], split, strict=True))
+    assert all(torch.equal(a, low) for a, (_, low) in zip(still[2], split, strict=True))
+    hyper = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+    for step in (1, 2, 3):
+        fused_adamw_step_(*fp32, step=step, **hyper)
+        fused_adamw_step_(*halves, step=step, **hyper)
+    for i in range(len(sizes)):
+        master = fp32[2][i]
+        assert not torch.equal(master, masters[i])
+        assert torch.equal(join_master(halves[0][i], halves[2][i]), master)
+        assert torch.equal(halves[0][i], split_master(master)[0])
+        assert torch.equal(halves[3][i], fp32[3][i]) and torch.equal(halves[4][i], fp32[4][i])
+
+
+_SPECIAL_FLOATS = [0.0, -0.0, float("inf"), float("-inf"), 3.4028234663852886e38, 1e-45,
+                   -1e-45, 1.1754943508222875e-38]
+
+
+@settings(max_examples=300, deadline=None)
+@given(bits=st.integers(-2**31, 2**31 - 1))
+@example(bits=0x3F808000)  # a tie between two bf16 neighbours, rounding up from an even one
+@example(bits=0x3F818000)  # a tie above an odd one
+@example(bits=0x7F7FFFFF)  # the largest fp32 rounds to bf16's infinity
+@example(bits=0x7FFFFFFF)  # NaN, whose pattern would overflow the rounding
+@example(bits=-1)  # a negative NaN, whose pattern would round to zero
+def test_split_master_holds_every_fp32_pattern(bits: int) -> None:
+    master = torch.tensor([bits], dtype=torch.int32).view(torch.float32)
+    param, low = split_master(master)
+    if torch.isnan(master).item():
+        assert torch.isnan(param).item() and torch.isnan(join_master(param, low)).item()
+        return
+    assert torch.equal(join_master(param, low).view(torch.int32), master.view(torch.int32))
+    if low.item() == -0x8000:  # a tie: away from zero, where round-to-even may go down
+        assert abs(param.float().item()) >= abs(master.item())
+    else:
+        assert torch.equal(param, master.to(torch.bfloat16))
+
+
+def test_split_master_at_special_values() -> None:
+    master = torch.tensor(_SPECIAL_FLOATS, dtype=torch.float32)
+    param, low = split_master(master)
+    assert torch.equal(join_master(param, low).view(torch.int32), master.view(torch.int32))
+    assert torch.equal(param, master.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="float32"):
+        split_master(master.double())
+    with pytest.raises(ValueError, match="int16"):
+        join_master(param, low.int())
 
 
 @pytest.mark.interpreter
@@ -99,8 +186,70 @@ def test_construction_casts_in_place_and_keeps_the_exact_fp32_values() -> None:
     optimizer = MixedPrecisionAdamW(params)
     for p, original in zip(params, originals, strict=True):
         assert p.dtype == torch.bfloat16
-        assert torch.equal(p.detach(), original.to(torch.bfloat16))
+        assert torch.equal(p.detach(), split_master(original)[0])
         assert torch.equal(optimizer.master(p), original)
+        assert optimizer.state[p]["master_low_bits"].dtype == torch.int16
+        assert "master" not in optimizer.state[p]
+
+
+def _save_and_load(obj: object) -> object:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_a_checkpoint_resumes_bit_for_bit(dtype, device) -> None:
+    """Three steps, a checkpoint of model and optimizer through torch.save, a fresh model
+    and optimizer loaded from it, three more steps: the same parameters, masters and
+    moments as six steps without the break. (torch's own load_state_dict would cast the
+    fp32 state to the parameters' dtype.)"""
+    kwargs = dict(lr=1e-2, weight_decay=0.1, compute_dtype=dtype)
+
+    def steps(params, optimizer, gen, count):
+        for _ in range(count):
+            optimizer.zero_grad()
+            _loss(params, gen).backward()
+            optimizer.step()
+
+    straight = _params(9, device)
+    straight_optimizer = MixedPrecisionAdamW(straight, **kwargs)
+    steps(straight, straight_optimizer, torch.Generator().manual_seed(10), 6)
+
+    first = _params(9, device)
+    first_optimizer = MixedPrecisionAdamW(first, **kwargs)
+    gen = torch.Generator().manual_seed(10)
+    steps(first, first_optimizer, gen, 3)
+    saved = _save_and_load({"params": [p.detach() for p in first],
+                            "optimizer": first_optimizer.state_dict()})
+    resumed = _params(13, device)  # other values, overwritten by the checkpoint
+    resumed_optimizer = MixedPrecisionAdamW(resumed, **kwargs)
+    with torch.no_grad():
+        for p, value in zip(resumed, saved["params"], strict=True):
+            p.copy_(value)
+    resumed_optimizer.load_state_dict(saved["optimizer"])
+    steps(resumed, resumed_optimizer, gen, 3)
+
+    for p, q in zip(straight, resumed, strict=True):
+        assert torch.equal(p, q)
+        assert torch.equal(straight_optimizer.master(p), resumed_optimizer.master(q))
+        for key, value in straight_optimizer.state[p].items():
+            assert value.dtype == resumed_optimizer.state[q][key].dtype, key
+            assert torch.equal(value, resumed_optimizer.state[q][key]), key
+
+
+@pytest.mark.interpreter
+def test_a_checkpoint_of_another_layout_is_refused() -> None:
+    bf16 = MixedPrecisionAdamW(_params(14, "cpu"))
+    fp16 = MixedPrecisionAdamW(_params(14, "cpu"), compute_dtype=torch.float16)
+    with pytest.raises(ValueError, match="does not fit"):
+        fp16.load_state_dict(bf16.state_dict())
+    saved = bf16.state_dict()
+    saved["state"][0]["exp_avg"] = saved["state"][0]["exp_avg"].half()
+    with pytest.raises(ValueError, match="saved exp_avg is torch.float16"):
+        bf16.load_state_dict(saved)
 
 
 @pytest.mark.interpreter

@@ -51,7 +51,8 @@ def test_the_check_sees_tiles_that_do_not_fit():
 
 
 def test_fused_adamw_kernel_builds_for_hopper():
-    """bf16 and fp16 parameters and gradients, addresses aligned or not (`ALIGNED`)."""
+    """bf16 and fp16 parameters and gradients, addresses aligned or not (`ALIGNED`), and
+    bf16 parameters over split masters (`SPLIT_MASTER`)."""
     built = _built("-c", (
         "import json\n"
         "import triton.language as tl\n"
@@ -62,13 +63,14 @@ def test_fused_adamw_kernel_builds_for_hopper():
         "scalars = {'num_tensors': 'i32', **dict.fromkeys(\n"
         "    ('lr', 'beta1', 'beta2', 'eps', 'weight_decay'), 'fp32')}\n"
         "built = {}\n"
-        "for name, dtype in (('bf16', tl.bfloat16), ('fp16', tl.float16)):\n"
+        "for name, dtype, split in (('bf16', tl.bfloat16, False), ('fp16', tl.float16, False),\n"
+        "                           ('bf16-split', tl.bfloat16, True)):\n"
         "    for aligned in (True, False):\n"
         "        constexprs = {'PARAM_DTYPE': dtype, 'GRAD_DTYPE': dtype, 'ALIGNED': aligned,\n"
-        "                      'BLOCK_SIZE': BLOCK_SIZE}\n"
+        "                      'SPLIT_MASTER': split, 'BLOCK_SIZE': BLOCK_SIZE}\n"
         "        signature = {**pointers, **scalars, **dict.fromkeys(constexprs, 'constexpr')}\n"
         "        built[f'{name}-{aligned}'] = build_for_hopper(\n"
         "            _adamw_kernel, signature, constexprs, num_warps=NUM_WARPS, num_stages=3)\n"
         "print(json.dumps(built))\n"))
-    assert len(built) == 4
+    assert len(built) == 6
     assert all(0 <= kernel["shared_bytes"] <= HOPPER_SHARED_BYTES for kernel in built.values())

@@ -3,7 +3,9 @@
 Per element the kernel reads the gradient (any float dtype), the fp32 master weight and
 both fp32 moments once, and writes the master, the moments and the low-precision parameter
 the model computes with: the least an AdamW step over fp32 state can move. The math
-follows `torch.optim.AdamW` (see `systems.optim.AdamW`).
+follows `torch.optim.AdamW` (see `systems.optim.AdamW`). For bf16 parameters the master
+can instead be held as the parameter plus int16 low bits (`systems.optim.split_master`):
+the kernel then reads both halves, and writes both, 2 bytes per weight fewer.
 
 One launch covers a whole list of tensors (one per tensor would cost more host time than
 GPU time on small tensors): every program handles BLOCK_SIZE elements of one tensor, found
@@ -34,11 +36,34 @@ _TRITON_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16,
 
 
 @triton.jit
+def _join_master(param, low):
+    """fp32 from a bf16 parameter and its int16 low bits (`split_master.join_master`)."""
+    high = param.to(tl.int16, bitcast=True).to(tl.int32) << 16
+    return (high + low.to(tl.int32)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _split_master(master):
+    """(bf16 parameter, int16 low bits) of an fp32 master (`split_master.split_master`)."""
+    bits = master.to(tl.int32, bitcast=True)
+    high = (bits + 0x8000) >> 16  # nearest, ties away from zero; overflows only for NaN
+    low = bits - (high << 16)
+    nan = master != master
+    high = tl.where(nan, 0x7FC0, high).to(tl.int16)
+    low = tl.where(nan, 0, low).to(tl.int16)
+    return high.to(tl.bfloat16, bitcast=True), low
+
+
+@triton.jit
 def _adamw_update(param_ptr, grad_ptr, master_ptr, exp_avg_ptr, exp_avg_sq_ptr, offsets, mask,
                   step_size, bias_correction2_sqrt, lr, beta1, beta2, eps, weight_decay,
-                  PARAM_DTYPE: tl.constexpr):
+                  PARAM_DTYPE: tl.constexpr, SPLIT_MASTER: tl.constexpr):
     grad = tl.load(grad_ptr + offsets, mask=mask).to(tl.float32)
-    master = tl.load(master_ptr + offsets, mask=mask)
+    if SPLIT_MASTER:  # master_ptr holds the low bits under the bf16 parameter
+        master = _join_master(tl.load(param_ptr + offsets, mask=mask),
+                              tl.load(master_ptr + offsets, mask=mask))
+    else:
+        master = tl.load(master_ptr + offsets, mask=mask)
     exp_avg = tl.load(exp_avg_ptr + offsets, mask=mask)
     exp_avg_sq = tl.load(exp_avg_sq_ptr + offsets, mask=mask)
     master = master * (1.0 - lr * weight_decay)
@@ -46,11 +71,16 @@ def _adamw_update(param_ptr, grad_ptr, master_ptr, exp_avg_ptr, exp_avg_sq_ptr, 
     exp_avg_sq = exp_avg_sq * beta2 + (1.0 - beta2) * grad * grad
     denom = tl.sqrt(exp_avg_sq) / bias_correction2_sqrt + eps
     master = master - step_size * exp_avg / denom
-    tl.store(master_ptr + offsets, master, mask=mask)
     tl.store(exp_avg_ptr + offsets, exp_avg, mask=mask)
     tl.store(exp_avg_sq_ptr + offsets, exp_avg_sq, mask=mask)
-    tl.store(param_ptr + offsets, master.to(PARAM_DTYPE, fp_downcast_rounding="rtne"),
-             mask=mask)
+    if SPLIT_MASTER:
+        param, low = _split_master(master)
+        tl.store(master_ptr + offsets, low, mask=mask)
+        tl.store(param_ptr + offsets, param, mask=mask)
+    else:
+        tl.store(master_ptr + offsets, master, mask=mask)
+        tl.store(param_ptr + offsets, master.to(PARAM_DTYPE, fp_downcast_rounding="rtne"),
+                 mask=mask)
 
 
 @triton.jit
@@ -66,7 +96,7 @@ def _tensor_pointer(addresses, row, num_tensors, tensor, DTYPE: tl.constexpr,
 def _adamw_kernel(block_tensor, block_start, addresses, numels, num_tensors, corrections,
                   lr, beta1, beta2, eps, weight_decay,
                   PARAM_DTYPE: tl.constexpr, GRAD_DTYPE: tl.constexpr, ALIGNED: tl.constexpr,
-                  BLOCK_SIZE: tl.constexpr):
+                  SPLIT_MASTER: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     block = tl.program_id(0)
     tensor = tl.load(block_tensor + block)
     start = tl.multiple_of(tl.load(block_start + block), BLOCK_SIZE)
@@ -75,7 +105,8 @@ def _adamw_kernel(block_tensor, block_start, addresses, numels, num_tensors, cor
     # addresses: rows param, grad, master, exp_avg, exp_avg_sq; one column per tensor.
     param_ptr = _tensor_pointer(addresses, 0, num_tensors, tensor, PARAM_DTYPE, ALIGNED)
     grad_ptr = _tensor_pointer(addresses, 1, num_tensors, tensor, GRAD_DTYPE, ALIGNED)
-    master_ptr = _tensor_pointer(addresses, 2, num_tensors, tensor, tl.float32, ALIGNED)
+    master_ptr = _tensor_pointer(addresses, 2, num_tensors, tensor,
+                                 tl.int16 if SPLIT_MASTER else tl.float32, ALIGNED)
     exp_avg_ptr = _tensor_pointer(addresses, 3, num_tensors, tensor, tl.float32, ALIGNED)
     exp_avg_sq_ptr = _tensor_pointer(addresses, 4, num_tensors, tensor, tl.float32, ALIGNED)
     # corrections: rows lr / (1 - beta1^t) and sqrt(1 - beta2^t); one column per tensor.
@@ -87,11 +118,11 @@ def _adamw_kernel(block_tensor, block_start, addresses, numels, num_tensors, cor
     if start + BLOCK_SIZE <= numel:
         _adamw_update(param_ptr, grad_ptr, master_ptr, exp_avg_ptr, exp_avg_sq_ptr, offsets,
                       None, step_size, bias_correction2_sqrt, lr, beta1, beta2, eps,
-                      weight_decay, PARAM_DTYPE)
+                      weight_decay, PARAM_DTYPE, SPLIT_MASTER)
     else:
         _adamw_update(param_ptr, grad_ptr, master_ptr, exp_avg_ptr, exp_avg_sq_ptr, offsets,
                       offsets < numel, step_size, bias_correction2_sqrt, lr, beta1, beta2,
-                      eps, weight_decay, PARAM_DTYPE)
+                      eps, weight_decay, PARAM_DTYPE, SPLIT_MASTER)
 
 
 @functools.lru_cache(maxsize=64)
@@ -138,12 +169,16 @@ def _check(params: Sequence[torch.Tensor], tensors: dict[str, Sequence[torch.Ten
     dtypes = {(p.dtype, g.dtype) for p, g in zip(params, tensors["grad"], strict=True)}
     if len(dtypes) != 1:
         raise ValueError(f"one launch takes one parameter and one gradient dtype, got {dtypes}")
+    masters = tensors["master"]
+    split = bool(masters) and params[0].dtype == torch.bfloat16 and masters[0].dtype == torch.int16
     for name, group in tensors.items():
         if len(group) != len(params):
             raise ValueError(f"{len(group)} {name} tensors for {len(params)} parameters")
         for param, tensor in zip(params, group, strict=True):
-            if name != "grad" and tensor.dtype != torch.float32:
-                raise ValueError(f"{name} must be float32, got {tensor.dtype}")
+            wanted = torch.int16 if name == "master" and split else torch.float32
+            if name != "grad" and tensor.dtype != wanted:
+                raise ValueError(f"{name} must be float32 (or, for bf16 parameters, all "
+                                 f"int16 low bits), got {tensor.dtype}")
             if (tensor.shape != param.shape or not tensor.is_contiguous()
                     or tensor.device != param.device):
                 raise ValueError(f"{name} must be contiguous, on {param.device}, with shape "
@@ -167,6 +202,8 @@ def fused_adamw_step_(
 ) -> None:
     """AdamW step number `step` (from 1) of every tensor in the lists: update the fp32
     `masters` and moments in place and write each new master, rounded, into its parameter.
+    For bf16 parameters `masters` may instead be int16 low bits, the master being the
+    parameter and its low bits (`systems.optim.split_master`); both are then updated.
     All tensors contiguous and on one device; one parameter dtype and one gradient dtype."""
     if not params:
         return
@@ -197,6 +234,7 @@ def launch_fused_adamw_(
         block_tensor, block_start, addresses, numels, len(params),
         _bias_corrections(steps, lr, beta1, beta2), lr, beta1, beta2, eps, weight_decay,
         PARAM_DTYPE=_TRITON_DTYPES[params[0].dtype],
-        GRAD_DTYPE=_TRITON_DTYPES[grads[0].dtype], ALIGNED=aligned, BLOCK_SIZE=BLOCK_SIZE,
+        GRAD_DTYPE=_TRITON_DTYPES[grads[0].dtype], ALIGNED=aligned,
+        SPLIT_MASTER=masters[0].dtype == torch.int16, BLOCK_SIZE=BLOCK_SIZE,
         num_warps=NUM_WARPS,
     )

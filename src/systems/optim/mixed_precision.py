@@ -10,6 +10,7 @@ import torch
 from systems import triton_runtime
 from systems.optim.adamw import AdamW
 from systems.optim.adamw_kernel import launch_fused_adamw_
+from systems.optim.split_master import join_master, split_master
 
 
 class MixedPrecisionAdamW(AdamW):
@@ -22,6 +23,14 @@ class MixedPrecisionAdamW(AdamW):
     that updates the masters and the moments and writes the rounded masters back into the
     parameters. The update is `AdamW`'s, computed in fp32 from the low-precision gradient;
     `master(p)` gives the fp32 weights.
+
+    For bf16 the master is not a second copy: it is the parameter plus the 16 bits its
+    rounding dropped (`systems.optim.split_master`, state "master_low_bits"), exact, 2 bytes
+    per weight less to keep and to move each step. The rounding then takes ties away from
+    zero instead of to even. So the master of a bf16 parameter lives partly in the model:
+    a checkpoint needs the model's state dict as well as this one's (as any checkpoint
+    does), and a parameter changed outside the optimizer moves its master with it. Other
+    dtypes keep an fp32 "master".
 
     The step can be captured in a CUDA graph (see `systems.bench.cuda_graph`): step counts
     live on the device. Hyperparameters (lr, betas, ...) are read when a step is launched,
@@ -59,14 +68,55 @@ class MixedPrecisionAdamW(AdamW):
         # On the device (float64, exact for any realistic count), so that a step captured
         # in a CUDA graph counts on at every replay.
         state["step"] = torch.zeros((), dtype=torch.float64, device=param.device)
-        state["master"] = param.detach().to(torch.float32, copy=True)
-        state["exp_avg"] = torch.zeros_like(state["master"])
-        state["exp_avg_sq"] = torch.zeros_like(state["master"])
-        param.data = param.data.to(self.compute_dtype)
+        master = param.detach().to(torch.float32, copy=True)
+        if self._master_key == "master_low_bits":
+            param.data, state["master_low_bits"] = split_master(master)
+        else:
+            state["master"] = master
+            param.data = param.data.to(self.compute_dtype)
+        state["exp_avg"] = torch.zeros_like(master)
+        state["exp_avg_sq"] = torch.zeros_like(master)
+
+    @property
+    def _master_key(self) -> str:
+        return "master_low_bits" if self.compute_dtype == torch.bfloat16 else "master"
 
     def master(self, param: torch.Tensor) -> torch.Tensor:
-        """The fp32 master weights of `param`."""
-        return self.state[param]["master"]
+        """The fp32 master weights of `param` (a new tensor where the master is split)."""
+        state = self.state[param]
+        if self._master_key == "master_low_bits":
+            return join_master(param.detach(), state["master_low_bits"])
+        return state["master"]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """`torch.optim.Optimizer.load_state_dict`, but each state tensor keeps its dtype:
+        torch would cast every tensor in a floating-point parameter's state to the
+        parameter's dtype, turning fp32 masters and moments into bf16 and low bits into
+        floats. Refuses a state of another layout (another `compute_dtype`)."""
+        super().load_state_dict({**state_dict, "state": {}})  # the groups, checked
+        saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+        params = [p for group in self.param_groups for p in group["params"]]
+        for saved_id, param in zip(saved_ids, params, strict=True):
+            if saved_id in state_dict["state"]:
+                self.state[param] = self._loaded_state(state_dict["state"][saved_id], param)
+
+    def _loaded_state(self, saved: dict[str, Any], param: torch.Tensor) -> dict[str, Any]:
+        master_dtype = torch.int16 if self._master_key == "master_low_bits" else torch.float32
+        wanted = {"step": torch.float64, self._master_key: master_dtype,
+                  "exp_avg": torch.float32, "exp_avg_sq": torch.float32}
+        if set(saved) != set(wanted):
+            raise ValueError(f"a saved state holding {sorted(saved)} does not fit a "
+                             f"MixedPrecisionAdamW for {self.compute_dtype}, which keeps "
+                             f"{sorted(wanted)}")
+        state = {}
+        for key, dtype in wanted.items():
+            value = torch.as_tensor(saved[key])
+            shape = () if key == "step" else param.shape
+            if value.dtype != dtype or value.shape != shape:
+                raise ValueError(f"saved {key} is {value.dtype} {tuple(value.shape)}, this "
+                                 f"parameter needs {dtype} {tuple(shape)}")
+            state[key] = value.to(param.device, copy=True).contiguous()
+        return state
 
     def _step_group(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
         # `AdamW.step` hands over the group's parameters that have gradients. A launch takes
@@ -88,7 +138,8 @@ class MixedPrecisionAdamW(AdamW):
         step_counts = [s["step"] for s in states]
         torch._foreach_add_(step_counts, 1.0)
         launch_fused_adamw_(
-            params, [p.grad.contiguous() for p in params], [s["master"] for s in states],
+            params, [p.grad.contiguous() for p in params],
+            [s[self._master_key] for s in states],
             [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
             steps=torch.stack(step_counts), lr=group["lr"], beta1=beta1, beta2=beta2,
             eps=group["eps"], weight_decay=group["weight_decay"])

@@ -147,15 +147,21 @@ def floor_seconds(workload: ModelWorkload, ceilings: Ceilings) -> dict[str, floa
 
 
 def optimizer_bytes(workload: ModelWorkload) -> float:
-    """Bytes an AdamW step must move: the fp32 weights (the masters, for bf16 parameters)
-    and both fp32 moments read and written, the gradient read, and the low-precision
-    parameter written where the weights are masters."""
+    """Bytes an AdamW step must move: both fp32 moments read and written, the gradient
+    read, and the weights read and written: fp32 weights, or, where the weights are masters,
+    the fp32 master plus the low-precision parameter written, or for bf16 the parameter and
+    its int16 low bits, both read and written (`systems.optim.split_master`)."""
     total = 0
     for param in workload.model.parameters():
-        state = 2 * 3 * 4  # weights, exp_avg, exp_avg_sq: fp32, read and written
+        moments = 2 * 2 * 4  # exp_avg, exp_avg_sq: fp32, read and written
         grad = param.element_size()  # gradients come in the parameter's dtype
-        copy = param.element_size() if workload.options.optimizer == "mixed_precision" else 0
-        total += param.numel() * (state + grad + copy)
+        if workload.options.optimizer != "mixed_precision":
+            weights = 2 * 4
+        elif param.dtype == torch.bfloat16:
+            weights = 2 * (param.element_size() + 2)
+        else:
+            weights = 2 * 4 + param.element_size()
+        total += param.numel() * (moments + grad + weights)
     return float(total)
 
 
