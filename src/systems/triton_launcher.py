@@ -120,16 +120,16 @@ class _DirectLaunch:
     address (its layout is fixed by the `KernelLauncher`)."""
 
     def __init__(self, c_launch: Callable, grid_xyz: tuple[int, int, int],
-                 after_stream: tuple[object, ...], descriptor_meta: dict[int, object],
-                 layouts: Mapping[int, DescriptorLayout], expand: Callable) -> None:
+                 after_stream: tuple[object, ...],
+                 descriptors: dict[int, tuple[DescriptorLayout, object]],
+                 expand: Callable) -> None:
         self._c_launch = c_launch
         # The C launcher's fixed arguments sit either side of each call's stream.
         self._grid = grid_xyz
         self._after_stream = after_stream
-        self._descriptor_meta = descriptor_meta
-        self._layouts = layouts
+        self._descriptors = descriptors  # argument index: (layout, Triton's metadata)
         self._expand = expand
-        self._expanded: dict[int, dict[int, list[object]]] = {i: {} for i in descriptor_meta}
+        self._expanded: dict[int, dict[int, list[object]]] = {i: {} for i in descriptors}
 
     @classmethod
     def of(cls, compiled: object, grid_xyz: tuple[int, int, int],
@@ -166,7 +166,8 @@ class _DirectLaunch:
         # no launch metadata or hooks (installed hooks take Triton's own path).
         after_stream = (compiled.function, run.launch_cooperative_grid, run.launch_pdl,
                         None, None, compiled.packed_metadata, None, None, None)
-        return cls(c_launch, grid_xyz, after_stream, descriptor_meta, layouts, expand)
+        descriptors = {i: (layouts[i], meta) for i, meta in descriptor_meta.items()}
+        return cls(c_launch, grid_xyz, after_stream, descriptors, expand)
 
     def _expanded_descriptor(self, index: int, base: object) -> list[object]:
         by_address = self._expanded[index]
@@ -175,14 +176,14 @@ class _DirectLaunch:
         if expanded is None:
             if len(by_address) >= _DESCRIPTOR_CACHE_SIZE:
                 by_address.clear()
-            expanded = by_address[address] = self._expand(
-                TensorDescriptor(base, *self._layouts[index]), self._descriptor_meta[index])
+            layout, meta = self._descriptors[index]
+            expanded = by_address[address] = self._expand(TensorDescriptor(base, *layout), meta)
         return expanded
 
     def __call__(self, stream: int, args: Sequence[object],
                  trailing: Sequence[object]) -> None:
         flat: list[object] = [*self._grid, stream, *self._after_stream]
-        descriptors = self._descriptor_meta
+        descriptors = self._descriptors
         for index, arg in enumerate(args):
             if index in descriptors:
                 flat.extend(self._expanded_descriptor(index, arg))

@@ -76,7 +76,7 @@ def test_direct_launch_flattens_arguments_and_expands_a_descriptor_once_per_addr
 
     after_stream = ("function", False, False, None, None, (4, 1, 0), None, None, None)
     direct = _DirectLaunch(lambda *flat: calls.append(flat), (4, 2, 1), after_stream,
-                           {0: "meta"}, {0: ((8,), (1,), [8])}, expand)
+                           {0: (((8,), (1,), [8]), "meta")}, expand)
     first, second = torch.zeros(8), torch.zeros(8)
     for src in (first, second, first):
         direct(7, (src, "dst", 8), ("SCALE", "BLOCK"))
