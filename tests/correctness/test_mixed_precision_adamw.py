@@ -148,6 +148,26 @@ _SPECIAL_FLOATS = [0.0, -0.0, float("inf"), float("-inf"), 3.4028234663852886e38
                    -1e-45, 1.1754943508222875e-38]
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_kernel_splits_special_values_as_pytorch_does(device) -> None:
+    """A step without learning rate or decay leaves each master as it was and writes its
+    split: zeros, infinities, the largest float (rounding to infinity, its low bits
+    restoring it), subnormals, ties and NaNs of both signs, bit for bit as `split_master`."""
+    specials = torch.tensor(_SPECIAL_FLOATS + [float("nan")], dtype=torch.float32)
+    patterns = torch.tensor([0x3F808000, 0x3F818000, -0x40800000 - 0x8000, 0x7FFFFFFF, -1],
+                            dtype=torch.int32).view(torch.float32)
+    master = torch.cat([specials, patterns]).to(device)
+    param, low = split_master(master)
+    tensors = [[param.clone()], [torch.ones_like(param)], [low.clone()],
+               [torch.zeros_like(master)], [torch.ones_like(master)]]
+    fused_adamw_step_(*tensors, step=1, lr=0.0, beta1=0.9, beta2=0.999, eps=1e-8,
+                      weight_decay=0.0)
+    assert torch.equal(tensors[0][0].view(torch.int16), param.view(torch.int16))
+    assert torch.equal(tensors[2][0], low)
+    nan = torch.isnan(master)
+    assert torch.isnan(tensors[0][0][nan]).all() and (tensors[2][0][nan] == 0).all()
+
+
 @settings(max_examples=300, deadline=None)
 @given(bits=st.integers(-2**31, 2**31 - 1))
 @example(bits=0x3F808000)  # a tie between two bf16 neighbours, rounding up from an even one
