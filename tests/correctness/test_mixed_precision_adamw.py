@@ -11,6 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from systems import triton_runtime
+from systems.bench.cuda_graph import CapturedStep
 from systems.optim import MixedPrecisionAdamW
 from systems.optim.adamw_kernel import BLOCK_SIZE, fused_adamw_step_
 from systems.optim.split_master import join_master, split_master
@@ -249,7 +250,11 @@ def test_a_checkpoint_resumes_bit_for_bit(dtype, device) -> None:
     with torch.no_grad():
         for p, value in zip(resumed, saved["params"], strict=True):
             p.copy_(value)
+    before = {(i, key): t for i, p in enumerate(resumed)
+              for key, t in resumed_optimizer.state[p].items()}
     resumed_optimizer.load_state_dict(saved["optimizer"])
+    # Loaded in place: a step captured in a CUDA graph reads the same tensors.
+    assert all(resumed_optimizer.state[resumed[i]][key] is t for (i, key), t in before.items())
     steps(resumed, resumed_optimizer, gen, 3)
 
     for p, q in zip(straight, resumed, strict=True):
@@ -260,16 +265,54 @@ def test_a_checkpoint_resumes_bit_for_bit(dtype, device) -> None:
             assert torch.equal(value, resumed_optimizer.state[q][key]), key
 
 
+@pytest.mark.gpu
+def test_a_loaded_state_reaches_a_step_captured_in_a_cuda_graph() -> None:
+    """Load an earlier checkpoint after capture: the replays must continue from it, as
+    ordinary steps of a fresh optimizer loaded from it do (torch's load would have left the
+    graph reading the replaced tensors)."""
+    params = _params(15, "cuda")
+    optimizer = MixedPrecisionAdamW(params, lr=1e-2, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(16)
+    for p in params:  # fixed gradients: the captured step reads these tensors
+        p.grad = torch.randn(p.shape, generator=gen).to("cuda", torch.bfloat16)
+    optimizer.step()
+    earlier = _save_and_load({"params": [p.detach() for p in params],
+                              "optimizer": optimizer.state_dict()})
+    captured = CapturedStep(optimizer.step, warmup=1)
+    for _ in range(3):
+        captured()
+    with torch.no_grad():
+        for p, value in zip(params, earlier["params"], strict=True):
+            p.copy_(value)
+    optimizer.load_state_dict(earlier["optimizer"])
+    for _ in range(2):
+        captured()
+
+    reference = [torch.nn.Parameter(value.to("cuda")) for value in earlier["params"]]
+    reference_optimizer = MixedPrecisionAdamW(reference, lr=1e-2, weight_decay=0.1)
+    reference_optimizer.load_state_dict(earlier["optimizer"])
+    for p, r in zip(params, reference, strict=True):
+        r.grad = p.grad.clone()
+    for _ in range(2):
+        reference_optimizer.step()
+    torch.cuda.synchronize()
+    for p, r in zip(params, reference, strict=True):
+        assert torch.equal(p, r)
+        assert torch.equal(optimizer.master(p), reference_optimizer.master(r))
+
+
 @pytest.mark.interpreter
 def test_a_checkpoint_of_another_layout_is_refused() -> None:
     bf16 = MixedPrecisionAdamW(_params(14, "cpu"))
     fp16 = MixedPrecisionAdamW(_params(14, "cpu"), compute_dtype=torch.float16)
     with pytest.raises(ValueError, match="does not fit"):
         fp16.load_state_dict(bf16.state_dict())
-    saved = bf16.state_dict()
+    saved = {**bf16.state_dict()}
+    saved["state"] = {i: dict(state) for i, state in saved["state"].items()}
     saved["state"][0]["exp_avg"] = saved["state"][0]["exp_avg"].half()
     with pytest.raises(ValueError, match="saved exp_avg is torch.float16"):
         bf16.load_state_dict(saved)
+    assert bf16.state[bf16.param_groups[0]["params"][0]]["exp_avg"].dtype == torch.float32
 
 
 @pytest.mark.interpreter

@@ -89,18 +89,36 @@ class MixedPrecisionAdamW(AdamW):
         return state["master"]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """`torch.optim.Optimizer.load_state_dict`, but each state tensor keeps its dtype:
-        torch would cast every tensor in a floating-point parameter's state to the
-        parameter's dtype, turning fp32 masters and moments into bf16 and low bits into
-        floats. Refuses a state of another layout (another `compute_dtype`)."""
-        super().load_state_dict({**state_dict, "state": {}})  # the groups, checked
+        """`torch.optim.Optimizer.load_state_dict`, but each state tensor keeps its dtype,
+        and a parameter's existing state is overwritten in place.
+
+        Torch would cast every tensor in a floating-point parameter's state to the
+        parameter's dtype (fp32 masters and moments to bf16, low bits to floats), and would
+        replace the tensors: a step captured in a CUDA graph (`systems.bench.cuda_graph`)
+        keeps reading the old ones, so the loaded state would never reach its replays.
+        Refuses a state of another layout (another `compute_dtype`)."""
+        previous = dict(self.state)
         saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
         params = [p for group in self.param_groups for p in group["params"]]
+        if len(saved_ids) == len(params):  # else torch's load below says what is wrong
+            for saved_id, param in zip(saved_ids, params, strict=True):
+                if saved_id in state_dict["state"]:
+                    self._check_saved(state_dict["state"][saved_id], param)
+        super().load_state_dict({**state_dict, "state": {}})  # the groups, checked
         for saved_id, param in zip(saved_ids, params, strict=True):
-            if saved_id in state_dict["state"]:
-                self.state[param] = self._loaded_state(state_dict["state"][saved_id], param)
+            saved = state_dict["state"].get(saved_id)
+            if saved is None:
+                continue
+            state = previous.get(param, {})
+            for key, value in saved.items():
+                value = torch.as_tensor(value)
+                if key in state:
+                    state[key].copy_(value)
+                else:
+                    state[key] = value.to(param.device, copy=True).contiguous()
+            self.state[param] = state
 
-    def _loaded_state(self, saved: dict[str, Any], param: torch.Tensor) -> dict[str, Any]:
+    def _check_saved(self, saved: dict[str, Any], param: torch.Tensor) -> None:
         master_dtype = torch.int16 if self._master_key == "master_low_bits" else torch.float32
         wanted = {"step": torch.float64, self._master_key: master_dtype,
                   "exp_avg": torch.float32, "exp_avg_sq": torch.float32}
@@ -108,15 +126,12 @@ class MixedPrecisionAdamW(AdamW):
             raise ValueError(f"a saved state holding {sorted(saved)} does not fit a "
                              f"MixedPrecisionAdamW for {self.compute_dtype}, which keeps "
                              f"{sorted(wanted)}")
-        state = {}
         for key, dtype in wanted.items():
             value = torch.as_tensor(saved[key])
             shape = () if key == "step" else param.shape
             if value.dtype != dtype or value.shape != shape:
                 raise ValueError(f"saved {key} is {value.dtype} {tuple(value.shape)}, this "
                                  f"parameter needs {dtype} {tuple(shape)}")
-            state[key] = value.to(param.device, copy=True).contiguous()
-        return state
 
     def _step_group(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
         # `AdamW.step` hands over the group's parameters that have gradients. A launch takes
