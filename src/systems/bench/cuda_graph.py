@@ -22,6 +22,9 @@ class CapturedStep:
     train on new data); it launches CUDA work without waiting for the GPU; its optimizer
     keeps step counts on the GPU (`MixedPrecisionAdamW`, or torch's with `capturable=True`).
     Host-side changes after capture, such as a new learning rate, do not reach the replays.
+    A checkpoint loaded after capture reaches them only where the load writes into the
+    existing tensors: `Module.load_state_dict` and `MixedPrecisionAdamW.load_state_dict` do;
+    torch's optimizers replace their state tensors, which the graph then no longer reads.
 
     Each call returns what the captured call returned; replays overwrite those tensors, so
     copy what you keep.
