@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from systems import triton_runtime
 from systems.bench.cuda_graph import CapturedStep
 from systems.optim import MixedPrecisionAdamW
-from systems.optim.adamw_kernel import BLOCK_SIZE, fused_adamw_step_
+from systems.optim.adamw_kernel import BLOCK_SIZE, fused_adamw_step_, launch_fused_adamw_
 from systems.optim.split_master import join_master, split_master
 
 # One tensor over several kernel blocks with a ragged end, and small awkward ones.
@@ -143,6 +143,31 @@ def test_split_masters_update_exactly_like_fp32_masters(device) -> None:
         assert torch.equal(join_master(halves[0][i], halves[2][i]), master)
         assert torch.equal(halves[0][i], split_master(master)[0])
         assert torch.equal(halves[3][i], fp32[3][i]) and torch.equal(halves[4][i], fp32[4][i])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_size,num_warps", [(1024, 4), (2048, 8)])
+def test_every_tile_computes_the_same_bits(block_size, num_warps, device) -> None:
+    """The kernel's tile is a tuning choice (scripts/adamw_kernel_tune.py): another block
+    size and warp count update the same tensors to the same bits as the default."""
+    gen = torch.Generator().manual_seed(17)
+    sizes = [3 * BLOCK_SIZE + 11, 2048, 7]
+    masters = [torch.randn(n, generator=gen).to(device) for n in sizes]
+    halves = [split_master(m) for m in masters]
+    fresh = [[p for p, _ in halves], [torch.randn(n, generator=gen).to(device, torch.bfloat16)
+                                      for n in sizes],
+             [low for _, low in halves], [torch.randn(n, generator=gen).to(device) for n in sizes],
+             [torch.rand(n, generator=gen).to(device) for n in sizes]]
+    default = [[t.clone() for t in group] for group in fresh]
+    tiled = [[t.clone() for t in group] for group in fresh]
+    steps = torch.full((len(sizes),), 3.0, dtype=torch.float64, device=device)
+    hyper = dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1)
+    launch_fused_adamw_(*default, steps=steps, **hyper)
+    launch_fused_adamw_(*tiled, steps=steps, block_size=block_size, num_warps=num_warps,
+                        **hyper)
+    for got, want in zip(tiled, default, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert not torch.equal(default[0][0], fresh[0][0])
 
 
 _SPECIAL_FLOATS = [0.0, -0.0, float("inf"), float("-inf"), 3.4028234663852886e38, 1e-45,

@@ -126,14 +126,14 @@ def _adamw_kernel(block_tensor, block_start, addresses, numels, num_tensors, cor
 
 
 @functools.lru_cache(maxsize=64)
-def _block_table(numels: tuple[int, ...], device: torch.device
+def _block_table(numels: tuple[int, ...], device: torch.device, block_size: int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tensor index, first element) of every block, and the sizes, on `device`."""
     sizes = torch.tensor(numels, dtype=torch.int64)
-    blocks = (sizes + BLOCK_SIZE - 1) // BLOCK_SIZE
+    blocks = (sizes + block_size - 1) // block_size
     block_tensor = torch.repeat_interleave(torch.arange(len(numels)), blocks)
     first_block = torch.cumsum(blocks, 0) - blocks
-    block_start = (torch.arange(int(blocks.sum())) - first_block[block_tensor]) * BLOCK_SIZE
+    block_start = (torch.arange(int(blocks.sum())) - first_block[block_tensor]) * block_size
     return (block_tensor.to(torch.int32).to(device), block_start.to(device), sizes.to(device))
 
 
@@ -221,13 +221,16 @@ def launch_fused_adamw_(
     params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
     masters: Sequence[torch.Tensor], exp_avgs: Sequence[torch.Tensor],
     exp_avg_sqs: Sequence[torch.Tensor], *, steps: torch.Tensor, lr: float, beta1: float,
-    beta2: float, eps: float, weight_decay: float,
+    beta2: float, eps: float, weight_decay: float, block_size: int = BLOCK_SIZE,
+    num_warps: int = NUM_WARPS,
 ) -> None:
     """`fused_adamw_step_` without its checks, for callers whose tensors are valid by
     construction (the checks cost host time per tensor and step). `steps`: each tensor's
-    step number (from 1), float64 on the parameters' device."""
+    step number (from 1), float64 on the parameters' device. `block_size` (a power of two)
+    and `num_warps` are the kernel's tile, for tuning: every choice computes the same bits."""
     device = params[0].device
-    block_tensor, block_start, numels = _block_table(tuple(p.numel() for p in params), device)
+    block_tensor, block_start, numels = _block_table(tuple(p.numel() for p in params), device,
+                                                     block_size)
     addresses, aligned = _address_table(
         [t for group in (params, grads, masters, exp_avgs, exp_avg_sqs) for t in group], device)
     _adamw_kernel[(len(block_tensor),)](
@@ -235,6 +238,6 @@ def launch_fused_adamw_(
         _bias_corrections(steps, lr, beta1, beta2), lr, beta1, beta2, eps, weight_decay,
         PARAM_DTYPE=_TRITON_DTYPES[params[0].dtype],
         GRAD_DTYPE=_TRITON_DTYPES[grads[0].dtype], ALIGNED=aligned,
-        SPLIT_MASTER=masters[0].dtype == torch.int16, BLOCK_SIZE=BLOCK_SIZE,
-        num_warps=NUM_WARPS,
+        SPLIT_MASTER=masters[0].dtype == torch.int16, BLOCK_SIZE=block_size,
+        num_warps=num_warps,
     )
