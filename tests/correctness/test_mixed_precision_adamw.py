@@ -327,6 +327,23 @@ def test_a_loaded_state_reaches_a_step_captured_in_a_cuda_graph() -> None:
 
 
 @pytest.mark.interpreter
+def test_a_parameter_the_checkpoint_has_no_state_for_keeps_its_own() -> None:
+    params = _params(18, "cpu")
+    optimizer = MixedPrecisionAdamW(params)
+    saved = optimizer.state_dict()
+    saved["state"] = {i: {key: t.clone() for key, t in state.items()}
+                      for i, state in saved["state"].items() if i != 1}
+    saved["state"][0]["exp_avg"].fill_(0.5)
+    kept = {key: t.clone() for key, t in optimizer.state[params[1]].items()}
+    optimizer.load_state_dict(saved)
+    assert torch.all(optimizer.state[params[0]]["exp_avg"] == 0.5)
+    assert all(torch.equal(optimizer.state[params[1]][key], t) for key, t in kept.items())
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer.step()  # every parameter still has the state a step needs
+
+
+@pytest.mark.interpreter
 def test_a_checkpoint_of_another_layout_is_refused() -> None:
     bf16 = MixedPrecisionAdamW(_params(14, "cpu"))
     fp16 = MixedPrecisionAdamW(_params(14, "cpu"), compute_dtype=torch.float16)

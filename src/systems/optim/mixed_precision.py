@@ -69,7 +69,7 @@ class MixedPrecisionAdamW(AdamW):
         # in a CUDA graph counts on at every replay.
         state["step"] = torch.zeros((), dtype=torch.float64, device=param.device)
         master = param.detach().to(torch.float32, copy=True)
-        if self._master_key == "master_low_bits":
+        if self._splits_masters:
             param.data, state["master_low_bits"] = split_master(master)
         else:
             state["master"] = master
@@ -78,13 +78,24 @@ class MixedPrecisionAdamW(AdamW):
         state["exp_avg_sq"] = torch.zeros_like(master)
 
     @property
+    def _splits_masters(self) -> bool:
+        return self.compute_dtype == torch.bfloat16
+
+    @property
     def _master_key(self) -> str:
-        return "master_low_bits" if self.compute_dtype == torch.bfloat16 else "master"
+        return "master_low_bits" if self._splits_masters else "master"
+
+    @property
+    def _state_dtypes(self) -> dict[str, torch.dtype]:
+        """What each parameter's state holds, in which dtype."""
+        return {"step": torch.float64,
+                self._master_key: torch.int16 if self._splits_masters else torch.float32,
+                "exp_avg": torch.float32, "exp_avg_sq": torch.float32}
 
     def master(self, param: torch.Tensor) -> torch.Tensor:
         """The fp32 master weights of `param` (a new tensor where the master is split)."""
         state = self.state[param]
-        if self._master_key == "master_low_bits":
+        if self._splits_masters:
             return join_master(param.detach(), state["master_low_bits"])
         return state["master"]
 
@@ -105,23 +116,15 @@ class MixedPrecisionAdamW(AdamW):
                 if saved_id in state_dict["state"]:
                     self._check_saved(state_dict["state"][saved_id], param)
         super().load_state_dict({**state_dict, "state": {}})  # the groups, checked
+        # Every parameter was given its state when it joined a group, with the keys and
+        # dtypes `_check_saved` asks of a saved one: the saved values go into it.
+        self.state.update(previous)
         for saved_id, param in zip(saved_ids, params, strict=True):
-            saved = state_dict["state"].get(saved_id)
-            if saved is None:
-                continue
-            state = previous.get(param, {})
-            for key, value in saved.items():
-                value = torch.as_tensor(value)
-                if key in state:
-                    state[key].copy_(value)
-                else:
-                    state[key] = value.to(param.device, copy=True).contiguous()
-            self.state[param] = state
+            for key, value in state_dict["state"].get(saved_id, {}).items():
+                self.state[param][key].copy_(torch.as_tensor(value))
 
     def _check_saved(self, saved: dict[str, Any], param: torch.Tensor) -> None:
-        master_dtype = torch.int16 if self._master_key == "master_low_bits" else torch.float32
-        wanted = {"step": torch.float64, self._master_key: master_dtype,
-                  "exp_avg": torch.float32, "exp_avg_sq": torch.float32}
+        wanted = self._state_dtypes
         if set(saved) != set(wanted):
             raise ValueError(f"a saved state holding {sorted(saved)} does not fit a "
                              f"MixedPrecisionAdamW for {self.compute_dtype}, which keeps "
