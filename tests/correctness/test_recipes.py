@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from systems import accounting as acc
 from systems.attention.registry import saves_scores
-from systems.bench.recipes import (
-    RECIPES,
-    build_recipe_workload,
-    fit_to_device,
-    get_recipe,
-    runnable_on,
-)
+from systems.bench.checkpoint_fit import PeakModel, fit_to_device, measure_peak_model
+from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe, runnable_on
 from systems.bench.workloads import CUDA_GRAPH_WARMUP, StepOptions, torch_adamw_settings
 from systems.model import MODEL_CONFIGS, TransformerLM, cross_entropy
 from systems.profiling.memory import saved_tensor_bytes
@@ -227,6 +224,46 @@ def test_checkpoint_choice_recomputes_the_fewest_blocks_that_fit() -> None:
     # Saved scores (reference attention) need more blocks recomputed for the same budget.
     budget = with_blocks[12]
     assert acc.checkpoint_blocks_for_budget(config, 4, 2048, "bf16", budget) > 12
+
+
+def test_peak_model_is_a_line_in_depth_and_recomputed_blocks() -> None:
+    model = PeakModel(depth=4, peak=100, per_block=20, recompute_saving=7)
+    assert model.predict(4, 0) == 100
+    assert model.predict(10, 0) == 100 + 6 * 20
+    assert model.predict(10, 3) == 100 + 6 * 20 - 3 * 7
+    assert model.fewest_recomputed(10, 220) == 0
+    assert model.fewest_recomputed(10, 219) == 1
+    assert model.fewest_recomputed(10, 220 - 3 * 7) == 3
+    assert model.fewest_recomputed(10, 220 - 3 * 7 - 1) == 4
+    assert model.fewest_recomputed(10, 1) == 10  # nothing fits: recompute every block
+    with pytest.raises(ValueError, match="even number"):
+        measure_peak_model(RECIPES["optimized"], TINY, 2, 16, torch.device("cpu"), depth=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["pytorch_baseline", "optimized"])
+def test_measured_peak_model_predicts_a_deeper_graphed_step(name: str) -> None:
+    """Probes at 2 and 4 blocks predict the peak of the 8-block step as the perf cases run
+    it (captured in a CUDA graph), with and without recomputed blocks."""
+    device = torch.device("cuda")
+    config = replace(MODEL_CONFIGS["small"], num_layers=8)
+    recipe = RECIPES[name]
+    model = measure_peak_model(recipe, config, 4, 1024, device)
+    assert model.per_block > 0 and model.recompute_saving > 0
+    for recomputed in (0, 3):
+        options = replace(recipe.options, checkpoint_blocks=recomputed)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        workload = build_recipe_workload(config, replace(recipe, options=options),
+                                         batch_size=4, seq_len=1024, device=device)
+        for _ in range(CUDA_GRAPH_WARMUP + 2):
+            workload.step()
+        torch.cuda.synchronize(device)
+        measured = torch.cuda.max_memory_allocated(device) - before
+        del workload
+        torch.cuda.empty_cache()
+        predicted = model.predict(config.num_layers, recomputed)
+        assert abs(predicted - measured) <= 0.05 * measured, (recomputed, predicted, measured)
 
 
 def test_flash_style_attention_saves_no_scores() -> None:

@@ -7,7 +7,8 @@ Profiles: `smoke` (tiny, CPU, no compile, no CUDA graph), `quick` (every recipe 
 small at ctx 512, and the two strongest for 2.7b at ctx 2048 and xl at ctx 512: the
 regression baseline, a few minutes on one H100), `full` (every size at ctx 512 and 2048;
 select parts with -k). Every recipe gets activation checkpointing by the same
-rule, only where the analytic model says its step would not fit.
+rule (`systems.bench.checkpoint_fit`): the fewest recomputed blocks with which its own step
+fits.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from systems.bench.recipes import RECIPES, build_recipe_workload, fit_to_device, get_recipe
+from systems.bench.checkpoint_fit import fit_to_device
+from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe
 from systems.bench.workloads import CUDA_GRAPH_WARMUP
 from systems.model import get_config
 

@@ -10,8 +10,6 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from systems.accounting import checkpoint_blocks_for_budget
-from systems.attention.registry import saves_scores
 from systems.bench.workloads import ModelWorkload, StepOptions, build_model_workload, check_choice
 from systems.model import ModelConfig
 from systems.optim import OptimizerName
@@ -78,19 +76,3 @@ def build_recipe_workload(
         precision=recipe.precision, compiled=recipe.compiled, attention=recipe.attention,
         device=device, seed=seed, options=recipe.options,
     )
-
-
-def fit_to_device(recipe: Recipe, config: ModelConfig, batch_size: int, seq_len: int,
-                  device: torch.device | str) -> Recipe:
-    """Recompute the fewest blocks (`checkpoint_blocks`) with which the analytic model says
-    the step fits in 90% of the GPU's memory (the rest: allocator slack and transients);
-    the model counts attention scores only for attentions that save them. A recipe that
-    sets either checkpointing option keeps it."""
-    device = torch.device(device)
-    chosen = recipe.options.checkpoint_every or recipe.options.checkpoint_blocks
-    if device.type != "cuda" or chosen:
-        return recipe
-    budget = int(0.9 * torch.cuda.get_device_properties(device).total_memory)
-    blocks = checkpoint_blocks_for_budget(config, batch_size, seq_len, recipe.precision,
-                                          budget, saves_scores(recipe.attention))
-    return replace(recipe, options=replace(recipe.options, checkpoint_blocks=blocks))
