@@ -20,6 +20,7 @@ import torch
 from systems.accounting import checkpoint_blocks_for_budget
 from systems.attention.registry import saves_scores
 from systems.bench.recipes import Recipe, build_recipe_workload
+from systems.bench.workloads import CUDA_GRAPH_WARMUP
 from systems.model import ModelConfig
 
 BUDGET_SHARE = 0.9  # of the GPU's memory; the rest is allocator slack and transients
@@ -59,21 +60,18 @@ class PeakModel:
 
 def step_peak(recipe: Recipe, config: ModelConfig, batch_size: int, seq_len: int,
               device: torch.device, recomputed: int) -> int:
-    """Bytes one train step of `config` run by `recipe` (with its first `recomputed`
-    blocks recomputed) allocates at its peak, above what was allocated before it was built.
-
-    The second step is measured: the first compiles and creates the optimizer's state. It
-    is not captured in a CUDA graph, so that the probe leaves no graph pool behind.
-    """
-    options = replace(recipe.options, cuda_graph=False, checkpoint_every=0,
-                      checkpoint_blocks=recomputed)
+    """Peak bytes allocated while `config` is built and trained by `recipe` (with its first
+    `recomputed` blocks recomputed) for a few steps, as a perf case runs it: the first step
+    compiles and creates the optimizer's state, and a graphed recipe's are captured and
+    replayed. Counted above what was allocated before."""
+    options = replace(recipe.options, checkpoint_every=0, checkpoint_blocks=recomputed)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     workload = build_recipe_workload(config, replace(recipe, options=options),
                                      batch_size=batch_size, seq_len=seq_len, device=device)
-    workload.step()
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    workload.step()
+    for _ in range(CUDA_GRAPH_WARMUP + 2):
+        workload.step()
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - before
     del workload
@@ -84,8 +82,8 @@ def step_peak(recipe: Recipe, config: ModelConfig, batch_size: int, seq_len: int
 
 def measure_peak_model(recipe: Recipe, config: ModelConfig, batch_size: int, seq_len: int,
                        device: torch.device, depth: int = PROBE_DEPTH) -> PeakModel:
-    """Three steps of `config`'s width at `depth // 2` and `depth` blocks (the deeper one
-    also with half its blocks recomputed), each compiled as the recipe says."""
+    """Three runs of `config`'s width at `depth // 2` and `depth` blocks (the deeper one
+    also with half its blocks recomputed), each run as the recipe says (`step_peak`)."""
     if depth < 2 or depth % 2:
         raise ValueError(f"depth must be an even number >= 2, got {depth}")
     half = depth // 2

@@ -86,6 +86,8 @@ def _add_breakdown_parser(commands) -> None:
                            help="copy bandwidth (read + written) for the byte floors; "
                                 "default: measured by a 1 GiB same-device copy")
     add_device(breakdown)
+    breakdown.add_argument("--commit", help="the commit whose code ran, recorded with the "
+                                            "breakdown (a copy without .git cannot tell)")
     breakdown.add_argument("--out", type=Path, required=True, help="output folder")
 
 
@@ -157,6 +159,7 @@ def run_breakdown(args: argparse.Namespace) -> str:
         workload, recipe=args.recipe, warmup=args.warmup, steps=args.steps,
         matmul_tflops=args.matmul_tflops, copy_gbps=args.copy_gbps)
     record["machine"] = device_name(args.device)
+    record["commit"] = args.commit
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "breakdown.json").write_text(json.dumps(record, indent=2))
     return _write(args.out / "breakdown.md", [

@@ -78,6 +78,9 @@ def breakdown_side_by_side(repo: Path, *files: str) -> str:
     machines = sorted({f"{r.get('machine')}, {r.get('measured')}, {r.get('steps')} steps"
                        for r in records})
     listed = ", ".join(f"`{name}`" for name in files)
+    commits = [record.get("commit") for record in records]
+    recorded = ("commits " + ", ".join(c or "not recorded" for c in commits) if any(commits)
+                else "the files record no commit")
     return (markdown_table(headers, rows) + "\n\nTime: GPU kernel time per step by "
-            f"category (torch.profiler). From {listed} ({'; '.join(machines)}; the files "
-            "record no commit).\n")
+            f"category (torch.profiler). From {listed} ({'; '.join(machines)}; "
+            f"{recorded}).\n")
