@@ -9,7 +9,13 @@ import torch
 
 from systems import accounting as acc
 from systems.attention.registry import saves_scores
-from systems.bench.checkpoint_fit import PeakModel, fit_to_device, measure_peak_model, step_peak
+from systems.bench.checkpoint_fit import (
+    BUDGET_SHARE,
+    PeakModel,
+    fit_to_device,
+    measure_peak_model,
+    step_peak,
+)
 from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe, runnable_on
 from systems.bench.workloads import CUDA_GRAPH_WARMUP, StepOptions, torch_adamw_settings
 from systems.model import MODEL_CONFIGS, TransformerLM, cross_entropy
@@ -253,7 +259,9 @@ def test_measured_peak_model_predicts_a_deeper_step(name: str) -> None:
     for recomputed in (0, 3):
         measured = step_peak(recipe, config, 4, 1024, device, recomputed)
         predicted = model.predict(config.num_layers, recomputed)
-        assert abs(predicted - measured) <= 0.05 * measured, (recomputed, predicted, measured)
+        # What the line misses must fit in the part of the GPU the budget leaves free.
+        assert BUDGET_SHARE * measured <= predicted <= measured / BUDGET_SHARE, (
+            recomputed, predicted, measured)
 
 
 def test_flash_style_attention_saves_no_scores() -> None:
