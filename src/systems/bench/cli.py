@@ -3,6 +3,8 @@
 `--recipe NAME` runs a training recipe of `systems.bench.recipes` instead of the flags'
 plain setup, with `--option KEY=VALUE` changing any of its settings, e.g.
 `--recipe optimized --option compile_mode=reduce-overhead --option fused_loss=false`.
+A recipe's train step recomputes blocks where it would not fit on the GPU, by the perf
+cases' rule (`systems.bench.checkpoint_fit`), unless an option sets checkpointing.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import torch
 
 from systems.attention import ATTENTION_BACKENDS
+from systems.bench.checkpoint_fit import fit_to_device
 from systems.bench.metrics import (
     is_out_of_memory,
     peak_memory_bytes,
@@ -179,9 +182,11 @@ def _build(config, args: argparse.Namespace, mode: str, overrides: dict[str, obj
             config, batch_size=args.batch_size, seq_len=args.seq_len, mode=mode,
             precision=args.precision or "fp32", compiled=args.compile,
             attention=args.attention or "reference", device=args.device)
-    return build_recipe_workload(config, get_recipe(args.recipe, **overrides),
-                                 batch_size=args.batch_size, seq_len=args.seq_len,
-                                 device=args.device, mode=mode)
+    recipe = get_recipe(args.recipe, **overrides)
+    if mode == "train_step":  # recompute blocks as the perf cases do, where it would not fit
+        recipe = fit_to_device(recipe, config, args.batch_size, args.seq_len, args.device)
+    return build_recipe_workload(config, recipe, batch_size=args.batch_size,
+                                 seq_len=args.seq_len, device=args.device, mode=mode)
 
 
 def _run_mode(config, args: argparse.Namespace, mode: str,

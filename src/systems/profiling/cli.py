@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from systems.bench.checkpoint_fit import fit_to_device
 from systems.bench.cli import recipe_overrides
 from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe, runnable_on
 from systems.bench.workloads import CUDA_GRAPH_WARMUP, MODES, PRECISIONS, build_model_workload
@@ -149,11 +150,14 @@ def run_memory(args: argparse.Namespace) -> str:
 
 
 def run_breakdown(args: argparse.Namespace) -> str:
-    """breakdown.md and breakdown.json of one recipe's train step. Off CUDA the recipe's
-    CUDA graph is turned off (the builder would refuse it) and CPU ops are measured."""
+    """breakdown.md and breakdown.json of one recipe's train step, recomputing blocks as
+    the perf cases do where it would not fit. Off CUDA the recipe's CUDA graph is turned
+    off (the builder would refuse it) and CPU ops are measured."""
+    config = get_config(args.size)
     recipe = runnable_on(get_recipe(args.recipe, **recipe_overrides(args.recipe, args.option)),
                          args.device)
-    workload = build_recipe_workload(get_config(args.size), recipe, batch_size=args.batch_size,
+    recipe = fit_to_device(recipe, config, args.batch_size, args.seq_len, args.device)
+    workload = build_recipe_workload(config, recipe, batch_size=args.batch_size,
                                      seq_len=args.seq_len, device=args.device)
     record = step_breakdown.recipe_breakdown(
         workload, recipe=args.recipe, warmup=args.warmup, steps=args.steps,
