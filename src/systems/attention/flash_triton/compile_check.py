@@ -50,9 +50,10 @@ def configured() -> dict[str, tuple[int, torch.dtype, launch.FlashConfig]]:
 
 
 def _signature(kernel: triton.JITFunction, dtype: torch.dtype, constexprs: dict[str, object],
-               tiles: launch.TileConfig, block_d: int) -> dict[str, str]:
+               tiles: launch.TileConfig, problem: launch._Problem) -> dict[str, str]:
     """Triton's type for each parameter, as launch.py passes them: 32-bit sizes and strides,
-    fp32 L and Delta, K/V descriptors walking key tiles, Q/dO descriptors query tiles."""
+    fp32 L and Delta, K/V descriptors walking key tiles, Q/dO descriptors query tiles (a
+    tail descriptor is None, a constexpr, unless the head dim splits)."""
     element = _TRITON_TYPES[dtype]
     types = {}
     for name in kernel.arg_names:
@@ -62,7 +63,10 @@ def _signature(kernel: triton.JITFunction, dtype: torch.dtype, constexprs: dict[
             types[name] = "i32"
         elif name.endswith("_tiles"):
             rows = tiles.block_n if name[0] in "kv" else tiles.block_m
-            types[name] = f"tensordesc<{element}[1, 1, {rows}, {block_d}]>"
+            tail = name.endswith("_tail_tiles")
+            width = problem.block_t if tail else problem.block_d
+            types[name] = ("constexpr" if tail and not problem.split else
+                           f"tensordesc<{element}[1, 1, {rows}, {width}]>")
         else:
             types[name] = f"*{'fp32' if name in _FP32_POINTERS else element}"
     return types
@@ -83,11 +87,13 @@ def build(head_dim: int, dtype: torch.dtype, config: launch.FlashConfig
     built = {}
     for name, kernel, tiles, extra in kernels:
         constexprs = problem.constexprs(tiles, **extra)
+        signature = _signature(kernel, dtype, constexprs, tiles, problem)
+        constexprs |= {arg: None for arg, kind in signature.items()
+                       if kind == "constexpr" and arg not in constexprs}
         # Every pointer a launcher passes is 16-byte aligned (`KernelLauncher`), as
         # build_for_hopper assumes.
-        built[name] = build_for_hopper(
-            kernel, _signature(kernel, dtype, constexprs, tiles, problem.block_d), constexprs,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        built[name] = build_for_hopper(kernel, signature, constexprs,
+                                       num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return built
 
 

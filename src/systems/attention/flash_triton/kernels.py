@@ -4,10 +4,15 @@ Layout: every tensor is a (B, H, seq, HEAD_DIM) view with unit stride along the 
 and its own strides for batch, head and sequence (`stride_b`, `stride_h`, `stride_s`), so a
 (batch, seq, heads, d) projection viewed as (batch, heads, seq, d) is read and written in
 place. The grid's first axis walks the B x H matrices. A head dim that is not a power of two
-is padded to BLOCK_D.
+is padded to BLOCK_D, or, with SPLIT, split into BLOCK_D columns and a tail of BLOCK_T
+(80 = 64 + 16: the dots then do 80 columns' work instead of 128's). Every tile then comes
+in two parts, each dot over the head dim is two dots into one accumulator, and each
+accumulator along the head dim has a tail of its own; without SPLIT the tails are unused
+placeholders (the tail descriptors are None) that compile away.
 
 Tiles that a loop walks over come through TMA tensor descriptors (`*_tiles`, 4-D views of
-shape (B, H, seq, HEAD_DIM) whose block is one matrix's [1, 1, rows, BLOCK_D]): the copy
+shape (B, H, seq, HEAD_DIM) whose block is one matrix's [1, 1, rows, BLOCK_D], and
+`*_tail_tiles`, whose block is [1, 1, rows, BLOCK_T] read from column BLOCK_D): the copy
 engine fetches them, and rows past the end of a matrix and pad columns arrive as zeros.
 Tiles a program reads once use plain pointer loads.
 
@@ -96,9 +101,31 @@ def _store_rows(base, tile, rows, cols, n_rows, stride_s, HEAD_DIM: tl.constexpr
 
 
 @triton.jit
-def _next_tile(tiles, b, h, start, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows [start, start + ROWS) of matrix (b, h) through its descriptor, as (ROWS, BLOCK_D)."""
-    return tiles.load([b, h, start, 0]).reshape(ROWS, BLOCK_D)
+def _next_tile(tiles, b, h, start, col, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Rows [start, start + ROWS) and columns [col, col + COLS) of matrix (b, h) through
+    its descriptor, as (ROWS, COLS)."""
+    return tiles.load([b, h, start, col]).reshape(ROWS, COLS)
+
+
+@triton.jit
+def _load_tail(base, rows, n_rows, stride_s, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr):
+    """The tail columns [BLOCK_D, BLOCK_D + BLOCK_T) of the rows under SPLIT; otherwise a
+    placeholder that nothing reads."""
+    if SPLIT:
+        tail = _load_rows(base, rows, BLOCK_D + tl.arange(0, BLOCK_T), n_rows, stride_s,
+                          HEAD_DIM)
+    else:
+        tail = tl.zeros([ROWS, BLOCK_T], dtype=base.dtype.element_ty)
+    return tail
+
+
+@triton.jit
+def _store_tail(base, tile, rows, n_rows, stride_s, HEAD_DIM: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr):
+    if SPLIT:
+        _store_rows(base, tile, rows, BLOCK_D + tl.arange(0, BLOCK_T), n_rows, stride_s,
+                    HEAD_DIM)
 
 
 @triton.jit
@@ -128,13 +155,17 @@ def _query_stages(k_start, n_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, b, h, rows, offs_n, n_k, qk_scale, lo, hi,
-                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                   MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _forward_stage(acc, acc_t, m_i, l_i, q, q_t, k_tiles, v_tiles, k_tail_tiles, v_tail_tiles,
+                   b, h, rows, offs_n, n_k, qk_scale, lo, hi, BLOCK_D: tl.constexpr,
+                   BLOCK_T: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                   IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for k_start in range(lo, hi, BLOCK_N):
-        k = _next_tile(k_tiles, b, h, k_start, BLOCK_N, BLOCK_D)
-        v = _next_tile(v_tiles, b, h, k_start, BLOCK_N, BLOCK_D)
+        k = _next_tile(k_tiles, b, h, k_start, 0, BLOCK_N, BLOCK_D)
+        v = _next_tile(v_tiles, b, h, k_start, 0, BLOCK_N, BLOCK_D)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if SPLIT:
+            k_t = _next_tile(k_tail_tiles, b, h, k_start, BLOCK_D, BLOCK_N, BLOCK_T)
+            s = tl.dot(q_t, tl.trans(k_t), s, input_precision=DOT_PRECISION)
         if MASKED:
             keep = _visible(rows, k_start + offs_n, n_k, IS_CAUSAL)
             s = tl.where(keep, s * qk_scale, MASKED_SCORE)
@@ -148,90 +179,123 @@ def _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, b, h, rows, offs_n, n_k, 
         l_i = l_i * correction + tl.sum(p, 1)
         acc = acc * correction[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        if SPLIT:
+            v_t = _next_tile(v_tail_tiles, b, h, k_start, BLOCK_D, BLOCK_N, BLOCK_T)
+            acc_t = acc_t * correction[:, None]
+            acc_t = tl.dot(p.to(v_t.dtype), v_t, acc_t, input_precision=DOT_PRECISION)
         m_i = m_new
-    return acc, m_i, l_i
+    return acc, acc_t, m_i, l_i
 
 
 @triton.jit
 def flash_forward_kernel(
-    Q, stride_qb, stride_qh, stride_qs, k_tiles, v_tiles,
+    Q, stride_qb, stride_qh, stride_qs, k_tiles, v_tiles, k_tail_tiles, v_tail_tiles,
     Out, stride_ob, stride_oh, stride_os, L, n_heads, n_q, n_k, SM_SCALE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). O = softmax(Q K^T * scale) V, L = logsumexp of each row."""
     # Causal query tiles at the end of the sequence do the most work: start them first.
     bh, b, h, q_start, rows, cols_d = _program_tile(n_heads, BLOCK_M, BLOCK_D, True)
     qk_scale = SM_SCALE * LOG2E
-    q = _load_rows(_matrix(Q, b, h, stride_qb, stride_qh), rows, cols_d, n_q, stride_qs,
-                   HEAD_DIM)
+    q_base = _matrix(Q, b, h, stride_qb, stride_qh)
+    q = _load_rows(q_base, rows, cols_d, n_q, stride_qs, HEAD_DIM)
+    q_t = _load_tail(q_base, rows, n_q, stride_qs, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_T, SPLIT)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc_t = tl.zeros([BLOCK_M, BLOCK_T], dtype=tl.float32)
 
     offs_n = tl.arange(0, BLOCK_N)
     full_end, end = _key_stages(q_start, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    acc, m_i, l_i = _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, b, h, rows, offs_n, n_k,
-                                   qk_scale, 0, full_end, BLOCK_D, BLOCK_N, IS_CAUSAL, False,
-                                   DOT_PRECISION)
-    acc, m_i, l_i = _forward_stage(acc, m_i, l_i, q, k_tiles, v_tiles, b, h, rows, offs_n, n_k,
-                                   qk_scale, full_end, end, BLOCK_D, BLOCK_N, IS_CAUSAL, True,
-                                   DOT_PRECISION)
-    _store_rows(_matrix(Out, b, h, stride_ob, stride_oh), acc / l_i[:, None], rows, cols_d,
-                n_q, stride_os, HEAD_DIM)
+    acc, acc_t, m_i, l_i = _forward_stage(
+        acc, acc_t, m_i, l_i, q, q_t, k_tiles, v_tiles, k_tail_tiles, v_tail_tiles, b, h, rows,
+        offs_n, n_k, qk_scale, 0, full_end, BLOCK_D, BLOCK_T, SPLIT, BLOCK_N, IS_CAUSAL, False,
+        DOT_PRECISION)
+    acc, acc_t, m_i, l_i = _forward_stage(
+        acc, acc_t, m_i, l_i, q, q_t, k_tiles, v_tiles, k_tail_tiles, v_tail_tiles, b, h, rows,
+        offs_n, n_k, qk_scale, full_end, end, BLOCK_D, BLOCK_T, SPLIT, BLOCK_N, IS_CAUSAL, True,
+        DOT_PRECISION)
+    o_base = _matrix(Out, b, h, stride_ob, stride_oh)
+    _store_rows(o_base, acc / l_i[:, None], rows, cols_d, n_q, stride_os, HEAD_DIM)
+    _store_tail(o_base, acc_t / l_i[:, None], rows, n_q, stride_os, HEAD_DIM, BLOCK_D, BLOCK_T,
+                SPLIT)
     tl.store(L + bh.to(tl.int64) * n_q + rows, (m_i + tl.log2(l_i)) * LN2,
              mask=rows < n_q)
 
 
 @triton.jit
-def _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, b, h, rows, offs_n, n_k, qk_scale, lo, hi,
-              BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
-              MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _dq_stage(dq, dq_t, q, q_t, do, do_t, lse2, delta, k_tiles, v_tiles, k_tail_tiles,
+              v_tail_tiles, b, h, rows, offs_n, n_k, qk_scale, lo, hi, BLOCK_D: tl.constexpr,
+              BLOCK_T: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+              IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for k_start in range(lo, hi, BLOCK_N):
-        k = _next_tile(k_tiles, b, h, k_start, BLOCK_N, BLOCK_D)
-        v = _next_tile(v_tiles, b, h, k_start, BLOCK_N, BLOCK_D)
+        k = _next_tile(k_tiles, b, h, k_start, 0, BLOCK_N, BLOCK_D)
+        v = _next_tile(v_tiles, b, h, k_start, 0, BLOCK_N, BLOCK_D)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        if SPLIT:
+            k_t = _next_tile(k_tail_tiles, b, h, k_start, BLOCK_D, BLOCK_N, BLOCK_T)
+            v_t = _next_tile(v_tail_tiles, b, h, k_start, BLOCK_D, BLOCK_N, BLOCK_T)
+            s = tl.dot(q_t, tl.trans(k_t), s, input_precision=DOT_PRECISION)
+            dp = tl.dot(do_t, tl.trans(v_t), dp, input_precision=DOT_PRECISION)
         p = tl.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
             p = tl.where(_visible(rows, k_start + offs_n, n_k, IS_CAUSAL), p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
-    return dq
+        if SPLIT:
+            dq_t = tl.dot(ds.to(k_t.dtype), k_t, dq_t, input_precision=DOT_PRECISION)
+    return dq, dq_t
 
 
 @triton.jit
 def flash_backward_dq_kernel(
-    Q, stride_qb, stride_qh, stride_qs, k_tiles, v_tiles,
+    Q, stride_qb, stride_qh, stride_qs, k_tiles, v_tiles, k_tail_tiles, v_tail_tiles,
     Out, stride_ob, stride_oh, stride_os, dO, stride_dob, stride_doh, stride_dos,
     L, Delta, dQ, stride_dqb, stride_dqh, stride_dqs, n_heads, n_q, n_k, SM_SCALE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). dQ = scale * dS K, and Delta = rowsum(O * dO) for dK/dV."""
     bh, b, h, q_start, rows, cols_d = _program_tile(n_heads, BLOCK_M, BLOCK_D, True)
     qk_scale = SM_SCALE * LOG2E
-    q = _load_rows(_matrix(Q, b, h, stride_qb, stride_qh), rows, cols_d, n_q, stride_qs,
-                   HEAD_DIM)
-    do = _load_rows(_matrix(dO, b, h, stride_dob, stride_doh), rows, cols_d, n_q, stride_dos,
-                    HEAD_DIM)
-    o = _load_rows(_matrix(Out, b, h, stride_ob, stride_oh), rows, cols_d, n_q, stride_os,
-                   HEAD_DIM)
+    q_base = _matrix(Q, b, h, stride_qb, stride_qh)
+    do_base = _matrix(dO, b, h, stride_dob, stride_doh)
+    o_base = _matrix(Out, b, h, stride_ob, stride_oh)
+    q = _load_rows(q_base, rows, cols_d, n_q, stride_qs, HEAD_DIM)
+    do = _load_rows(do_base, rows, cols_d, n_q, stride_dos, HEAD_DIM)
+    o = _load_rows(o_base, rows, cols_d, n_q, stride_os, HEAD_DIM)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    q_t = _load_tail(q_base, rows, n_q, stride_qs, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_T, SPLIT)
+    do_t = _load_tail(do_base, rows, n_q, stride_dos, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_T, SPLIT)
+    if SPLIT:
+        o_t = _load_tail(o_base, rows, n_q, stride_os, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_T,
+                         SPLIT)
+        delta += tl.sum(o_t.to(tl.float32) * do_t.to(tl.float32), 1)
     L += bh.to(tl.int64) * n_q
     Delta += bh.to(tl.int64) * n_q
     tl.store(Delta + rows, delta, mask=rows < n_q)
     lse2 = tl.load(L + rows, mask=rows < n_q, other=0.0) * LOG2E
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dq_t = tl.zeros([BLOCK_M, BLOCK_T], dtype=tl.float32)
 
     offs_n = tl.arange(0, BLOCK_N)
     full_end, end = _key_stages(q_start, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    dq = _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, b, h, rows, offs_n, n_k, qk_scale,
-                   0, full_end, BLOCK_D, BLOCK_N, IS_CAUSAL, False, DOT_PRECISION)
-    dq = _dq_stage(dq, q, do, lse2, delta, k_tiles, v_tiles, b, h, rows, offs_n, n_k, qk_scale,
-                   full_end, end, BLOCK_D, BLOCK_N, IS_CAUSAL, True, DOT_PRECISION)
-    _store_rows(_matrix(dQ, b, h, stride_dqb, stride_dqh), dq * SM_SCALE, rows, cols_d, n_q,
-                stride_dqs, HEAD_DIM)
+    dq, dq_t = _dq_stage(dq, dq_t, q, q_t, do, do_t, lse2, delta, k_tiles, v_tiles,
+                         k_tail_tiles, v_tail_tiles, b, h, rows, offs_n, n_k, qk_scale, 0,
+                         full_end, BLOCK_D, BLOCK_T, SPLIT, BLOCK_N, IS_CAUSAL, False,
+                         DOT_PRECISION)
+    dq, dq_t = _dq_stage(dq, dq_t, q, q_t, do, do_t, lse2, delta, k_tiles, v_tiles,
+                         k_tail_tiles, v_tail_tiles, b, h, rows, offs_n, n_k, qk_scale,
+                         full_end, end, BLOCK_D, BLOCK_T, SPLIT, BLOCK_N, IS_CAUSAL, True,
+                         DOT_PRECISION)
+    dq_base = _matrix(dQ, b, h, stride_dqb, stride_dqh)
+    _store_rows(dq_base, dq * SM_SCALE, rows, cols_d, n_q, stride_dqs, HEAD_DIM)
+    _store_tail(dq_base, dq_t * SM_SCALE, rows, n_q, stride_dqs, HEAD_DIM, BLOCK_D, BLOCK_T,
+                SPLIT)
 
 
 @triton.jit
@@ -250,15 +314,17 @@ def _accumulate_dot(total, carry, a, b, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _dkdv_stage(dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, b, h, keys,
-                offs_m, n_q, qk_scale, lo, hi, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                CHECK_ROWS: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _dkdv_stage(dk, dv, dk_carry, dv_carry, dk_t, dv_t, dk_t_carry, dv_t_carry, k, v, k_t, v_t,
+                q_tiles, do_tiles, q_tail_tiles, do_tail_tiles, L, Delta, b, h, keys, offs_m,
+                n_q, qk_scale, lo, hi, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+                SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, CHECK_ROWS: tl.constexpr,
+                MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # Tiles are transposed (keys x queries) so dK and dV come out of plain dots. MASKED is
     # the causal diagonal: the end of the sequence is handled by CHECK_ROWS and L = +inf.
     for q_start in range(lo, hi, BLOCK_M):
         rows = q_start + offs_m
-        q = _next_tile(q_tiles, b, h, q_start, BLOCK_M, BLOCK_D)
-        do = _next_tile(do_tiles, b, h, q_start, BLOCK_M, BLOCK_D)
+        q = _next_tile(q_tiles, b, h, q_start, 0, BLOCK_M, BLOCK_D)
+        do = _next_tile(do_tiles, b, h, q_start, 0, BLOCK_M, BLOCK_D)
         if CHECK_ROWS:
             # L = +inf turns rows past the end into P = 0.
             lse2 = tl.load(L + rows, mask=rows < n_q, other=float("inf")) * LOG2E
@@ -267,48 +333,74 @@ def _dkdv_stage(dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, b
             lse2 = tl.load(L + rows) * LOG2E
             delta = tl.load(Delta + rows)
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+        if SPLIT:
+            q_t = _next_tile(q_tail_tiles, b, h, q_start, BLOCK_D, BLOCK_M, BLOCK_T)
+            do_t = _next_tile(do_tail_tiles, b, h, q_start, BLOCK_D, BLOCK_M, BLOCK_T)
+            s_t = tl.dot(k_t, tl.trans(q_t), s_t, input_precision=DOT_PRECISION)
         p_t = tl.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
             p_t = tl.where(_sees(rows[None, :], keys[:, None]), p_t, 0.0)
         dv, dv_carry = _accumulate_dot(dv, dv_carry, p_t.to(do.dtype), do, DOT_PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        if SPLIT:
+            dv_t, dv_t_carry = _accumulate_dot(dv_t, dv_t_carry, p_t.to(do_t.dtype), do_t,
+                                               DOT_PRECISION)
+            dp_t = tl.dot(v_t, tl.trans(do_t), dp_t, input_precision=DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
         dk, dk_carry = _accumulate_dot(dk, dk_carry, ds_t.to(q.dtype), q, DOT_PRECISION)
-    return dk, dv, dk_carry, dv_carry
+        if SPLIT:
+            dk_t, dk_t_carry = _accumulate_dot(dk_t, dk_t_carry, ds_t.to(q_t.dtype), q_t,
+                                               DOT_PRECISION)
+    return dk, dv, dk_carry, dv_carry, dk_t, dv_t, dk_t_carry, dv_t_carry
 
 
 @triton.jit
 def flash_backward_dkdv_kernel(
     q_tiles, K, stride_kb, stride_kh, stride_ks, V, stride_vb, stride_vh, stride_vs, do_tiles,
-    L, Delta, dK, stride_dkb, stride_dkh, stride_dks, dV, stride_dvb, stride_dvh, stride_dvs,
-    n_heads, n_q, n_k, SM_SCALE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, CHECK_Q_ROWS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    q_tail_tiles, do_tail_tiles, L, Delta, dK, stride_dkb, stride_dkh, stride_dks,
+    dV, stride_dvb, stride_dvh, stride_dvs, n_heads, n_q, n_k, SM_SCALE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    CHECK_Q_ROWS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, key tiles). dV = P^T dO and dK = scale * dS^T Q, summed over query tiles."""
     # Causal key tiles at the start of the sequence are seen by the most queries: they are
     # already first in launch order.
     bh, b, h, k_start, keys, cols_d = _program_tile(n_heads, BLOCK_N, BLOCK_D, False)
     qk_scale = SM_SCALE * LOG2E
-    k = _load_rows(_matrix(K, b, h, stride_kb, stride_kh), keys, cols_d, n_k, stride_ks, HEAD_DIM)
-    v = _load_rows(_matrix(V, b, h, stride_vb, stride_vh), keys, cols_d, n_k, stride_vs, HEAD_DIM)
+    k_base = _matrix(K, b, h, stride_kb, stride_kh)
+    v_base = _matrix(V, b, h, stride_vb, stride_vh)
+    k = _load_rows(k_base, keys, cols_d, n_k, stride_ks, HEAD_DIM)
+    v = _load_rows(v_base, keys, cols_d, n_k, stride_vs, HEAD_DIM)
+    k_t = _load_tail(k_base, keys, n_k, stride_ks, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_T, SPLIT)
+    v_t = _load_tail(v_base, keys, n_k, stride_vs, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_T, SPLIT)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dk_carry = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv_carry = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dk_t = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+    dv_t = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+    dk_t_carry = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+    dv_t_carry = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
     L += bh.to(tl.int64) * n_q
     Delta += bh.to(tl.int64) * n_q
 
     offs_m = tl.arange(0, BLOCK_M)
     start, full_start = _query_stages(k_start, n_q, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    dk, dv, dk_carry, dv_carry = _dkdv_stage(
-        dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, b, h, keys, offs_m, n_q,
-        qk_scale, start, full_start, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, True, DOT_PRECISION)
-    dk, dv, dk_carry, dv_carry = _dkdv_stage(
-        dk, dv, dk_carry, dv_carry, k, v, q_tiles, do_tiles, L, Delta, b, h, keys, offs_m, n_q,
-        qk_scale, full_start, n_q, BLOCK_D, BLOCK_M, CHECK_Q_ROWS, False, DOT_PRECISION)
-    _store_rows(_matrix(dK, b, h, stride_dkb, stride_dkh), dk * SM_SCALE, keys, cols_d, n_k,
-                stride_dks, HEAD_DIM)
-    _store_rows(_matrix(dV, b, h, stride_dvb, stride_dvh), dv, keys, cols_d, n_k, stride_dvs,
-                HEAD_DIM)
+    dk, dv, dk_carry, dv_carry, dk_t, dv_t, dk_t_carry, dv_t_carry = _dkdv_stage(
+        dk, dv, dk_carry, dv_carry, dk_t, dv_t, dk_t_carry, dv_t_carry, k, v, k_t, v_t,
+        q_tiles, do_tiles, q_tail_tiles, do_tail_tiles, L, Delta, b, h, keys, offs_m, n_q,
+        qk_scale, start, full_start, BLOCK_D, BLOCK_T, SPLIT, BLOCK_M, CHECK_Q_ROWS, True,
+        DOT_PRECISION)
+    dk, dv, dk_carry, dv_carry, dk_t, dv_t, dk_t_carry, dv_t_carry = _dkdv_stage(
+        dk, dv, dk_carry, dv_carry, dk_t, dv_t, dk_t_carry, dv_t_carry, k, v, k_t, v_t,
+        q_tiles, do_tiles, q_tail_tiles, do_tail_tiles, L, Delta, b, h, keys, offs_m, n_q,
+        qk_scale, full_start, n_q, BLOCK_D, BLOCK_T, SPLIT, BLOCK_M, CHECK_Q_ROWS, False,
+        DOT_PRECISION)
+    dk_base = _matrix(dK, b, h, stride_dkb, stride_dkh)
+    dv_base = _matrix(dV, b, h, stride_dvb, stride_dvh)
+    _store_rows(dk_base, dk * SM_SCALE, keys, cols_d, n_k, stride_dks, HEAD_DIM)
+    _store_rows(dv_base, dv, keys, cols_d, n_k, stride_dvs, HEAD_DIM)
+    _store_tail(dk_base, dk_t * SM_SCALE, keys, n_k, stride_dks, HEAD_DIM, BLOCK_D, BLOCK_T,
+                SPLIT)
+    _store_tail(dv_base, dv_t, keys, n_k, stride_dvs, HEAD_DIM, BLOCK_D, BLOCK_T, SPLIT)

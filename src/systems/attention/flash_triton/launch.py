@@ -159,6 +159,25 @@ def _new_empty(like: torch.Tensor, shape: tuple[int, ...],
     return like.new_empty(shape, dtype=dtype)
 
 
+def head_dim_tiles(head_dim: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_T): the kernels' tile widths along a head dim. A power of two is one
+    tile. Otherwise the dim splits into the largest power of two below it and a tail tile
+    (a power of two, at least 16 columns: a dot's least), where the two together are
+    narrower than the next power of two: 80 = 64 + 16 and 96 = 64 + 32, but 112 pads to
+    128 (64 + 64 would do the same work). BLOCK_T = 0: no split."""
+    padded = _next_power_of_2(head_dim)
+    if padded == head_dim:
+        return head_dim, 0
+    main = padded // 2
+    tail = max(MIN_HEAD_DIM, _next_power_of_2(head_dim - main))
+    return (main, tail) if main + tail < padded else (padded, 0)
+
+
+def _tail(name: str) -> str:
+    """The tail descriptor parameter of a descriptor parameter: k_tiles -> k_tail_tiles."""
+    return name.removesuffix("_tiles") + "_tail_tiles"
+
+
 def _descriptor_head_dim(d: int, dtype: torch.dtype) -> int:
     """d rounded up so that a row is a multiple of 16 bytes, as TMA descriptors need."""
     per_16_bytes = 16 // dtype.itemsize
@@ -297,8 +316,19 @@ class _Problem:
         return _descriptor_head_dim(self.d, self.dtype)
 
     @functools.cached_property
+    def split(self) -> bool:
+        """Whether the kernels split the head dim into BLOCK_D columns and a BLOCK_T tail
+        (`head_dim_tiles`) rather than padding it to a power of two."""
+        return head_dim_tiles(self.head_dim)[1] > 0
+
+    @functools.cached_property
     def block_d(self) -> int:
-        return _next_power_of_2(self.head_dim)
+        return head_dim_tiles(self.head_dim)[0]
+
+    @functools.cached_property
+    def block_t(self) -> int:
+        # Without a split the tail is a placeholder shape that nothing reads.
+        return head_dim_tiles(self.head_dim)[1] or MIN_HEAD_DIM
 
     @functools.cached_property
     def sizes(self) -> tuple[int, int, int]:
@@ -311,11 +341,21 @@ class _Problem:
     def writing(self, like: torch.Tensor) -> _Writing:
         return _Writing.of(like, self.head_dim, self.dtype.itemsize)
 
-    def tiles(self, strides: MatrixStrides, seq: int, block_rows: int) -> DescriptorLayout:
-        """The layout of a descriptor reading block_rows x BLOCK_D tiles of one matrix of an
-        operand with these strides."""
-        return ((self.batch, self.heads, seq, self.head_dim), (*strides, 1),
-                [1, 1, block_rows, self.block_d])
+    def tiles(self, name: str, strides: MatrixStrides, seq: int, block_rows: int
+              ) -> dict[str, DescriptorLayout]:
+        """The layouts of the descriptors `name` and, under a split, `name`'s tail
+        (`<operand>_tail_tiles`), reading block_rows x BLOCK_D (BLOCK_T) tiles of one
+        matrix of an operand with these strides."""
+        shape = (self.batch, self.heads, seq, self.head_dim)
+        layouts = {name: (shape, (*strides, 1), [1, 1, block_rows, self.block_d])}
+        if self.split:
+            layouts[_tail(name)] = (shape, (*strides, 1), [1, 1, block_rows, self.block_t])
+        return layouts
+
+    def tail(self, t: torch.Tensor) -> torch.Tensor | None:
+        """What a call passes for a tail descriptor of operand t: t itself under a split,
+        None otherwise (the kernels then compile the tails away)."""
+        return t if self.split else None
 
     def launcher(self, kernel: triton.JITFunction, tiles: TileConfig, seq: int, block: int,
                  strides: tuple[MatrixStrides, ...], descriptors: dict[str, DescriptorLayout],
@@ -338,8 +378,9 @@ class _Problem:
         """A kernel's compile-time arguments (its trailing parameters) for this problem and
         tiles; `extra` are the kernel's own (`dkdv_constexprs`)."""
         return {"SM_SCALE": self.d ** -0.5, "HEAD_DIM": self.head_dim, "BLOCK_D": self.block_d,
-                "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
-                "IS_CAUSAL": self.is_causal, **extra, "DOT_PRECISION": dot_precision(self.dtype)}
+                "BLOCK_T": self.block_t, "SPLIT": self.split, "BLOCK_M": tiles.block_m,
+                "BLOCK_N": tiles.block_n, "IS_CAUSAL": self.is_causal, **extra,
+                "DOT_PRECISION": dot_precision(self.dtype)}
 
     def dkdv_constexprs(self, tiles: TileConfig) -> dict[str, object]:
         """The dK/dV kernel's own: its programs walk key tiles, and the last query tile is
@@ -375,16 +416,18 @@ class _ForwardPlan:
         self.launch = problem.launcher(
             flash_forward_kernel, tiles, problem.n_q, tiles.block_m,
             (self.q.strides, self.k.strides, self.v.strides, self.o.strides),
-            {"k_tiles": problem.tiles(self.k.strides, problem.n_k, tiles.block_n),
-             "v_tiles": problem.tiles(self.v.strides, problem.n_k, tiles.block_n)})
+            {**problem.tiles("k_tiles", self.k.strides, problem.n_k, tiles.block_n),
+             **problem.tiles("v_tiles", self.v.strides, problem.n_k, tiles.block_n)})
         self.lse_shape = tensors[0].shape[:-1]
         self.sizes = problem.sizes
+        self.tail = problem.tail
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         o, buffer = self.o.allocate(q)
         lse = _new_empty(q, self.lse_shape, torch.float32)
-        self.launch(self.q.read(q), *self.q.strides, self.k.read(k), self.v.read(v), buffer,
+        k, v = self.k.read(k), self.v.read(v)
+        self.launch(self.q.read(q), *self.q.strides, k, v, self.tail(k), self.tail(v), buffer,
                     *self.o.strides, lse, *self.sizes)
         return self.o.finish(o, buffer), lse
 
@@ -405,15 +448,16 @@ class _BackwardPlan:
         self.dq_launch = problem.launcher(
             flash_backward_dq_kernel, dq_tiles, problem.n_q, dq_tiles.block_m,
             (rq, rk, rv, ro, rdo, self.dq_out.strides),
-            {"k_tiles": problem.tiles(rk, problem.n_k, dq_tiles.block_n),
-             "v_tiles": problem.tiles(rv, problem.n_k, dq_tiles.block_n)})
+            {**problem.tiles("k_tiles", rk, problem.n_k, dq_tiles.block_n),
+             **problem.tiles("v_tiles", rv, problem.n_k, dq_tiles.block_n)})
         self.dkdv_launch = problem.launcher(
             flash_backward_dkdv_kernel, dkdv_tiles, problem.n_k, dkdv_tiles.block_n,
             (rq, rk, rv, rdo, self.dk_out.strides, self.dv_out.strides),
-            {"q_tiles": problem.tiles(rq, problem.n_q, dkdv_tiles.block_m),
-             "do_tiles": problem.tiles(rdo, problem.n_q, dkdv_tiles.block_m)},
+            {**problem.tiles("q_tiles", rq, problem.n_q, dkdv_tiles.block_m),
+             **problem.tiles("do_tiles", rdo, problem.n_q, dkdv_tiles.block_m)},
             **problem.dkdv_constexprs(dkdv_tiles))
         self.sizes = problem.sizes
+        self.tail = problem.tail
 
     def read(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         """(q, k, v, o, do) as the kernels read them."""
@@ -426,8 +470,8 @@ class _BackwardPlan:
         rq, _, _, ro, rdo = self.readings
         dq, buffer = self.dq_out.allocate(like_q)
         delta = _empty_like(lse)
-        self.dq_launch(q, *rq.strides, k, v, o, *ro.strides, do, *rdo.strides, lse, delta,
-                       buffer, *self.dq_out.strides, *self.sizes)
+        self.dq_launch(q, *rq.strides, k, v, self.tail(k), self.tail(v), o, *ro.strides, do,
+                       *rdo.strides, lse, delta, buffer, *self.dq_out.strides, *self.sizes)
         return self.dq_out.finish(dq, buffer), delta
 
     def dkdv(self, like_k: torch.Tensor, like_v: torch.Tensor, q: torch.Tensor,
@@ -437,8 +481,9 @@ class _BackwardPlan:
         _, rk, rv, _, _ = self.readings
         dk, dk_buffer = self.dk_out.allocate(like_k)
         dv, dv_buffer = self.dv_out.allocate(like_v)
-        self.dkdv_launch(q, k, *rk.strides, v, *rv.strides, do, lse, delta, dk_buffer,
-                         *self.dk_out.strides, dv_buffer, *self.dv_out.strides, *self.sizes)
+        self.dkdv_launch(q, k, *rk.strides, v, *rv.strides, do, self.tail(q), self.tail(do),
+                         lse, delta, dk_buffer, *self.dk_out.strides, dv_buffer,
+                         *self.dv_out.strides, *self.sizes)
         return self.dk_out.finish(dk, dk_buffer), self.dv_out.finish(dv, dv_buffer)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
