@@ -333,9 +333,20 @@ def test_tuning_entry_points_run_the_backward_kernels_one_at_a_time(layout, devi
     torch.testing.assert_close(delta, (o.double() * do.double()).sum(-1).float())
 
 
+@pytest.mark.parametrize(("head_dim", "tiles"), [
+    (16, (16, 0)), (64, (64, 0)), (128, (128, 0)),  # powers of two: one tile
+    (80, (64, 16)), (96, (64, 32)), (72, (64, 16)), (40, (32, 16)), (48, (32, 16)),
+    (24, (32, 0)), (112, (128, 0)), (100, (128, 0)),  # a split would do the padded work
+])
+def test_head_dims_between_powers_of_two_split_where_it_saves_columns(head_dim, tiles):
+    assert launch.head_dim_tiles(head_dim) == tiles
+    main, tail = tiles
+    assert main + tail >= head_dim and (tail == 0 or main + tail < 2 * main)
+
+
 def test_tiles_follow_the_padded_head_dim_unless_measured_on_their_own():
     """d = 80 (measured at the 2.7b model's sizes) has its own half-precision tiles; d = 96,
-    which pads to the same 128 columns, takes d = 128's; fp32 keeps its own per padded dim."""
+    whose padded dim is also 128, takes d = 128's; fp32 keeps its own per padded dim."""
     bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
     own = launch.default_config(80, bf16)
     assert own != launch.default_config(128, bf16)

@@ -64,10 +64,13 @@ _HALF_CONFIGS: dict[int, FlashConfig] = {
     64: _tiles((128, 128, 4, 3), (128, 64, 4, 3), (32, 128, 4, 5)),
     128: _tiles((128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3)),
 }
-# Head dims between the powers of two pad to the next one (d = 80 runs 128-column tiles),
-# and for the one such dim measured, the 2.7b model's 80, narrower key tiles won at its
-# in-model sizes (bf16, causal, 128 matrices x 512 and x 2048 rows, the tune module on an
-# H100; runs in scripts/attention_tune_runs/2026-11-23/). Keyed by the head dim itself.
+# Head dims between the powers of two take their padded dim's tiles (`head_dim_tiles`
+# splits or pads them), and for the one such dim measured, the 2.7b model's 80, narrower
+# key tiles won at its in-model sizes (bf16, causal, 128 matrices x 512 and x 2048 rows,
+# the tune module on an H100 when 80 was padded to 128; runs in
+# scripts/attention_tune_runs/2026-11-23/). They stayed best or close to it for the split
+# kernels on an H200 (scripts/attention_tune_runs/2026-11-23-split/). Keyed by the head
+# dim itself.
 _HALF_HEAD_DIM_CONFIGS: dict[int, FlashConfig] = {
     80: _tiles((128, 32, 4, 3), (128, 32, 4, 3), (32, 64, 4, 3)),
 }
