@@ -355,11 +355,6 @@ class _Problem:
             layouts[_tail(name)] = (shape, (*strides, 1), [1, 1, block_rows, self.block_t])
         return layouts
 
-    def tail(self, t: torch.Tensor) -> torch.Tensor | None:
-        """What a call passes for a tail descriptor of operand t: t itself under a split,
-        None otherwise (the kernels then compile the tails away)."""
-        return t if self.split else None
-
     def launcher(self, kernel: triton.JITFunction, tiles: TileConfig, seq: int, block: int,
                  strides: tuple[MatrixStrides, ...], descriptors: dict[str, DescriptorLayout],
                  **constexprs: object) -> KernelLauncher:
@@ -423,15 +418,18 @@ class _ForwardPlan:
              **problem.tiles("v_tiles", self.v.strides, problem.n_k, tiles.block_n)})
         self.lse_shape = tensors[0].shape[:-1]
         self.sizes = problem.sizes
-        self.tail = problem.tail
+        # A tail descriptor's argument: its operand under a split, None otherwise (the
+        # kernels then compile the tails away).
+        self.split = problem.split
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         o, buffer = self.o.allocate(q)
         lse = _new_empty(q, self.lse_shape, torch.float32)
         k, v = self.k.read(k), self.v.read(v)
-        self.launch(self.q.read(q), *self.q.strides, k, v, self.tail(k), self.tail(v), buffer,
-                    *self.o.strides, lse, *self.sizes)
+        split = self.split
+        self.launch(self.q.read(q), *self.q.strides, k, v, k if split else None,
+                    v if split else None, buffer, *self.o.strides, lse, *self.sizes)
         return self.o.finish(o, buffer), lse
 
 
@@ -460,7 +458,7 @@ class _BackwardPlan:
              **problem.tiles("do_tiles", rdo, problem.n_q, dkdv_tiles.block_m)},
             **problem.dkdv_constexprs(dkdv_tiles))
         self.sizes = problem.sizes
-        self.tail = problem.tail
+        self.split = problem.split  # as in `_ForwardPlan`
 
     def read(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         """(q, k, v, o, do) as the kernels read them."""
@@ -473,8 +471,10 @@ class _BackwardPlan:
         rq, _, _, ro, rdo = self.readings
         dq, buffer = self.dq_out.allocate(like_q)
         delta = _empty_like(lse)
-        self.dq_launch(q, *rq.strides, k, v, self.tail(k), self.tail(v), o, *ro.strides, do,
-                       *rdo.strides, lse, delta, buffer, *self.dq_out.strides, *self.sizes)
+        split = self.split
+        self.dq_launch(q, *rq.strides, k, v, k if split else None, v if split else None, o,
+                       *ro.strides, do, *rdo.strides, lse, delta, buffer, *self.dq_out.strides,
+                       *self.sizes)
         return self.dq_out.finish(dq, buffer), delta
 
     def dkdv(self, like_k: torch.Tensor, like_v: torch.Tensor, q: torch.Tensor,
@@ -484,9 +484,10 @@ class _BackwardPlan:
         _, rk, rv, _, _ = self.readings
         dk, dk_buffer = self.dk_out.allocate(like_k)
         dv, dv_buffer = self.dv_out.allocate(like_v)
-        self.dkdv_launch(q, k, *rk.strides, v, *rv.strides, do, self.tail(q), self.tail(do),
-                         lse, delta, dk_buffer, *self.dk_out.strides, dv_buffer,
-                         *self.dv_out.strides, *self.sizes)
+        split = self.split
+        self.dkdv_launch(q, k, *rk.strides, v, *rv.strides, do, q if split else None,
+                         do if split else None, lse, delta, dk_buffer, *self.dk_out.strides,
+                         dv_buffer, *self.dv_out.strides, *self.sizes)
         return self.dk_out.finish(dk, dk_buffer), self.dv_out.finish(dv, dv_buffer)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
