@@ -37,11 +37,13 @@ _FP32_POINTERS = ("L", "Delta")
 def configured() -> dict[str, tuple[int, torch.dtype, launch.FlashConfig]]:
     """Every tile config `launch.default_config` can pick, by label: (head dim, dtype,
     config). The few-program tiles serve every half-precision head dim: they are built at
-    the largest."""
+    the largest. d = 96 builds d = 128's tiles split into 64 + 32 columns (d = 80's own
+    tiles build split too)."""
     rows = {f"half-d{d}": (d, torch.bfloat16, config)
             for d, config in launch._HALF_CONFIGS.items()}
     rows |= {f"half-d{d}-own": (d, torch.bfloat16, config)
              for d, config in launch._HALF_HEAD_DIM_CONFIGS.items()}
+    rows["half-d96-split"] = (96, torch.bfloat16, launch.default_config(96, torch.bfloat16))
     rows["half-few-programs"] = (launch.MAX_HEAD_DIM, torch.bfloat16,
                                  launch._HALF_FEW_PROGRAM_CONFIG)
     rows |= {f"fp32-d{d}": (d, torch.float32, config)
