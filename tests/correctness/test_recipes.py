@@ -11,6 +11,7 @@ from systems import accounting as acc
 from systems.attention.registry import saves_scores
 from systems.bench.checkpoint_fit import (
     BUDGET_SHARE,
+    Fit,
     PeakModel,
     fit_to_device,
     measure_peak_model,
@@ -281,7 +282,7 @@ def test_recipe_overrides_and_errors() -> None:
     recipe = get_recipe("optimized", precision="fp32", checkpoint_every=2)
     assert (recipe.precision, recipe.options.checkpoint_every) == ("fp32", 2)
     assert recipe.options.fused_loss and RECIPES["optimized"].precision == "bf16"
-    assert fit_to_device(recipe, TINY, 2, 16, "cpu") == recipe
+    assert fit_to_device(recipe, TINY, 2, 16, "cpu") == Fit(recipe, None)
     with pytest.raises(ValueError, match="unknown recipe"):
         get_recipe("fastest")
     with pytest.raises(ValueError, match="unknown optimizer"):
@@ -300,4 +301,4 @@ def test_recipe_overrides_and_errors() -> None:
     with pytest.raises(ValueError, match="not both"):
         TransformerLM(TINY, checkpoint_every=1, checkpoint_blocks=1)
     kept = get_recipe("optimized", checkpoint_blocks=1)
-    assert fit_to_device(kept, TINY, 2, 16, "cpu").options.checkpoint_blocks == 1
+    assert fit_to_device(kept, TINY, 2, 16, "cpu").recipe.options.checkpoint_blocks == 1

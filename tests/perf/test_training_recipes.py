@@ -20,6 +20,7 @@ from systems.bench.checkpoint_fit import fit_to_device
 from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe
 from systems.bench.workloads import CUDA_GRAPH_WARMUP
 from systems.model import get_config
+from systems.report import keys
 
 SIZES = ("small", "medium", "large", "xl", "2.7b")
 SEQ_LENS = (512, 2048)
@@ -78,14 +79,19 @@ def perf_cases(profile: str) -> list[RecipeCase]:
 
 def test_training_recipe(perf_case: RecipeCase, device, synced_benchmark) -> None:
     config = get_config(perf_case.size)
-    recipe = fit_to_device(get_recipe(perf_case.recipe, **dict(perf_case.overrides)), config,
-                           perf_case.batch, perf_case.seq_len, device)
+    fit = fit_to_device(get_recipe(perf_case.recipe, **dict(perf_case.overrides)), config,
+                        perf_case.batch, perf_case.seq_len, device)
+    recipe = fit.recipe
     workload = build_recipe_workload(config, recipe, batch_size=perf_case.batch,
                                      seq_len=perf_case.seq_len, device=device)
+    # Beside the measured peak, what the checkpointing rule predicted (where it measured).
+    predicted = ({} if fit.predicted_peak_bytes is None else
+                 {keys.PREDICTED_PEAK_MEMORY: fit.predicted_peak_bytes})
     synced_benchmark.benchmark.group = f"recipes-{perf_case.size}-ctx{perf_case.seq_len}"
     synced_benchmark(
         workload.step, warmup=perf_case.warmup, rounds=perf_case.rounds,
         precision=recipe.precision, flops=workload.flops, tokens=workload.tokens,
-        info={"size": perf_case.size, "recipe": perf_case.recipe, **workload.describe()},
+        info={"size": perf_case.size, "recipe": perf_case.recipe, **workload.describe(),
+              **predicted},
         cold_start=True,
     )

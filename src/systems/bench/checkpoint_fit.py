@@ -97,26 +97,39 @@ def measure_peak_model(recipe: Recipe, config: ModelConfig, batch_size: int, seq
                      recompute_saving=max(0, (deep - partly_recomputed) // half))
 
 
+@dataclass(frozen=True)
+class Fit:
+    """A recipe fitted to a GPU, and the peak the measured line predicts for its step, in
+    bytes allocated on the device (None where nothing was measured: off CUDA, a recipe that
+    sets its own checkpointing, or a step the analytic count already fits)."""
+
+    recipe: Recipe
+    predicted_peak_bytes: int | None = None
+
+
 def fit_to_device(recipe: Recipe, config: ModelConfig, batch_size: int, seq_len: int,
-                  device: torch.device | str) -> Recipe:
+                  device: torch.device | str) -> Fit:
     """`recipe` recomputing the fewest blocks (`checkpoint_blocks`) with which its step fits
-    in `BUDGET_SHARE` of the GPU's memory, less what is allocated already. A recipe that
+    in `BUDGET_SHARE` of the GPU's memory, beside what is allocated already. A recipe that
     sets either checkpointing option keeps it, and off CUDA nothing changes."""
     device = torch.device(device)
     chosen = recipe.options.checkpoint_every or recipe.options.checkpoint_blocks
     if device.type != "cuda" or chosen:
-        return recipe
-    budget = (int(BUDGET_SHARE * torch.cuda.get_device_properties(device).total_memory)
-              - torch.cuda.memory_allocated(device))
+        return Fit(recipe)
+    allocated = torch.cuda.memory_allocated(device)
+    budget = int(BUDGET_SHARE * torch.cuda.get_device_properties(device).total_memory)
     blocks = checkpoint_blocks_for_budget(config, batch_size, seq_len, recipe.precision,
-                                          budget, saves_scores(recipe.attention))
+                                          budget - allocated, saves_scores(recipe.attention))
+    predicted = None
     if blocks and config.num_layers > PROBE_DEPTH:
         print(f"measuring the step's peak memory at {PROBE_DEPTH // 2} and {PROBE_DEPTH} "
               f"blocks (the analytic count would recompute {blocks} of "
               f"{config.num_layers}) ...", file=sys.stderr)
         model = measure_peak_model(recipe, config, batch_size, seq_len, device)
-        blocks = model.fewest_recomputed(config.num_layers, budget)
+        blocks = model.fewest_recomputed(config.num_layers, budget - allocated)
+        predicted = allocated + model.predict(config.num_layers, blocks)
         print(f"recomputing {blocks} of {config.num_layers} blocks: predicted peak "
-              f"{model.predict(config.num_layers, blocks) / 2**30:.1f} GiB of a "
-              f"{budget / 2**30:.1f} GiB budget", file=sys.stderr)
-    return replace(recipe, options=replace(recipe.options, checkpoint_blocks=blocks))
+              f"{predicted / 2**30:.1f} GiB of a {budget / 2**30:.1f} GiB budget",
+              file=sys.stderr)
+    return Fit(replace(recipe, options=replace(recipe.options, checkpoint_blocks=blocks)),
+               predicted)

@@ -184,7 +184,8 @@ def _build(config, args: argparse.Namespace, mode: str, overrides: dict[str, obj
             attention=args.attention or "reference", device=args.device)
     recipe = get_recipe(args.recipe, **overrides)
     if mode == "train_step":  # recompute blocks as the perf cases do, where it would not fit
-        recipe = fit_to_device(recipe, config, args.batch_size, args.seq_len, args.device)
+        recipe = fit_to_device(recipe, config, args.batch_size, args.seq_len,
+                               args.device).recipe
     return build_recipe_workload(config, recipe, batch_size=args.batch_size,
                                  seq_len=args.seq_len, device=args.device, mode=mode)
 

@@ -156,7 +156,7 @@ def run_breakdown(args: argparse.Namespace) -> str:
     config = get_config(args.size)
     recipe = runnable_on(get_recipe(args.recipe, **recipe_overrides(args.recipe, args.option)),
                          args.device)
-    recipe = fit_to_device(recipe, config, args.batch_size, args.seq_len, args.device)
+    recipe = fit_to_device(recipe, config, args.batch_size, args.seq_len, args.device).recipe
     workload = build_recipe_workload(config, recipe, batch_size=args.batch_size,
                                      seq_len=args.seq_len, device=args.device)
     record = step_breakdown.recipe_breakdown(

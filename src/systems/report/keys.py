@@ -22,6 +22,9 @@ PEAK_MEMORY = "peak_memory_bytes"
 # name and the first step's seconds (compilation included).
 RECIPE = "recipe"
 COLD_START_S = "cold_start_s"
+# Where the checkpointing rule measured the step (`systems.bench.checkpoint_fit`), the peak
+# it predicted for the step, beside the measured PEAK_MEMORY.
+PREDICTED_PEAK_MEMORY = "predicted_peak_memory_bytes"
 
 # Attention microbenchmarks (tests/perf/test_attention.py): q/k/v `shape` (..., seq, d) and
 # the pass in `mode`; `normalise` derives the sequence length, head dim and batch x heads.
