@@ -21,7 +21,7 @@ import triton.testing
 
 from systems.optim.adamw_kernel import BLOCK_SIZE, NUM_WARPS, launch_fused_adamw_
 from systems.optim.split_master import split_master
-from systems.profiling.step_breakdown import measure_copy_bandwidth
+from systems.profiling.step_breakdown import adamw_bytes_per_weight, measure_copy_bandwidth
 
 CANDIDATES = ((4096, 4), (4096, 8), (2048, 4), (2048, 8), (1024, 4))
 MATRIX = (2560, 10240)  # the 2.7b model's feed-forward weight
@@ -66,7 +66,8 @@ def main() -> None:
         expected = [[t.clone() for t in group] for group in fresh]
         step(expected, BLOCK_SIZE, NUM_WARPS)
         weights = sum(p.numel() for p in fresh[0])
-        moved = weights * (26 if split else 28)
+        moved = weights * adamw_bytes_per_weight(torch.bfloat16.itemsize,
+                                                 "split" if split else "fp32")
         for block_size, num_warps in CANDIDATES:
             tensors = [[t.clone() for t in group] for group in fresh]
             step(tensors, block_size, num_warps)

@@ -146,22 +146,28 @@ def floor_seconds(workload: ModelWorkload, ceilings: Ceilings) -> dict[str, floa
             "optimizer": optimizer_bytes(workload) / ceilings.copy_bytes_per_s}
 
 
+def adamw_bytes_per_weight(param_size: int, masters: str | None) -> int:
+    """Bytes one AdamW step must move per weight whose parameter (and gradient) take
+    `param_size` bytes: both fp32 moments read and written, the gradient read, and the
+    weights read and written. `masters`: None for fp32 weights updated in place, "fp32"
+    for an fp32 master read and written plus the low-precision parameter written, "split"
+    for a bf16 parameter and its int16 low bits, both read and written
+    (`systems.optim.split_master`)."""
+    moments = 2 * 2 * 4
+    weights = {None: 2 * 4, "fp32": 2 * 4 + param_size, "split": 2 * (param_size + 2)}
+    return moments + param_size + weights[masters]
+
+
 def optimizer_bytes(workload: ModelWorkload) -> float:
-    """Bytes an AdamW step must move: both fp32 moments read and written, the gradient
-    read, and the weights read and written: fp32 weights, or, where the weights are masters,
-    the fp32 master plus the low-precision parameter written, or for bf16 the parameter and
-    its int16 low bits, both read and written (`systems.optim.split_master`)."""
+    """Bytes an AdamW step of the workload's optimizer must move (`adamw_bytes_per_weight`):
+    `MixedPrecisionAdamW` splits the masters of bf16 parameters and keeps fp32 ones for
+    other dtypes."""
     total = 0
     for param in workload.model.parameters():
-        moments = 2 * 2 * 4  # exp_avg, exp_avg_sq: fp32, read and written
-        grad = param.element_size()  # gradients come in the parameter's dtype
-        if workload.options.optimizer != "mixed_precision":
-            weights = 2 * 4
-        elif param.dtype == torch.bfloat16:
-            weights = 2 * (param.element_size() + 2)
-        else:
-            weights = 2 * 4 + param.element_size()
-        total += param.numel() * (moments + grad + weights)
+        masters = None
+        if workload.options.optimizer == "mixed_precision":
+            masters = "split" if param.dtype == torch.bfloat16 else "fp32"
+        total += param.numel() * adamw_bytes_per_weight(param.element_size(), masters)
     return float(total)
 
 
