@@ -65,7 +65,7 @@ def test_cli_runs_a_recipe_with_changed_settings(tmp_path) -> None:
         (["--recipe", "optimized", "--option", "warp_speed=9"],
          "unknown setting 'warp_speed'; the recipe's settings are attention, checkpoint_blocks, "
          "checkpoint_every, compile_mode, compile_scope, compiled, cuda_graph, fused_loss, lr, "
-         "optimizer, precision"),
+         "optimizer, overlap_optimizer, precision"),
         (["--recipe", "optimized", "--option", "lr=fast"], "--option lr takes a number"),
         (["--recipe", "optimized", "--option", "cuda_graph=no"],
          "--option cuda_graph takes true or false, got 'no'"),

@@ -12,7 +12,7 @@ from systems.accounting import attention_flops
 from systems.bench.cuda_graph import CapturedStep
 from systems.common.nvtx import nvtx_range
 from systems.model import ModelConfig, TransformerLM, cross_entropy
-from systems.optim import AdamW, MixedPrecisionAdamW, OptimizerName
+from systems.optim import AdamW, MixedPrecisionAdamW, OptimizerName, OverlappedUpdates
 from systems.optim.names import optimizer_name
 
 MODES = ("forward", "forward_backward", "train_step")
@@ -76,6 +76,10 @@ class StepOptions:
     and replay it from then on (`systems.bench.cuda_graph.CapturedStep`); CUDA only, with an
     optimizer that counts steps on the GPU ("mixed_precision" or "torch_adamw", which is then
     capturable). lr: the optimizer's learning rate (weight decay 0.01).
+    overlap_optimizer: update each block's parameters as soon as backward has produced
+    their gradients, beside the rest of backward (`systems.optim.OverlappedUpdates`); needs
+    one of our optimizers and, when compiled, compile_scope="blocks" (a model compiled whole
+    produces every gradient at the end of its one backward graph).
     """
 
     compile_scope: str = "model"
@@ -86,6 +90,7 @@ class StepOptions:
     checkpoint_blocks: int = 0
     cuda_graph: bool = False
     lr: float = 1e-4
+    overlap_optimizer: bool = False
 
     def __post_init__(self) -> None:
         check_choice("compile scope", self.compile_scope, COMPILE_SCOPES)
@@ -96,6 +101,9 @@ class StepOptions:
         if self.cuda_graph and self.compile_mode == "reduce-overhead":
             raise ValueError("cuda_graph captures the whole step already; compile_mode="
                              "'reduce-overhead' would capture graphs inside it")
+        if self.overlap_optimizer and self.optimizer == OptimizerName.TORCH_ADAMW:
+            raise ValueError("overlap_optimizer needs optimizer='mixed_precision' or 'adamw' "
+                             "(torch's AdamW cannot step some parameters alone)")
 
 
 @dataclass
@@ -190,6 +198,10 @@ def build_model_workload(
     inputs, targets = torch.randint(
         config.vocab_size, (2, batch_size, seq_len), generator=generator
     ).to(device)
+    if compiled and options.overlap_optimizer and options.compile_scope != "blocks":
+        raise ValueError("overlap_optimizer with compiled=True needs compile_scope='blocks': "
+                         "a model compiled whole produces every gradient when its single "
+                         "backward graph ends, so nothing would overlap")
     run_model = _compile(model, options) if compiled else model
     autocast = autocast_context(device, precision)
 
@@ -208,6 +220,8 @@ def build_model_workload(
 
     optimizer = (_optimizer(model, options, precision, device)
                  if mode == "train_step" else None)
+    if optimizer is not None and options.overlap_optimizer:
+        optimizer = OverlappedUpdates(optimizer, _update_buckets(model))
 
     def train_step() -> torch.Tensor:
         loss = forward_backward()
@@ -236,6 +250,13 @@ def _compile(model: TransformerLM, options: StepOptions) -> torch.nn.Module:
     for block in model.layers:
         block.compile(mode=options.compile_mode)
     return model
+
+
+def _update_buckets(model: TransformerLM) -> list[list[torch.nn.Parameter]]:
+    """The parameters of each part whose gradients backward completes at once, in the order
+    backward reaches them: LM head and final norm, each block from the last, the embedding."""
+    parts = [model.lm_head, model.ln_final, *reversed(model.layers), model.token_embeddings]
+    return [list(part.parameters()) for part in parts]
 
 
 def _optimizer(model: torch.nn.Module, options: StepOptions, precision: str,

@@ -3,6 +3,7 @@
 from systems.optim.adamw import AdamW
 from systems.optim.mixed_precision import MixedPrecisionAdamW
 from systems.optim.names import OptimizerName
+from systems.optim.overlapped import OverlappedUpdates
 from systems.optim.sharded import ShardedOptimizer
 
-__all__ = ["AdamW", "MixedPrecisionAdamW", "OptimizerName", "ShardedOptimizer"]
+__all__ = ["AdamW", "MixedPrecisionAdamW", "OptimizerName", "OverlappedUpdates", "ShardedOptimizer"]

@@ -43,10 +43,22 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if params:
-                self._step_group(group, params)
+            self._step_group_of(group, group["params"])
         return loss
+
+    @torch.no_grad()
+    def step_parameters(self, params: Iterable[torch.Tensor]) -> None:
+        """One step of only `params` (each in one of this optimizer's groups), as `step()`
+        would take it: those without a gradient are skipped. For updates that run as
+        soon as backward has produced some gradients (`systems.optim.OverlappedUpdates`)."""
+        wanted = {id(p) for p in params}
+        for group in self.param_groups:
+            self._step_group_of(group, [p for p in group["params"] if id(p) in wanted])
+
+    def _step_group_of(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
+        with_grads = [p for p in params if p.grad is not None]
+        if with_grads:
+            self._step_group(group, with_grads)
 
     def _step_group(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
         lr, (beta1, beta2) = group["lr"], group["betas"]
