@@ -127,8 +127,6 @@ class ModelWorkload:
     step: Callable[[], torch.Tensor | None] = field(repr=False)
     inputs: torch.Tensor = field(repr=False)
     targets: torch.Tensor = field(repr=False)
-    # What a train step steps (`torch.optim.Optimizer` or `OverlappedUpdates`); else None.
-    optimizer: object = field(default=None, repr=False)
 
     @property
     def flops(self) -> float:
@@ -240,7 +238,6 @@ def build_model_workload(
         config=config, batch_size=batch_size, seq_len=seq_len, mode=mode,
         precision=precision, compiled=compiled, attention=attention, device=device,
         options=options, model=model, step=step, inputs=inputs, targets=targets,
-        optimizer=optimizer,
     )
 
 

@@ -93,39 +93,36 @@ def _tensor_pointer(addresses, row, num_tensors, tensor, DTYPE: tl.constexpr,
 
 
 @triton.jit
-def _adamw_kernel(block_tensor, block_start, addresses, numels, num_tensors, num_blocks,
-                  corrections, lr, beta1, beta2, eps, weight_decay,
+def _adamw_kernel(block_tensor, block_start, addresses, numels, num_tensors, corrections,
+                  lr, beta1, beta2, eps, weight_decay,
                   PARAM_DTYPE: tl.constexpr, GRAD_DTYPE: tl.constexpr, ALIGNED: tl.constexpr,
                   SPLIT_MASTER: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    # One block per program, or, on a smaller grid, every num_programs-th block.
-    for block in range(tl.program_id(0), num_blocks, tl.num_programs(0)):
-        tensor = tl.load(block_tensor + block)
-        start = tl.multiple_of(tl.load(block_start + block), BLOCK_SIZE)
-        offsets = start + tl.arange(0, BLOCK_SIZE)
-        numel = tl.load(numels + tensor)
-        # addresses: rows param, grad, master, exp_avg, exp_avg_sq; one column per tensor.
-        param_ptr = _tensor_pointer(addresses, 0, num_tensors, tensor, PARAM_DTYPE, ALIGNED)
-        grad_ptr = _tensor_pointer(addresses, 1, num_tensors, tensor, GRAD_DTYPE, ALIGNED)
-        master_ptr = _tensor_pointer(addresses, 2, num_tensors, tensor,
-                                     tl.int16 if SPLIT_MASTER else tl.float32, ALIGNED)
-        exp_avg_ptr = _tensor_pointer(addresses, 3, num_tensors, tensor, tl.float32, ALIGNED)
-        exp_avg_sq_ptr = _tensor_pointer(addresses, 4, num_tensors, tensor, tl.float32,
-                                         ALIGNED)
-        # corrections: rows lr / (1 - beta1^t) and sqrt(1 - beta2^t); one column per tensor.
-        step_size = tl.load(corrections + tensor)
-        bias_correction2_sqrt = tl.load(corrections + num_tensors + tensor)
-        # Whole blocks go without a mask: with aligned addresses the compiler then moves 16
-        # bytes per load and store instead of one element (a mask built from a size read at
-        # run time would force element-wise accesses). Only each tensor's last block is
-        # masked.
-        if start + BLOCK_SIZE <= numel:
-            _adamw_update(param_ptr, grad_ptr, master_ptr, exp_avg_ptr, exp_avg_sq_ptr,
-                          offsets, None, step_size, bias_correction2_sqrt, lr, beta1, beta2,
-                          eps, weight_decay, PARAM_DTYPE, SPLIT_MASTER)
-        else:
-            _adamw_update(param_ptr, grad_ptr, master_ptr, exp_avg_ptr, exp_avg_sq_ptr,
-                          offsets, offsets < numel, step_size, bias_correction2_sqrt, lr,
-                          beta1, beta2, eps, weight_decay, PARAM_DTYPE, SPLIT_MASTER)
+    block = tl.program_id(0)
+    tensor = tl.load(block_tensor + block)
+    start = tl.multiple_of(tl.load(block_start + block), BLOCK_SIZE)
+    offsets = start + tl.arange(0, BLOCK_SIZE)
+    numel = tl.load(numels + tensor)
+    # addresses: rows param, grad, master, exp_avg, exp_avg_sq; one column per tensor.
+    param_ptr = _tensor_pointer(addresses, 0, num_tensors, tensor, PARAM_DTYPE, ALIGNED)
+    grad_ptr = _tensor_pointer(addresses, 1, num_tensors, tensor, GRAD_DTYPE, ALIGNED)
+    master_ptr = _tensor_pointer(addresses, 2, num_tensors, tensor,
+                                 tl.int16 if SPLIT_MASTER else tl.float32, ALIGNED)
+    exp_avg_ptr = _tensor_pointer(addresses, 3, num_tensors, tensor, tl.float32, ALIGNED)
+    exp_avg_sq_ptr = _tensor_pointer(addresses, 4, num_tensors, tensor, tl.float32, ALIGNED)
+    # corrections: rows lr / (1 - beta1^t) and sqrt(1 - beta2^t); one column per tensor.
+    step_size = tl.load(corrections + tensor)
+    bias_correction2_sqrt = tl.load(corrections + num_tensors + tensor)
+    # Whole blocks go without a mask: with aligned addresses the compiler then moves 16
+    # bytes per load and store instead of one element (a mask built from a size read at
+    # run time would force element-wise accesses). Only each tensor's last block is masked.
+    if start + BLOCK_SIZE <= numel:
+        _adamw_update(param_ptr, grad_ptr, master_ptr, exp_avg_ptr, exp_avg_sq_ptr, offsets,
+                      None, step_size, bias_correction2_sqrt, lr, beta1, beta2, eps,
+                      weight_decay, PARAM_DTYPE, SPLIT_MASTER)
+    else:
+        _adamw_update(param_ptr, grad_ptr, master_ptr, exp_avg_ptr, exp_avg_sq_ptr, offsets,
+                      offsets < numel, step_size, bias_correction2_sqrt, lr, beta1, beta2,
+                      eps, weight_decay, PARAM_DTYPE, SPLIT_MASTER)
 
 
 @functools.lru_cache(maxsize=64)
@@ -225,22 +222,19 @@ def launch_fused_adamw_(
     masters: Sequence[torch.Tensor], exp_avgs: Sequence[torch.Tensor],
     exp_avg_sqs: Sequence[torch.Tensor], *, steps: torch.Tensor, lr: float, beta1: float,
     beta2: float, eps: float, weight_decay: float, block_size: int = BLOCK_SIZE,
-    num_warps: int = NUM_WARPS, max_programs: int | None = None,
+    num_warps: int = NUM_WARPS,
 ) -> None:
     """`fused_adamw_step_` without its checks, for callers whose tensors are valid by
     construction (the checks cost host time per tensor and step). `steps`: each tensor's
     step number (from 1), float64 on the parameters' device. `block_size` (a power of two)
-    and `num_warps` are the kernel's tile, for tuning: every choice computes the same bits.
-    `max_programs` caps the grid (each program then takes several blocks), so that an
-    update running beside other kernels leaves them the rest of the GPU."""
+    and `num_warps` are the kernel's tile, for tuning: every choice computes the same bits."""
     device = params[0].device
     block_tensor, block_start, numels = _block_table(tuple(p.numel() for p in params), device,
                                                      block_size)
     addresses, aligned = _address_table(
         [t for group in (params, grads, masters, exp_avgs, exp_avg_sqs) for t in group], device)
-    num_blocks = len(block_tensor)
-    _adamw_kernel[(min(num_blocks, max_programs or num_blocks),)](
-        block_tensor, block_start, addresses, numels, len(params), num_blocks,
+    _adamw_kernel[(len(block_tensor),)](
+        block_tensor, block_start, addresses, numels, len(params),
         _bias_corrections(steps, lr, beta1, beta2), lr, beta1, beta2, eps, weight_decay,
         PARAM_DTYPE=_TRITON_DTYPES[params[0].dtype],
         GRAD_DTYPE=_TRITON_DTYPES[grads[0].dtype], ALIGNED=aligned,

@@ -32,10 +32,6 @@ class MixedPrecisionAdamW(AdamW):
     does), and a parameter changed outside the optimizer moves its master with it. Other
     dtypes keep an fp32 "master".
 
-    `max_programs` caps each launch's grid (`adamw_kernel.launch_fused_adamw_`): updates
-    that run beside backward (`systems.optim.OverlappedUpdates`) then leave it the rest of
-    the GPU.
-
     The step can be captured in a CUDA graph (see `systems.bench.cuda_graph`): step counts
     live on the device. Hyperparameters (lr, betas, ...) are read when a step is launched,
     so a replayed graph keeps those of its capture.
@@ -49,14 +45,10 @@ class MixedPrecisionAdamW(AdamW):
         eps: float = 1e-8,
         weight_decay: float = 0.01,
         compute_dtype: torch.dtype = torch.bfloat16,
-        max_programs: int | None = None,
     ) -> None:
         if not compute_dtype.is_floating_point:
             raise ValueError(f"compute_dtype must be a floating dtype, got {compute_dtype}")
-        if max_programs is not None and max_programs < 1:
-            raise ValueError(f"max_programs must be >= 1 or None, got {max_programs}")
         self.compute_dtype = compute_dtype  # add_param_group, called by __init__, needs it
-        self.max_programs = max_programs
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -168,5 +160,4 @@ class MixedPrecisionAdamW(AdamW):
             [s[self._master_key] for s in states],
             [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
             steps=torch.stack(step_counts), lr=group["lr"], beta1=beta1, beta2=beta2,
-            eps=group["eps"], weight_decay=group["weight_decay"],
-            max_programs=self.max_programs)
+            eps=group["eps"], weight_decay=group["weight_decay"])
