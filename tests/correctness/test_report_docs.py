@@ -306,6 +306,30 @@ def test_recipe_ratios_are_same_run_medians_of_the_committed_baseline() -> None:
     assert f"commit {run['commit_info']['id'][:7]}" in block and "CUDA-graph replays" in block
 
 
+def test_recipe_ratios_of_several_files_pair_medians_within_each_file(tmp_path: Path) -> None:
+    def run(size: str, ours_s: float, theirs_s: float) -> dict:
+        return {"commit_info": {"id": f"{size}abcdef"}, "datetime": "2026-01-02T00:00:00",
+                "benchmarks": [
+                    {"name": f"test_training_recipe[{size}-{recipe}]",
+                     "params": {"size": size, "seq_len": 512, "recipe": recipe},
+                     "extra_info": {"size": size, "seq_len": 512, "recipe": recipe},
+                     "stats": {"median": median, "min": median, "mean": median,
+                               "stddev": 0.0, "rounds": 3, "data": [median] * 3}}
+                    for recipe, median in (("optimized", ours_s),
+                                           ("pytorch_baseline", theirs_s))]}
+
+    # Each file alone would pair its own two medians; a pairing across files would not.
+    (tmp_path / "a.json").write_text(json.dumps(run("small", 0.008, 0.010)))
+    (tmp_path / "b.json").write_text(json.dumps(run("xl", 0.030, 0.040)))
+    block = doc_recipes.recipe_ratios(tmp_path, "a.json", "b.json")
+    assert "| small | 512 | 10.0 | 8.0 | 0.800 |" in block
+    assert "| xl | 512 | 40.0 | 30.0 | 0.750 |" in block
+    assert "`a.json` (commit smallab" in block and "`b.json` (commit xlabcde" in block
+    assert "both medians of a ratio from one file" in block
+    with pytest.raises(ValueError, match="at least one history file"):
+        doc_recipes.recipe_ratios(tmp_path)
+
+
 def test_breakdowns_stand_side_by_side_per_category(tmp_path: Path) -> None:
     def record(recipe: str, optimizer_ms: float) -> dict:
         return {"recipe": recipe, "machine": "GPU", "measured": "replays", "steps": 3,

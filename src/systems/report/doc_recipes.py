@@ -10,15 +10,33 @@ from systems.common.formatting import markdown_table
 from systems.model.config import MODEL_CONFIGS
 from systems.profiling.step_breakdown import DEFAULT_MATMUL_TFLOPS
 from systems.report import keys
-from systems.report.doc_attention import read_history
+from systems.report.doc_attention import History, read_history
 
 OURS, RIVAL = "optimized", "pytorch_baseline"
 
 
-def recipe_ratios(repo: Path, history_name: str) -> str:
+def recipe_ratios(repo: Path, *history_names: str) -> str:
     """Per size and sequence length: both recipes' median step, ours / theirs, and our
-    model FLOP rate beside the bf16 matmul ceiling."""
-    history = read_history(repo, history_name)
+    model FLOP rate beside the bf16 matmul ceiling. Several files (runs of parts of a
+    profile, say) give one table; each ratio is of two medians from one file."""
+    if not history_names:
+        raise ValueError("recipe-ratios needs at least one history file")
+    histories = [read_history(repo, name) for name in history_names]
+    rows = [row for history in histories for row in _ratio_rows(history)]
+    table = markdown_table(
+        ["size", "seq len", f"{RIVAL} ms", f"{OURS} ms", "ours / theirs", "our TFLOP/s",
+         f"of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s"], rows)
+    time_kind = "CUDA-graph replays, device time plus one synchronise per round"
+    statistic = "medians of all rounds, ratios of medians; model FLOPs per step over the median"
+    if len(histories) == 1:
+        return table + "\n\n" + histories[0].source(time_kind, statistic)
+    files = ", ".join(f"`{h.label}` (commit {h.commit}, recorded {h.recorded})"
+                      for h in histories)
+    return (f"{table}\n\nTime: {time_kind}; {statistic}; both medians of a ratio from one "
+            f"file. From {files}.\n")
+
+
+def _ratio_rows(history: History) -> list[list[object]]:
     pairs: dict[tuple[str, int], dict[str, object]] = {}
     for r in history.results:
         if r.get(keys.RECIPE) in (OURS, RIVAL):
@@ -40,14 +58,9 @@ def recipe_ratios(repo: Path, history_name: str) -> str:
                      "-" if tflops is None else f"{tflops:.0f}",
                      "-" if tflops is None else f"{tflops / DEFAULT_MATMUL_TFLOPS:.1%}"])
     if not rows:
-        raise ValueError(f"{history_name}: no size and sequence length with both the "
+        raise ValueError(f"{history.label}: no size and sequence length with both the "
                          f"{OURS} and the {RIVAL} recipe")
-    table = markdown_table(
-        ["size", "seq len", f"{RIVAL} ms", f"{OURS} ms", "ours / theirs", "our TFLOP/s",
-         f"of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s"], rows)
-    return (table + "\n\n" + history.source(
-        "CUDA-graph replays, device time plus one synchronise per round",
-        "medians of all rounds, ratios of medians; model FLOPs per step over the median"))
+    return rows
 
 
 def breakdown_side_by_side(repo: Path, *files: str) -> str:
