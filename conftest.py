@@ -278,10 +278,11 @@ def pytest_benchmark_compare_machine_info(machine_info: dict, compared_benchmark
 
 def pytest_benchmark_update_commit_info(config: pytest.Config, commit_info: dict) -> None:
     # A checkout copied without its .git (e.g. to a GPU box) can still name its commit;
-    # naming it says the copy is exactly that commit (copy a clean tree only).
+    # naming it says the copy is exactly that commit (copy a clean tree only). The times
+    # git gave, if any, are of whatever commit the copy's .git holds: dropped.
     commit = os.environ.get("SYSTEMS_COMMIT")
     if commit:
-        commit_info.update(id=commit, dirty=False, error=None)
+        commit_info.update(id=commit, dirty=False, error=None, time=None, author_time=None)
 
 
 def perf_profile(config: pytest.Config) -> str:

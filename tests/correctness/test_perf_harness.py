@@ -278,6 +278,9 @@ def test_repeats_pool_into_the_baseline_of_the_same_commit(timed_project, monkey
                                 ).assert_outcomes(passed=3)
     baseline = baseline_path(storage(timed_project), 0)
     pooled = json.loads(baseline.read_text())
+    # The named commit, without the times of whatever commit the checkout's .git holds.
+    assert pooled["commit_info"]["id"] == "abc1234"
+    assert pooled["commit_info"]["time"] is None is pooled["commit_info"]["author_time"]
     benches = {b["name"]: b for b in pooled["benchmarks"]}
     large = benches["test_step[large-n128]"]
     assert large["stats"]["rounds"] == 14 == len(large["stats"]["data"])  # 7 rounds per run
