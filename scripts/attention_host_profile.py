@@ -136,8 +136,10 @@ def _burst_ms(step, calls: int) -> float:
     return start.elapsed_time(end) / calls
 
 
-def interleaved(device, shapes, impls, rounds: int) -> list[dict]:
-    rows = []
+def interleaved(device, shapes, impls, rounds: int, rows: list[dict],
+                after_shape=lambda: None) -> None:
+    """Appends each shape's rows to `rows`, then calls `after_shape` (to save what a run cut
+    short by a time limit has measured so far)."""
     for shape, dtype in shapes:
         steps = {}
         for impl in impls:
@@ -163,7 +165,7 @@ def interleaved(device, shapes, impls, rounds: int) -> list[dict]:
                          "calls_per_burst": calls[impl], "rounds": rounds})
         del steps
         torch.cuda.empty_cache()
-    return rows
+        after_shape()
 
 
 def compiled_model(device, rounds: int) -> list[dict]:
@@ -207,24 +209,32 @@ def main() -> None:
     result: dict[str, object] = {"label": args.label, "commit": args.commit,
                                  "gpu": torch.cuda.get_device_name(),
                                  "torch": torch.__version__}
+    path = args.out / f"attention_{args.label}.json"
+
+    def save() -> None:  # after every part: a run cut short keeps what it measured
+        path.write_text(json.dumps(result, indent=1))
+
     profiled = ("triton",) if args.profile_only else ("triton", "sdpa_flash", "triton_compiled")
     result["host_profile"] = {impl: host_profile(impl, device, args.calls, args.out)
                               for impl in profiled}
+    save()
     bf16, fp16 = torch.bfloat16, torch.float16
     rivals = ("triton", "sdpa_flash", "sdpa_cudnn")
+    result["timings"] = timings = []
     if args.profile_only:
-        result["timings"] = interleaved(device, [((1, 1, 1024, 64), bf16)], rivals, args.rounds)
+        interleaved(device, [((1, 1, 1024, 64), bf16)], rivals, args.rounds, timings)
     else:
         result["correctness"] = check_correctness(device)
+        save()
         shapes = [((1, 1, s, d), bf16) for d in (64, 128)
                   for s in (128, 512, 1024, 4096, 16384, 65536)]
         shapes += [((1, 1, s, d), bf16) for d in (16, 32) for s in (128, 1024, 16384)]
         shapes += [((1, 1, s, d), fp16) for d in (64, 128) for s in (128, 1024, 16384)]
         shapes += [((16, 1, 16384, 64), bf16), ((16, 1, 16384, 128), bf16)]
-        result["timings"] = interleaved(device, shapes, (*rivals, "sdpa", "triton_compiled"),
-                                        args.rounds)
+        interleaved(device, shapes, (*rivals, "sdpa", "triton_compiled"), args.rounds,
+                    timings, save)
         result["compiled_model"] = compiled_model(device, args.rounds)
-    (args.out / f"attention_{args.label}.json").write_text(json.dumps(result, indent=1))
+    save()
     _print_summary(result)
 
 
