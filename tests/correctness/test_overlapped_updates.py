@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from systems.bench.recipes import build_recipe_workload, get_recipe
 from systems.model import MODEL_CONFIGS, TransformerLM, cross_entropy
@@ -20,7 +22,7 @@ def _blocks(model: TransformerLM) -> list[list[torch.nn.Parameter]]:
     return [list(part.parameters()) for part in parts]
 
 
-def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor | int]:
     return [t for group in optimizer.param_groups for p in group["params"]
             for t in optimizer.state[p].values()]
 
@@ -69,6 +71,41 @@ def test_a_bucket_is_updated_in_backward_once_all_its_gradients_arrived() -> Non
     updates.step()
     assert not torch.equal(first.weight, before[0]) and not torch.equal(first.bias, before[1])
     assert torch.equal(unused, before[4])
+
+
+@settings(max_examples=40, deadline=None)
+@given(layers_used=st.lists(st.booleans(), min_size=4, max_size=4).filter(any),
+       bucket_of=st.lists(st.integers(-1, 2), min_size=8, max_size=8))
+def test_any_buckets_and_any_unused_layers_give_the_plain_steps(layers_used, bucket_of
+                                                                ) -> None:
+    """Buckets drawn at random over the parameters (-1: in none), layers skipped by the
+    forward at random (parameters without gradients): two overlapped steps leave every
+    parameter and moment as two plain steps do."""
+    torch.manual_seed(0)
+    plain_model = torch.nn.ModuleList(torch.nn.Linear(6, 6) for _ in range(4))
+    model = torch.nn.ModuleList(torch.nn.Linear(6, 6) for _ in range(4))
+    model.load_state_dict(plain_model.state_dict())
+    params = list(model.parameters())
+    buckets = [[p for p, b in zip(params, bucket_of, strict=True) if b == number]
+               for number in range(3)]
+    plain = AdamW(plain_model.parameters(), lr=0.1)
+    overlapped = OverlappedUpdates(AdamW(params, lr=0.1), buckets)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        x = torch.randn(3, 6, generator=gen)
+        for layers, optimizer in ((plain_model, plain), (model, overlapped)):
+            layers.zero_grad(set_to_none=True)
+            h = x
+            for layer, used in zip(layers, layers_used, strict=True):
+                h = layer(h).tanh() if used else h
+            h.square().sum().backward()
+            optimizer.step()
+    for p, q in zip(plain_model.parameters(), model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    states = _state_tensors(plain), _state_tensors(overlapped.optimizer)
+    assert states[0] and len(states[0]) == len(states[1])
+    assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+               for a, b in zip(*states, strict=True))  # AdamW counts steps in ints
 
 
 def test_parameters_in_no_bucket_are_updated_by_step() -> None:
