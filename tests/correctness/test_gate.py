@@ -260,3 +260,43 @@ def test_saved_runs_can_be_judged_again_from_the_command_line(tmp_path, capsys) 
     capsys.readouterr()
     assert baseline_main(["judge", slow_host, "--root", str(root)]) == 0
     assert "host speed" not in capsys.readouterr().out
+
+
+def test_parts_of_runs_combine_into_a_baseline_and_pool_as_repeats(tmp_path, capsys) -> None:
+    """Parts of a run too long for one go: the first run's parts become the baseline, a
+    later run's parts pool into it as one more run; parts of two commits are refused."""
+    def part(name: str, commit: str, case: str, data: list[float]) -> str:
+        median = sorted(data)[len(data) // 2]
+        run = {"machine_info": {"device_name": "GPU", "gpu_count": 1},
+               "commit_info": {"id": commit}, "datetime": "2026-01-01T00:00:00",
+               "benchmarks": [{"name": case, "fullname": f"t.py::{case}", "extra_info": {},
+                               "params": {}, "stats": {"median": median, "iqr": 0.0,
+                                                       "mean": median, "rounds": len(data),
+                                                       "data": data, "iterations": 1}}]}
+        path = tmp_path / name
+        path.write_text(json.dumps(run))
+        return str(path)
+
+    root = ["--root", str(tmp_path / "benchmarks")]
+    first = [part("a1.json", "abc", "a", [1.0, 1.0, 1.0]), part("b1.json", "abc", "b", [2.0] * 3)]
+    second = [part("a2.json", "abc", "a", [1.2] * 3), part("b2.json", "abc", "b", [2.2] * 3)]
+    assert baseline_main(["combine", *second, "--repeat", *root]) == 2  # nothing to pool into
+    assert "combine the first run's parts without --repeat" in capsys.readouterr().err
+    assert baseline_main(["combine", *first, *root]) == 0
+    assert baseline_main(["combine", *second, "--repeat", *root]) == 0
+    baseline = json.loads((tmp_path / "benchmarks/GPU/baseline_1gpu.json").read_text())
+    by_case = {b["name"]: b for b in baseline["benchmarks"]}
+    assert by_case["a"]["extra_info"]["run_medians"] == [1.0, 1.2]
+    assert by_case["b"]["extra_info"]["run_medians"] == [2.0, 2.2]
+    assert by_case["b"]["stats"]["rounds"] == 6
+    assert baseline["combined_from"] == ["a1.json", "b1.json", "a2.json", "b2.json"]
+    capsys.readouterr()
+    other_commit = [part("a3.json", "abc", "a", [1.0] * 3), part("b3.json", "def", "b", [2.0])]
+    assert baseline_main(["combine", *other_commit, *root]) == 2
+    assert "parts must be runs of one recorded commit" in capsys.readouterr().err
+    # A repeat of another commit, or of other cases, is not pooled either.
+    late = [part("a4.json", "def", "a", [1.0] * 3), part("b4.json", "def", "b", [2.0] * 3)]
+    assert baseline_main(["combine", *late, "--repeat", *root]) == 2
+    assert "must match the baseline's commit_info.id" in capsys.readouterr().err
+    assert baseline_main(["combine", first[0], "--repeat", *root]) == 2
+    assert "exactly the baseline's cases" in capsys.readouterr().err

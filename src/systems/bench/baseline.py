@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
@@ -204,17 +205,31 @@ def storage_of(run: dict, benchmarks_root: Path) -> Path:
     return benchmarks_root / slugify(str(run["machine_info"]["device_name"]))
 
 
-def combine_into_baseline(parts: list[Path], benchmarks_root: Path) -> Path:
+def combine_into_baseline(parts: list[Path], benchmarks_root: Path, *,
+                          repeat: bool = False) -> Path:
     """Union of separately run parts of one quick-profile run, written as their GPU's
-    baseline. The GPU count is taken from the parts, which must agree on it."""
+    baseline, or with `repeat` pooled into that baseline as one more run (`add_repeat`).
+    The parts must be runs of one commit and agree on the GPU count."""
+    infos = [json.loads(p.read_text()) for p in parts]
+    commits = {str((info.get("commit_info") or {}).get("id")) for info in infos}
+    if len(commits) != 1 or "None" in commits:
+        raise ValueError(f"parts must be runs of one recorded commit, got {sorted(commits)}")
+    counts = {(info.get("machine_info") or {}).get("gpu_count") for info in infos}
+    if len(counts) != 1 or None in counts:
+        raise ValueError(f"parts disagree on (or lack) machine_info.gpu_count: {counts}")
     combined = combine_runs(parts)
     # Each part ran in a session of its own, on a host of its own speed: no one part's host
     # speed probe describes the whole, so the baseline records none.
     combined["machine_info"] = _without_host_probe(combined.get("machine_info") or {})
-    counts = {json.loads(p.read_text())["machine_info"].get("gpu_count") for p in parts}
-    if len(counts) != 1 or None in counts:
-        raise ValueError(f"parts disagree on (or lack) machine_info.gpu_count: {counts}")
     target = baseline_path(storage_of(combined, benchmarks_root), counts.pop())
+    if repeat:
+        if not target.is_file():
+            raise ValueError(f"a repeat is pooled into the baseline at {target}, which does "
+                             "not exist: combine the first run's parts without --repeat")
+        baseline = json.loads(target.read_text())
+        combined = {**add_repeat(baseline, combined),
+                    "combined_from": [*baseline.get("combined_from", []),
+                                      *combined["combined_from"]]}
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(combined, indent=4))
     return target
@@ -245,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     combine = commands.add_parser("combine", help="parts of one quick run -> the baseline")
     combine.add_argument("parts", nargs="+", type=Path, help="saved run JSON files")
     combine.add_argument("--root", type=Path, default=Path(".benchmarks"))
+    combine.add_argument("--repeat", action="store_true",
+                         help="pool the parts, as one more run of the baseline's commit, into "
+                              "the existing baseline (as --perf-baseline-repeat does)")
     commands.add_parser("suite", help="the perf tests a baseline on this host covers")
     judge = commands.add_parser(
         "judge", help="saved runs through the gate, against their GPU's baseline",
@@ -259,7 +277,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "judge":
         return judge_runs(args.runs, args.against, args.root)
-    target = combine_into_baseline(args.parts, args.root)
+    try:
+        target = combine_into_baseline(args.parts, args.root, repeat=args.repeat)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print(f"wrote {target}; check it is complete with "
           "`pytest tests/correctness/test_perf_baseline.py`")
     return 0
