@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import subprocess
 from pathlib import Path
 
 import pytest
 
+import systems.bench.baseline as baseline_module
 from systems.bench.baseline import add_repeat, host_loop_ms_runs
 from systems.bench.baseline import main as baseline_main
 from systems.bench.gate import (
@@ -300,3 +302,18 @@ def test_parts_of_runs_combine_into_a_baseline_and_pool_as_repeats(tmp_path, cap
     assert "must match the baseline's commit_info.id" in capsys.readouterr().err
     assert baseline_main(["combine", first[0], "--repeat", *root]) == 2
     assert "exactly the baseline's cases" in capsys.readouterr().err
+
+
+def test_a_baseline_part_runs_its_cases_as_a_study(monkeypatch, capsys) -> None:
+    ran = []
+    monkeypatch.setattr(baseline_module.subprocess, "run",
+                        lambda command, check: ran.append(command) or
+                        subprocess.CompletedProcess(command, 3))
+    assert baseline_main(["part", "recipes_xl", "--benchmark-columns=median"]) == 3
+    (command,) = ran
+    assert command[command.index("-k") + 1] == "xl"
+    assert "--perf-study=baseline_part_recipes_xl" in command
+    assert "--perf-profile=quick" in command and command[-1] == "--benchmark-columns=median"
+    with pytest.raises(SystemExit):
+        baseline_main(["part", "everything"])
+    assert "invalid choice: 'everything'" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from systems.bench.baseline import (
+    BASELINE_PARTS_1GPU,
     JsonDestination,
     baseline_path,
     baseline_problems,
@@ -61,9 +62,11 @@ def quick_case_ids(gpus: int, modules: tuple[str, ...]) -> list[str]:
 
 
 @functools.cache
-def _all_quick_case_ids(gpus: int) -> tuple[str, ...]:
+def _all_quick_case_ids(gpus: int, *selection: str) -> tuple[str, ...]:
+    """Node ids of the quick profile's cases under `selection` (pytest arguments; default
+    all of tests/perf) on a host with `gpus` GPUs."""
     result = subprocess.run(
-        [sys.executable, "-c", _COLLECT, str(gpus), "tests/perf"],
+        [sys.executable, "-c", _COLLECT, str(gpus), *(selection or ("tests/perf",))],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "CUDA_VISIBLE_DEVICES": ""},
     )
@@ -126,3 +129,14 @@ def test_json_destination_serves_both_pytest_benchmark_conventions(tmp_path: Pat
     assert json_destination_path(destination) == tmp_path / "run.json"
     with open(tmp_path / "other.json", "wb") as handle:
         assert json_destination_path(handle) == tmp_path / "other.json"
+
+
+def test_the_baseline_parts_select_every_single_gpu_case_once() -> None:
+    """`python -m systems.bench.baseline part NAME`, for each part, then `combine`: the
+    parts must add up to the profile a 1-GPU baseline covers, no case twice."""
+    whole = _all_quick_case_ids(1)
+    parts = {name: _all_quick_case_ids(1, *args) for name, args in BASELINE_PARTS_1GPU.items()}
+    assert all(parts.values()), f"a part selects nothing: {parts}"
+    selected = [case for ids in parts.values() for case in ids]
+    assert len(selected) == len(set(selected)), "a case is in two parts"
+    assert set(selected) == set(whole)

@@ -13,6 +13,8 @@ target is resolved here instead. The baseline is named by the GPU count because 
 distributed cases depend on it.
 
     python -m systems.bench.baseline combine PART.json ...   (parts of one quick run -> baseline)
+    python -m systems.bench.baseline part NAME [PYTEST ARGS]  (one part of the 1-GPU profile,
+                                                              saved as a study to combine)
     python -m systems.bench.baseline suite                   (what `make baseline` runs here)
     python -m systems.bench.baseline judge RUN.json ...      (saved runs through the gate)
 """
@@ -23,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -73,6 +76,35 @@ def baseline_suite(gpus: int) -> str:
     """What a baseline on a host with `gpus` GPUs covers: the distributed suite where there
     are GPUs to spread over, the single-GPU suites elsewhere (one GPU kind gates each)."""
     return "tests/perf/test_distributed.py" if gpus >= 2 else "tests/perf"
+
+
+# The single-GPU quick profile in parts, for hosts whose jobs have a time limit the whole
+# profile does not fit (cold compiles take most of each part): each part's pytest
+# arguments. Together they select every case of the profile once
+# (tests/correctness/test_perf_baseline.py); they are sized from the cold starts and
+# rounds of one complete H100 run (study 0053).
+BASELINE_PARTS_1GPU: dict[str, tuple[str, ...]] = {
+    "attention_end_to_end": ("tests/perf/test_attention.py", "tests/perf/test_end_to_end.py",
+                             "tests/perf/test_distributed.py"),
+    "recipes_ctx512": ("tests/perf/test_training_recipes.py", "-k", "ctx512 and not xl"),
+    "recipes_xl": ("tests/perf/test_training_recipes.py", "-k", "xl"),
+    "recipes_ctx2048": ("tests/perf/test_training_recipes.py", "-k", "ctx2048"),
+}
+
+
+def part_study_name(part: str) -> str:
+    return f"baseline_part_{part}"
+
+
+def run_part(part: str, extra: list[str]) -> int:
+    """Run one part of the single-GPU quick profile as the study `baseline_part_<part>`."""
+    if part not in BASELINE_PARTS_1GPU:
+        raise ValueError(f"unknown part {part!r}; choose one of {sorted(BASELINE_PARTS_1GPU)}")
+    command = [sys.executable, "-m", "pytest", *BASELINE_PARTS_1GPU[part],
+               "-p", "no:cacheprovider", "--perf-profile=quick",
+               f"--perf-study={part_study_name(part)}", *extra]
+    print(" ".join(command), flush=True)
+    return subprocess.run(command, check=False).returncode
 
 
 def baseline_path(storage: Path, gpus: int) -> Path:
@@ -264,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
                          help="pool the parts, as one more run of the baseline's commit, into "
                               "the existing baseline (as --perf-baseline-repeat does)")
     commands.add_parser("suite", help="the perf tests a baseline on this host covers")
+    part = commands.add_parser(
+        "part", help="one part of the single-GPU quick profile, saved as a study; combine the "
+                     "studies of every part (`combine`, `combine --repeat`)")
+    part.add_argument("name", choices=sorted(BASELINE_PARTS_1GPU))
+    part.add_argument("pytest_args", nargs=argparse.REMAINDER,
+                      help="passed on to pytest (e.g. --benchmark-columns=median,iqr)")
     judge = commands.add_parser(
         "judge", help="saved runs through the gate, against their GPU's baseline",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -277,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "judge":
         return judge_runs(args.runs, args.against, args.root)
+    if args.command == "part":
+        return run_part(args.name, args.pytest_args)
     try:
         target = combine_into_baseline(args.parts, args.root, repeat=args.repeat)
     except ValueError as error:
