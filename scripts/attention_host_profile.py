@@ -8,7 +8,8 @@
    host enqueue time per call (perf_counter around N calls, one sync at the end).
 3. Interleaved eager forward+backward timings, one process: ours vs SDPA flash, cuDNN and
    SDPA's own choice, batch 1, causal, seq 128..65536 (each round times every
-   implementation once, medians over rounds; CUDA events around a burst of calls).
+   implementation once, medians over rounds; CUDA events around a burst of calls, and the
+   host's time to queue the same burst beside it).
 4. torch.compile of ours against eager: the bare call and a small model.
 
 Prints a short table last; writes JSON under --out.
@@ -126,14 +127,23 @@ def host_profile(impl: str, device, calls: int, out: Path) -> dict:
             "profiled_us_per_call_by_group": dict(sorted(groups.items(), key=lambda kv: -kv[1]))}
 
 
-def _burst_ms(step, calls: int) -> float:
+def _burst(step, calls: int) -> tuple[float, float]:
+    """Per call, ms: the GPU's span of a burst of back-to-back calls (CUDA events), and the
+    host's time to queue them (perf_counter, stopped before waiting for the GPU). Where
+    the two are close, the calls are host-bound."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
+    host_start = time.perf_counter()
     for _ in range(calls):
         step()
+    host_s = time.perf_counter() - host_start
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / calls
+    return start.elapsed_time(end) / calls, host_s * 1e3 / calls
+
+
+def _burst_ms(step, calls: int) -> float:
+    return _burst(step, calls)[0]
 
 
 def interleaved(device, shapes, impls, rounds: int, rows: list[dict],
@@ -156,12 +166,16 @@ def interleaved(device, shapes, impls, rounds: int, rows: list[dict],
         calls = {impl: max(3, int(20 / max(_burst_ms(step, 3), 1e-3)))
                  for impl, step in steps.items()}
         times: dict[str, list[float]] = {impl: [] for impl in steps}
+        host: dict[str, list[float]] = {impl: [] for impl in steps}
         for _ in range(rounds):
             for impl, step in steps.items():
-                times[impl].append(_burst_ms(step, calls[impl]))
+                device_ms, host_ms = _burst(step, calls[impl])
+                times[impl].append(device_ms)
+                host[impl].append(host_ms)
         for impl, values in times.items():
             rows.append({"shape": shape, "dtype": str(dtype).removeprefix("torch."),
                          "impl": impl, "median_ms": statistics.median(values),
+                         "host_median_ms": statistics.median(host[impl]),
                          "calls_per_burst": calls[impl], "rounds": rounds})
         del steps
         torch.cuda.empty_cache()

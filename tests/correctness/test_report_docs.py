@@ -245,7 +245,20 @@ def test_host_profile_blocks_quote_the_profile_files(tmp_path: Path) -> None:
         "commit)." in profile
     timings = generators(tmp_path)["attention-host-timings"](after)
     assert "| 1x1x1024x64 | bf16 | 0.251 | 0.178 | 1.41 |" in timings
-    assert "medians of 11 interleaved rounds" in timings
+    assert "medians of 11 interleaved rounds" in timings and "host queueing" not in timings
+
+    # Later files time the host's queueing of the same calls; a skipped implementation
+    # (no median) leaves its cell empty.
+    queued = _write_profile(tmp_path, "queued.json", {}, timings=[
+        {"shape": [1, 1, 128, 64], "dtype": "bfloat16", "impl": impl, "median_ms": ms,
+         "host_median_ms": host_ms, "rounds": 7}
+        for impl, ms, host_ms in (("triton", 0.267, 0.251), ("sdpa_flash", 0.225, 0.140))
+    ] + [{"shape": [1, 1, 128, 64], "dtype": "bfloat16", "impl": "sdpa_cudnn",
+          "skipped": "unsupported"}])
+    timings = generators(tmp_path)["attention-host-timings"](queued)
+    assert "| ours, host queueing ms | SDPA flash, host queueing ms |" in timings
+    assert "| 1x1x128x64 | bf16 | 0.267 | 0.225 | 0.251 | 0.140 | 1.19 |" in timings
+    assert "where close to the call's time the calls are host-bound" in timings
 
 
 GATE_TABLE = """- perf gate: medians vs base/line.json -

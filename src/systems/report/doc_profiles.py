@@ -74,18 +74,28 @@ def host_timings(repo: Path, file: str) -> str:
     flash; and the model steps eager vs compiled, if recorded."""
     profile = _profile(repo, file)
     by_shape: dict[tuple, dict[str, float]] = {}
+    host_by_shape: dict[tuple, dict[str, float]] = {}
     rounds = set()
     for t in profile.get("timings", []):
-        shape = "x".join(map(str, t["shape"]))
-        by_shape.setdefault((shape, short_dtype(t["dtype"])), {})[t["impl"]] = t["median_ms"]
+        if "median_ms" not in t:  # an implementation that could not run this shape
+            continue
+        key = ("x".join(map(str, t["shape"])), short_dtype(t["dtype"]))
+        by_shape.setdefault(key, {})[t["impl"]] = t["median_ms"]
+        if "host_median_ms" in t:  # recorded since the script timed the host's queueing
+            host_by_shape.setdefault(key, {})[t["impl"]] = t["host_median_ms"]
         rounds.add(t.get("rounds"))
     impls = [i for i in ("triton", "sdpa_flash", "sdpa_cudnn", "sdpa", "triton_compiled")
              if any(i in times for times in by_shape.values())]
+    queued = [i for i in ("triton", "sdpa_flash")
+              if any(i in times for times in host_by_shape.values())]
     rows = [[shape, dtype, *(f"{times[i]:.3f}" if i in times else "-" for i in impls),
+             *(f"{host_by_shape.get((shape, dtype), {})[i]:.3f}"
+               if i in host_by_shape.get((shape, dtype), {}) else "-" for i in queued),
              f"{times['triton'] / times['sdpa_flash']:.2f}"
              if {"triton", "sdpa_flash"} <= times.keys() else "-"]
             for (shape, dtype), times in by_shape.items()]
     parts = [markdown_table(["b x h x seq x d", "dtype", *(f"{LABELS[i]} ms" for i in impls),
+                             *(f"{LABELS[i]}, host queueing ms" for i in queued),
                              "ours / SDPA flash"], rows)]
     models = profile.get("compiled_model", [])
     if models:
@@ -93,6 +103,8 @@ def host_timings(repo: Path, file: str) -> str:
                                     [[m["model"], f"{m['batch']}x{m['seq']}", m["mode"],
                                       f"{m['median_ms']:.2f}"] for m in models]))
     what = (f"forward + backward, medians of {', '.join(map(str, sorted(rounds)))} interleaved "
-            "rounds of back-to-back calls, in ms; the model rows are bf16 forward + backward "
-            "steps")
+            "rounds of back-to-back calls, in ms"
+            + ("; host queueing: the host's time to queue the same calls, where close to the "
+               "call's time the calls are host-bound" if queued else "")
+            + "; the model rows are bf16 forward + backward steps")
     return "\n\n".join(parts) + "\n\n" + _profile_source([file], [profile], what)
