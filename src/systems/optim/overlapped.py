@@ -56,6 +56,10 @@ class OverlappedUpdates:
                       if id(p) not in seen]
         self._pending = [len(bucket) for bucket in self._buckets]
         self._arrived: set[int] = set()
+        # Gradients the side stream reads, held until step() has joined it: a gradient
+        # dropped before then (zero_grad without step()) must not have its memory handed
+        # to the other stream's next tensor while an update may still read it.
+        self._in_flight: list[torch.Tensor] = []
         devices = {p.device for bucket in self._buckets for p in bucket}
         self._side_stream = (torch.cuda.Stream(next(iter(devices)))
                              if len(devices) == 1 and next(iter(devices)).type == "cuda"
@@ -85,6 +89,7 @@ class OverlappedUpdates:
         # After everything queued so far (these gradients included); backward goes on
         # queueing on its own stream meanwhile.
         self._side_stream.wait_stream(torch.cuda.current_stream())
+        self._in_flight.extend(p.grad for p in params if p.grad is not None)
         with torch.cuda.stream(self._side_stream):
             self.optimizer.step_parameters(params)
 
@@ -96,11 +101,13 @@ class OverlappedUpdates:
         self.optimizer.step_parameters(leftover + self._rest)
         if self._side_stream is not None:
             torch.cuda.current_stream().wait_stream(self._side_stream)
+        self._in_flight.clear()
         self._pending = [len(bucket) for bucket in self._buckets]
         self._arrived.clear()
 
     def remove(self) -> None:
-        """Stop updating during backward: the optimizer is stepped the plain way again."""
+        """Stop updating during backward (call it after a `step()`): the optimizer is
+        stepped the plain way again."""
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
