@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from systems.bench.recipes import build_recipe_workload, get_recipe
+from systems.bench.workloads import update_buckets
 from systems.model import MODEL_CONFIGS, TransformerLM, cross_entropy
 from systems.optim import AdamW, MixedPrecisionAdamW, OverlappedUpdates
 from systems.optim.overlapped import SECOND_BACKWARD
@@ -15,11 +16,6 @@ from systems.optim.overlapped import SECOND_BACKWARD
 TINY = MODEL_CONFIGS["tiny"]
 DEVICES = [pytest.param("cpu", marks=pytest.mark.interpreter),
            pytest.param("cuda", marks=pytest.mark.gpu)]
-
-
-def _blocks(model: TransformerLM) -> list[list[torch.nn.Parameter]]:
-    parts = [model.lm_head, model.ln_final, *reversed(model.layers), model.token_embeddings]
-    return [list(part.parameters()) for part in parts]
 
 
 def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor | int]:
@@ -35,8 +31,8 @@ def test_overlapped_steps_equal_plain_steps_bit_for_bit(device: str) -> None:
         overlapped_model = TransformerLM(TINY)
     overlapped_model.load_state_dict(plain_model.state_dict())
     plain = MixedPrecisionAdamW(plain_model.parameters(), lr=1e-2)
-    overlapped = OverlappedUpdates(
-        MixedPrecisionAdamW(overlapped_model.parameters(), lr=1e-2), _blocks(overlapped_model))
+    overlapped = OverlappedUpdates(MixedPrecisionAdamW(overlapped_model.parameters(), lr=1e-2),
+                                   update_buckets(overlapped_model))
     gen = torch.Generator().manual_seed(1)
     for _ in range(3):  # fresh data each step: the moments and step counts move on
         tokens = torch.randint(TINY.vocab_size, (2, 2, 24), generator=gen).to(device)

@@ -92,17 +92,13 @@ BASELINE_PARTS_1GPU: dict[str, tuple[str, ...]] = {
 }
 
 
-def part_study_name(part: str) -> str:
-    return f"baseline_part_{part}"
-
-
 def run_part(part: str, extra: list[str]) -> int:
     """Run one part of the single-GPU quick profile as the study `baseline_part_<part>`."""
     if part not in BASELINE_PARTS_1GPU:
         raise ValueError(f"unknown part {part!r}; choose one of {sorted(BASELINE_PARTS_1GPU)}")
     command = [sys.executable, "-m", "pytest", *BASELINE_PARTS_1GPU[part],
                "-p", "no:cacheprovider", "--perf-profile=quick",
-               f"--perf-study={part_study_name(part)}", *extra]
+               f"--perf-study=baseline_part_{part}", *extra]
     print(" ".join(command), flush=True)
     return subprocess.run(command, check=False).returncode
 

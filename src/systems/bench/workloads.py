@@ -221,7 +221,7 @@ def build_model_workload(
     optimizer = (_optimizer(model, options, precision, device)
                  if mode == "train_step" else None)
     if optimizer is not None and options.overlap_optimizer:
-        optimizer = OverlappedUpdates(optimizer, _update_buckets(model))
+        optimizer = OverlappedUpdates(optimizer, update_buckets(model))
 
     def train_step() -> torch.Tensor:
         loss = forward_backward()
@@ -252,7 +252,7 @@ def _compile(model: TransformerLM, options: StepOptions) -> torch.nn.Module:
     return model
 
 
-def _update_buckets(model: TransformerLM) -> list[list[torch.nn.Parameter]]:
+def update_buckets(model: TransformerLM) -> list[list[torch.nn.Parameter]]:
     """The parameters of each part whose gradients backward completes at once, in the order
     backward reaches them: LM head and final norm, each block from the last, the embedding."""
     parts = [model.lm_head, model.ln_final, *reversed(model.layers), model.token_embeddings]

@@ -61,11 +61,11 @@ class OverlappedUpdates:
         # to the other stream's next tensor while an update may still read it.
         self._in_flight: list[torch.Tensor] = []
         devices = {p.device for bucket in self._buckets for p in bucket}
-        self._side_stream = (torch.cuda.Stream(next(iter(devices)))
-                             if len(devices) == 1 and next(iter(devices)).type == "cuda"
-                             else None)
         if len(devices) > 1:
             raise ValueError(f"all bucketed parameters must be on one device, got {devices}")
+        device = next(iter(devices), None)
+        self._side_stream = (torch.cuda.Stream(device)
+                             if device is not None and device.type == "cuda" else None)
         # Hooks live in C++, where the garbage collector cannot see cycles: they hold this
         # object weakly, or a dropped model would never be freed; once it is dropped they
         # do nothing.

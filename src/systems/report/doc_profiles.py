@@ -88,12 +88,13 @@ def host_timings(repo: Path, file: str) -> str:
              if any(i in times for times in by_shape.values())]
     queued = [i for i in ("triton", "sdpa_flash")
               if any(i in times for times in host_by_shape.values())]
-    rows = [[shape, dtype, *(f"{times[i]:.3f}" if i in times else "-" for i in impls),
-             *(f"{host_by_shape.get((shape, dtype), {})[i]:.3f}"
-               if i in host_by_shape.get((shape, dtype), {}) else "-" for i in queued),
-             f"{times['triton'] / times['sdpa_flash']:.2f}"
-             if {"triton", "sdpa_flash"} <= times.keys() else "-"]
-            for (shape, dtype), times in by_shape.items()]
+    rows = []
+    for key, times in by_shape.items():
+        host = host_by_shape.get(key, {})
+        rows.append([*key, *(f"{times[i]:.3f}" if i in times else "-" for i in impls),
+                     *(f"{host[i]:.3f}" if i in host else "-" for i in queued),
+                     f"{times['triton'] / times['sdpa_flash']:.2f}"
+                     if {"triton", "sdpa_flash"} <= times.keys() else "-"])
     parts = [markdown_table(["b x h x seq x d", "dtype", *(f"{LABELS[i]} ms" for i in impls),
                              *(f"{LABELS[i]}, host queueing ms" for i in queued),
                              "ours / SDPA flash"], rows)]
