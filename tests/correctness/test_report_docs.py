@@ -65,7 +65,8 @@ def test_attention_doc_takes_its_numbers_from_the_baseline() -> None:
 def _bench(name: str, impl: str, median: float, shape: list[int], mean: float | None = None,
            **extra: object) -> dict:
     return {"name": name, "fullname": f"tests/perf/test_attention.py::{name}",
-            "stats": {"mean": mean or median, "median": median, "stddev": median / 20},
+            "stats": {"mean": mean or median, "median": median, "stddev": median / 20,
+                      "iqr": median / 10},
             "extra_info": {"implementation": impl, "shape": shape, "dtype": "bfloat16",
                            "causal": True, "mode": "forward_backward", **extra}}
 
@@ -141,6 +142,33 @@ def test_interleaved_block_shows_the_rounds_taken_in_turn(tmp_path: Path) -> Non
         "interleaved_medians_s", "something_else"))
     with pytest.raises(BlockError, match="no interleaved attention rounds"):
         render(block.replace(history, "other.json"), generators(tmp_path))
+
+
+def test_a_ratio_of_a_host_bound_case_is_marked_and_claims_no_win(tmp_path: Path) -> None:
+    """Medians of host-bound eager cases time the host at two moments: their ratio is shown
+    marked, and is not listed as a win, whichever side was host-bound."""
+    def case(impl: str, seq: int, median: float, enqueue: float) -> dict:
+        return _bench(f"test_attention[{impl}-1x1x{seq}x64]", impl, median, [1, 1, seq, 64],
+                      timing="wall", host_enqueue_s_median=enqueue)
+
+    name = "hist/GPU/host_bound.json"
+    (tmp_path / name).parent.mkdir(parents=True)
+    (tmp_path / name).write_text(json.dumps({
+        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-22T01:02:03",
+        "commit_info": {"id": "abcdef0123456789"}, "benchmarks": [
+            case("triton", 1024, 0.0005, 0.00049),   # ours host-bound
+            case("sdpa_flash", 1024, 0.0006, 0.0001),
+            case("triton", 2048, 0.0005, 0.0001),
+            case("sdpa_flash", 2048, 0.0006, 0.00058),  # the rival host-bound
+            case("triton", 4096, 0.0005, 0.0001),    # neither: a win
+            case("sdpa_flash", 4096, 0.0006, 0.0001)]}))
+    block = f"<!-- generated: attention-eager {name} 1 -->\n<!-- end generated -->\n"
+    out = render(block, generators(tmp_path))
+    assert "| 1x1024x64 | bf16 | causal | 0.500 | 0.600 | 0.83 † |" in out
+    assert "| 1x2048x64 | bf16 | causal | 0.500 | 0.600 | 0.83 † |" in out
+    assert "| 1x4096x64 | bf16 | causal | 0.500 | 0.600 | 0.83 |" in out
+    assert "Ours takes less time than (ours / rival below 1): SDPA flash: 1x4096x64." in out
+    assert "† host-bound: ours or the rival spent 90% or more of each round enqueueing" in out
 
 
 def test_a_hand_edit_or_a_new_measurement_makes_the_doc_differ(tmp_path: Path) -> None:

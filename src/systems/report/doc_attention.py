@@ -1,7 +1,10 @@
 """Generated doc blocks of attention measurements from one saved history: ours against
 each rival, medians of one run, with the time kind, the file and its commit.
 
-Ratios are ours / rival: below 1, ours takes less time.
+Ratios are ours / rival: below 1, ours takes less time. A ratio where either case was
+host-bound (the gate's rule: the host still enqueueing for most of each wall-timed round)
+is marked and left out of the "takes less time" line: such medians time the host, whose
+speed moves between the moments two separate cases were timed.
 """
 
 from __future__ import annotations
@@ -10,12 +13,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from systems.bench.gate import HOST_BOUND_SHARE, Timing
 from systems.common.formatting import markdown_table
 from systems.report import keys
 from systems.report.history import Result, load_run, read_run
 
 OURS = "triton"
 RIVALS = ("sdpa_flash", "sdpa_cudnn", "flex_compiled")
+HOST_BOUND_MARK = "†"
 LABELS = {"triton": "ours", "sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN",
           "flex_compiled": "flex (compiled)", "sdpa": "SDPA (own choice)",
           "triton_compiled": "ours, torch.compile"}
@@ -58,20 +63,31 @@ def _workload(r: Result) -> tuple:
             bool(r.get(keys.CAUSAL)))
 
 
+def host_bound(r: Result) -> bool:
+    """Whether the case's saved rounds time the host (`Timing.host_bound`)."""
+    return Timing.from_saved(r.stats, r.info).host_bound
+
+
 def rival_table(results: Sequence[Result], seconds: Callable[[Result], float | None]) -> str:
     """Per workload: ours and each rival in ms, then ours / rival; a last paragraph lists
     where each ratio is below 1. Implementations other than ours and the rivals are left
-    out; a workload without ours is left out."""
+    out; a workload without ours is left out. Ratios involving a host-bound case are
+    marked and not listed."""
     by_workload: dict[tuple, dict[str, float]] = {}
+    bound: set[tuple[tuple, str]] = set()
     for r in results:
         impl, value = str(r.get(keys.IMPLEMENTATION)), seconds(r)
         if impl in (OURS, *RIVALS) and isinstance(value, int | float):
             by_workload.setdefault(_workload(r), {})[impl] = value
-    return _rival_table(by_workload)
+            if host_bound(r):
+                bound.add((_workload(r), impl))
+    return _rival_table(by_workload, bound)
 
 
-def _rival_table(by_workload: dict[tuple, dict[str, float]]) -> str:
-    """`rival_table` from {workload: {implementation: seconds}}."""
+def _rival_table(by_workload: dict[tuple, dict[str, float]],
+                 host_bound_cases: set[tuple[tuple, str]] = frozenset()) -> str:
+    """`rival_table` from {workload: {implementation: seconds}} and the (workload,
+    implementation) pairs whose cases were host-bound."""
     rivals = [i for i in RIVALS if any(i in times for times in by_workload.values())]
     rows, below = [], {rival: [] for rival in rivals}
     for workload, times in sorted(by_workload.items()):
@@ -81,8 +97,10 @@ def _rival_table(by_workload: dict[tuple, dict[str, float]]) -> str:
         ratios = []
         for rival in rivals:
             ratio = times[OURS] / times[rival] if rival in times else None
-            ratios.append("-" if ratio is None else f"{ratio:.2f}")
-            if ratio is not None and ratio < 1:
+            marked = bool({(workload, OURS), (workload, rival)} & host_bound_cases)
+            ratios.append("-" if ratio is None
+                          else f"{ratio:.2f} {HOST_BOUND_MARK}" if marked else f"{ratio:.2f}")
+            if ratio is not None and ratio < 1 and not marked:
                 below[rival].append(f"{batch_heads}x{seq}x{d}")
         rows.append([f"{batch_heads}x{seq}x{d}", dtype, "causal" if causal else "full",
                      *(f"{times[i] * 1e3:.3f}" if i in times else "-" for i in (OURS, *rivals)),
@@ -94,7 +112,13 @@ def _rival_table(by_workload: dict[tuple, dict[str, float]]) -> str:
         return ""
     wins = "; ".join(f"{LABELS[rival]}: {', '.join(shapes) or 'none'}"
                      for rival, shapes in below.items())
-    return f"{table}\n\nOurs takes less time than (ours / rival below 1): {wins}.\n"
+    text = f"{table}\n\nOurs takes less time than (ours / rival below 1): {wins}."
+    if host_bound_cases:
+        text += (f"\n\n{HOST_BOUND_MARK} host-bound: ours or the rival spent "
+                 f"{HOST_BOUND_SHARE:.0%} or more of each round enqueueing, so the ratio "
+                 "compares the host's speed at two moments and is left out of the line "
+                 "above.")
+    return text + "\n"
 
 
 def _only(results: Sequence[Result], test: str, keep: Callable[[Result], bool]) -> list[Result]:
