@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 from systems.attention.causal import causal_mask_mod
 from systems.attention.flash_pytorch import FlashAttentionPytorch
@@ -46,11 +46,37 @@ def triton_compiled_backward_attention(q: torch.Tensor, k: torch.Tensor, v: torc
     return FlashAttentionTritonCompiledBackward.apply(q, k, v, is_causal)
 
 
+# SDPA's backend switches: each backend's setter and getter (torch.backends.cuda).
+_SDPA_SWITCHES = {
+    SDPBackend.FLASH_ATTENTION: (torch.backends.cuda.enable_flash_sdp,
+                                 torch.backends.cuda.flash_sdp_enabled),
+    SDPBackend.EFFICIENT_ATTENTION: (torch.backends.cuda.enable_mem_efficient_sdp,
+                                     torch.backends.cuda.mem_efficient_sdp_enabled),
+    SDPBackend.MATH: (torch.backends.cuda.enable_math_sdp, torch.backends.cuda.math_sdp_enabled),
+    SDPBackend.CUDNN_ATTENTION: (torch.backends.cuda.enable_cudnn_sdp,
+                                 torch.backends.cuda.cudnn_sdp_enabled),
+}
+
+
 def _sdpa_with(backend: SDPBackend) -> AttentionFn:
+    """SDPA pinned to one backend, as a rival at its best. `sdpa_kernel`, the documented
+    way to pin, is a Python context manager whose entry and exit per call cost a short
+    eager call several times SDPA's own dispatch on the host; a training loop enters it
+    once, not per call. So each call sets the same switches directly and restores them:
+    SDPA still refuses what the backend cannot run, and no other code sees the pin."""
+    switches = tuple((enable, enabled, kind == backend)
+                     for kind, (enable, enabled) in _SDPA_SWITCHES.items())
+
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                is_causal: bool = False) -> torch.Tensor:
-        with sdpa_kernel(backend):
+        before = [enabled() for _, enabled, _ in switches]
+        for enable, _, on in switches:
+            enable(on)
+        try:
             return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+        finally:
+            for (enable, _, _), was in zip(switches, before, strict=True):
+                enable(was)
 
     attend.__name__ = f"sdpa_{backend.name.lower()}"
     return attend
