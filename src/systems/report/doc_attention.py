@@ -10,6 +10,7 @@ speed moves between the moments two separate cases were timed.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,11 +86,11 @@ def rival_table(results: Sequence[Result], seconds: Callable[[Result], float | N
 
 
 def _rival_table(by_workload: dict[tuple, dict[str, float]],
-                 host_bound_cases: set[tuple[tuple, str]] = frozenset()) -> str:
+                 host_bound_cases: AbstractSet[tuple[tuple, str]] = frozenset()) -> str:
     """`rival_table` from {workload: {implementation: seconds}} and the (workload,
     implementation) pairs whose cases were host-bound."""
     rivals = [i for i in RIVALS if any(i in times for times in by_workload.values())]
-    rows, below = [], {rival: [] for rival in rivals}
+    rows, below, any_marked = [], {rival: [] for rival in rivals}, False
     for workload, times in sorted(by_workload.items()):
         if OURS not in times:
             continue
@@ -97,7 +98,9 @@ def _rival_table(by_workload: dict[tuple, dict[str, float]],
         ratios = []
         for rival in rivals:
             ratio = times[OURS] / times[rival] if rival in times else None
-            marked = bool({(workload, OURS), (workload, rival)} & host_bound_cases)
+            marked = ratio is not None and bool({(workload, OURS), (workload, rival)}
+                                                & host_bound_cases)
+            any_marked = any_marked or marked
             ratios.append("-" if ratio is None
                           else f"{ratio:.2f} {HOST_BOUND_MARK}" if marked else f"{ratio:.2f}")
             if ratio is not None and ratio < 1 and not marked:
@@ -113,7 +116,7 @@ def _rival_table(by_workload: dict[tuple, dict[str, float]],
     wins = "; ".join(f"{LABELS[rival]}: {', '.join(shapes) or 'none'}"
                      for rival, shapes in below.items())
     text = f"{table}\n\nOurs takes less time than (ours / rival below 1): {wins}."
-    if host_bound_cases:
+    if any_marked:
         text += (f"\n\n{HOST_BOUND_MARK} host-bound: ours or the rival spent "
                  f"{HOST_BOUND_SHARE:.0%} or more of each round enqueueing, so the ratio "
                  "compares the host's speed at two moments and is left out of the line "
