@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from systems.bench.gate import Timing, compare, gate_table, host_speed_line, regressions
-from systems.bench.history import combine_runs, next_run_path
+from systems.bench.history import combine_read_runs, next_run_path
 from systems.common.hardware import gpu_count, slugify
 from systems.report import keys
 from systems.report.history import read_run
@@ -238,14 +238,14 @@ def combine_into_baseline(parts: list[Path], benchmarks_root: Path, *,
     """Union of separately run parts of one quick-profile run, written as their GPU's
     baseline, or with `repeat` pooled into that baseline as one more run (`add_repeat`).
     The parts must be runs of one commit and agree on the GPU count."""
-    infos = [json.loads(p.read_text()) for p in parts]
-    commits = {str((info.get("commit_info") or {}).get("id")) for info in infos}
+    runs = [(path, read_run(path)) for path in parts]
+    commits = {str((run.get("commit_info") or {}).get("id")) for _, run in runs}
     if len(commits) != 1 or "None" in commits:
         raise ValueError(f"parts must be runs of one recorded commit, got {sorted(commits)}")
-    counts = {(info.get("machine_info") or {}).get("gpu_count") for info in infos}
+    counts = {(run.get("machine_info") or {}).get("gpu_count") for _, run in runs}
     if len(counts) != 1 or None in counts:
         raise ValueError(f"parts disagree on (or lack) machine_info.gpu_count: {counts}")
-    combined = combine_runs(parts)
+    combined = combine_read_runs(runs)
     # Each part ran in a session of its own, on a host of its own speed: no one part's host
     # speed probe describes the whole, so the baseline records none.
     combined["machine_info"] = _without_host_probe(combined.get("machine_info") or {})

@@ -22,9 +22,13 @@ from systems.report.history import read_run
 def combine_runs(paths: list[Path]) -> dict:
     """Union of the runs' benchmarks by full name; later runs win. Runs must share a GPU.
     Raises ValueError (naming the file) for a file that is not a benchmark run."""
-    if not paths:
+    return combine_read_runs([(path, read_run(path)) for path in paths])
+
+
+def combine_read_runs(runs: list[tuple[Path, dict]]) -> dict:
+    """`combine_runs` of runs already read (`read_run`), each with its file's path."""
+    if not runs:
         raise ValueError("need at least one run to combine")
-    runs = [(path, read_run(path)) for path in paths]
     devices = {run.get("machine_info", {}).get("device_name") for _, run in runs}
     if len(devices) != 1:
         raise ValueError(f"runs come from different devices: {sorted(map(str, devices))}")
