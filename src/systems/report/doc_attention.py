@@ -79,9 +79,10 @@ def rival_table(results: Sequence[Result], seconds: Callable[[Result], float | N
     for r in results:
         impl, value = str(r.get(keys.IMPLEMENTATION)), seconds(r)
         if impl in (OURS, *RIVALS) and isinstance(value, int | float):
-            by_workload.setdefault(_workload(r), {})[impl] = value
+            workload = _workload(r)
+            by_workload.setdefault(workload, {})[impl] = value
             if host_bound(r):
-                bound.add((_workload(r), impl))
+                bound.add((workload, impl))
     return _rival_table(by_workload, bound)
 
 
