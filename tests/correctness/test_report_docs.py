@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from systems.report import doc_profiles, doc_recipes
+from systems.report import doc_backward, doc_profiles, doc_recipes
 from systems.report.claim_scan import scan, scan_docs
 from systems.report.cli import default_docs, main
 from systems.report.doc_blocks import BlockError, render
@@ -405,3 +405,30 @@ def test_host_profile_block_names_each_file_s_commit_when_recorded(tmp_path: Pat
     (tmp_path / "after.json").write_text(json.dumps(record("after", None, 20.0)))
     block = doc_profiles.host_profile(tmp_path, "triton", "before.json", "after.json")
     assert "the files record no commit" in block
+
+
+def test_backward_block_sets_each_backward_beside_cudnn_s(tmp_path: Path) -> None:
+    shape = {"batch": 2, "seq": 256, "head_dim": 64}
+    rows = [
+        {**shape, "kind": "two_pass", "forward_ms": 1.0, "backward_ms": 3.0},
+        {**shape, "kind": "fused_tma_reduce", "config": [32, 128, 4, 3], "backward_ms": 3.6,
+         "dq_run_to_run": 2.5e-4},
+        {**shape, "kind": "fused_tma_reduce", "config": [16, 64, 4, 3], "backward_ms": 4.5,
+         "dq_run_to_run": 0.0},
+        {**shape, "kind": "fused_tma_reduce", "config": [64, 128, 8, 3],
+         "error": "OutOfResources: shared memory"},
+        {**shape, "kind": "cudnn", "forward_ms": 1.1, "backward_ms": 2.0},
+    ]
+    (tmp_path / "run.json").write_text(json.dumps(
+        {"device": "GPU X", "torch": "2.0", "triton": "3.6", "commit": "abc1234",
+         "rows": rows}))
+    block = doc_backward.backward_passes(tmp_path, "run.json")
+    # ours / cuDNN = 3.0 / 2.0; the best fused tiles' backward / ours = 3.6 / 3.0
+    assert ("| 2x256x64 | 1.000 | 1.100 | 3.000 | 3.600 | (32, 128, 4, 3) | 2.000 | 1.50 | 1.20 |"
+            in block)
+    assert "| 2x256x64 | (16, 64, 4, 3) | 4.500 | 0.0e+00 |" in block
+    assert "failed: OutOfResources: shared memory" in block
+    assert "GPU X, torch 2.0, Triton 3.6; kernels of commit abc1234" in block
+    (tmp_path / "other.json").write_text(json.dumps({"host_profile": {}}))
+    with pytest.raises(ValueError, match="not a backward experiment"):
+        doc_backward.backward_passes(tmp_path, "other.json")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from systems.report import doc_attention, doc_gate, doc_profiles, doc_recipes
+from systems.report import doc_attention, doc_backward, doc_gate, doc_profiles, doc_recipes
 from systems.report.doc_blocks import Generator
 
 
@@ -20,6 +20,7 @@ def generators(repo: Path) -> dict[str, Generator]:
         "attention-device-time": partial(doc_attention.attention_device_time, repo),
         "attention-host-profile": partial(doc_profiles.host_profile, repo),
         "attention-host-timings": partial(doc_profiles.host_timings, repo),
+        "attention-backward-passes": partial(doc_backward.backward_passes, repo),
         "gate-constants": doc_gate.gate_constants,
         "gate-tallies": partial(doc_gate.gate_tallies, repo),
         "gate-cases": partial(doc_gate.gate_cases, repo),

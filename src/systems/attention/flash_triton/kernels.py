@@ -314,6 +314,19 @@ def _accumulate_dot(total, carry, a, b, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _query_row_stats(L, Delta, rows, n_q, CHECK_ROWS: tl.constexpr):
+    """(L in log2 units, D) of a query tile's rows; with CHECK_ROWS, rows past the end read
+    L = +inf, which turns their P into 0."""
+    if CHECK_ROWS:
+        lse2 = tl.load(L + rows, mask=rows < n_q, other=float("inf")) * LOG2E
+        delta = tl.load(Delta + rows, mask=rows < n_q, other=0.0)
+    else:
+        lse2 = tl.load(L + rows) * LOG2E
+        delta = tl.load(Delta + rows)
+    return lse2, delta
+
+
+@triton.jit
 def _dkdv_stage(dk, dv, dk_carry, dv_carry, dk_t, dv_t, dk_t_carry, dv_t_carry, k, v, k_t, v_t,
                 q_tiles, do_tiles, q_tail_tiles, do_tail_tiles, L, Delta, b, h, keys, offs_m,
                 n_q, qk_scale, lo, hi, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -325,13 +338,7 @@ def _dkdv_stage(dk, dv, dk_carry, dv_carry, dk_t, dv_t, dk_t_carry, dv_t_carry, 
         rows = q_start + offs_m
         q = _next_tile(q_tiles, b, h, q_start, 0, BLOCK_M, BLOCK_D)
         do = _next_tile(do_tiles, b, h, q_start, 0, BLOCK_M, BLOCK_D)
-        if CHECK_ROWS:
-            # L = +inf turns rows past the end into P = 0.
-            lse2 = tl.load(L + rows, mask=rows < n_q, other=float("inf")) * LOG2E
-            delta = tl.load(Delta + rows, mask=rows < n_q, other=0.0)
-        else:
-            lse2 = tl.load(L + rows) * LOG2E
-            delta = tl.load(Delta + rows)
+        lse2, delta = _query_row_stats(L, Delta, rows, n_q, CHECK_ROWS)
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
         if SPLIT:
             q_t = _next_tile(q_tail_tiles, b, h, q_start, BLOCK_D, BLOCK_M, BLOCK_T)
