@@ -7,7 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from systems.accounting import attention_flops
 from systems.common.formatting import markdown_table
+from systems.profiling.step_breakdown import DEFAULT_MATMUL_TFLOPS
+
+# Tile matmuls per (query tile, key tile) pair: ours recomputes S and dP in its dQ pass.
+TWO_PASS_MATMULS, FUSED_MATMULS = 7, 5
 
 
 def _experiment(repo: Path, name: str) -> dict:
@@ -50,6 +55,20 @@ def backward_passes(repo: Path, file: str) -> str:
             f"{ours['backward_ms'] / rival['backward_ms']:.2f}" if "backward_ms" in rival
             else "-",
             f"{best['backward_ms'] / ours['backward_ms']:.2f}" if best else "-"])
+    rates = []
+    for ours in of_kind["two_pass"]:
+        rival = cudnn.get(_shape(ours), {})
+        if "backward_ms" not in rival:
+            continue
+        # The usual count: a backward is 2.5 forwards' matmuls, i.e. 5 tile matmuls.
+        useful = attention_flops(ours["batch"], ours["seq"], ours["seq"], ours["head_dim"],
+                                 ours.get("causal", True), "backward")
+        per_matmul = useful / FUSED_MATMULS
+        cudnn_rate = useful / rival["backward_ms"] / 1e9
+        needed = per_matmul * TWO_PASS_MATMULS / rival["backward_ms"] / 1e9
+        rates.append([_shape(ours), f"{cudnn_rate:.0f}",
+                      f"{per_matmul * TWO_PASS_MATMULS / ours['backward_ms'] / 1e9:.0f}",
+                      f"{needed:.0f}", f"{needed / DEFAULT_MATMUL_TFLOPS:.0%}"])
     configs = [[_shape(r), str(tuple(r["config"])),
                 f"failed: {r['error']}" if "error" in r else _ms(r, "backward_ms"),
                 f"{r['dq_run_to_run']:.1e}" if "dq_run_to_run" in r else "-"]
@@ -60,8 +79,15 @@ def backward_passes(repo: Path, file: str) -> str:
                         "its tiles (m, n, warps, stages)", "cuDNN backward ms",
                         "two passes / cuDNN", "TMA reductions / two passes"], summary),
         markdown_table(["b x seq x d", "tiles (m, n, warps, stages)", "backward ms",
-                        "dQ max diff, two runs"], configs)]
+                        "dQ max diff, two runs"], configs),
+        markdown_table(["b x seq x d", f"cuDNN backward TFLOP/s ({FUSED_MATMULS} matmuls)",
+                        f"ours, two passes, TFLOP/s run ({TWO_PASS_MATMULS} matmuls)",
+                        f"TFLOP/s {TWO_PASS_MATMULS} matmuls need for cuDNN's time",
+                        f"that of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s (bf16 matmul ceiling)"],
+                       rates)]
     return ("\n\n".join(t for t in tables if t)
             + f"\n\nTime: device time (`triton.testing.do_bench` medians), each pass alone, "
-            f"bf16, causal. From `{file}` ({data.get('device')}, torch {data.get('torch')}, "
+            "bf16, causal; FLOP rates are matmul FLOPs run over those times, a tile matmul "
+            "being a fifth of the usual backward count (cuDNN's counted at FA2's 5). "
+            f"From `{file}` ({data.get('device')}, torch {data.get('torch')}, "
             f"Triton {data.get('triton')}; kernels of commit {data.get('commit')}).\n")
