@@ -408,7 +408,7 @@ def test_host_profile_block_names_each_file_s_commit_when_recorded(tmp_path: Pat
 
 
 def test_backward_block_sets_each_backward_beside_cudnn_s(tmp_path: Path) -> None:
-    shape = {"batch": 16, "seq": 16384, "head_dim": 64, "causal": True}
+    shape = {"batch": 16, "seq": 16384, "head_dim": 64, "dtype": "bf16", "causal": True}
     rows = [
         {**shape, "kind": "two_pass", "forward_ms": 1.0, "backward_ms": 3.0},
         {**shape, "kind": "fused_tma_reduce", "config": [32, 128, 4, 3], "backward_ms": 3.6,
@@ -432,6 +432,7 @@ def test_backward_block_sets_each_backward_beside_cudnn_s(tmp_path: Path) -> Non
     # 962 TFLOP/s, 129% of the 743 TFLOP/s ceiling.
     assert "| 16x16384x64 | 687 | 641 | 962 | 129% |" in block
     assert "failed: OutOfResources: shared memory" in block
+    assert "each pass alone, bf16, causal;" in block
     assert "GPU X, torch 2.0, Triton 3.6; kernels of commit abc1234" in block
     (tmp_path / "other.json").write_text(json.dumps({"host_profile": {}}))
     with pytest.raises(ValueError, match="not a backward experiment"):

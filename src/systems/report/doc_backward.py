@@ -33,61 +33,80 @@ def _ms(row: dict, field: str) -> str:
     return f"{row[field]:.3f}" if field in row else "-"
 
 
-def backward_passes(repo: Path, file: str) -> str:
-    """Per shape: the forwards and backwards of ours and cuDNN, the fused variant's best
-    tiles, and ratios; then every fused tile config with how far two of its runs' dQ
-    differ (its reduction order is not fixed)."""
-    data = _experiment(repo, file)
-    of_kind = {kind: [r for r in data["rows"] if r.get("kind") == kind]
-               for kind in ("two_pass", "fused_tma_reduce", "cudnn")}
-    cudnn = {_shape(r): r for r in of_kind["cudnn"]}
-    summary = []
-    for ours in of_kind["two_pass"]:
+def _tflops(flops: float, ms: float) -> float:
+    return flops / ms / 1e9
+
+
+def _summary_table(ours_rows: list[dict], fused_rows: list[dict], cudnn: dict[str, dict]
+                   ) -> str:
+    rows = []
+    for ours in ours_rows:
         shape = _shape(ours)
-        fused = [r for r in of_kind["fused_tma_reduce"]
-                 if _shape(r) == shape and "backward_ms" in r]
+        fused = [r for r in fused_rows if _shape(r) == shape and "backward_ms" in r]
         best = min(fused, key=lambda r: r["backward_ms"]) if fused else {}
         rival = cudnn.get(shape, {})
-        summary.append([
+        rows.append([
             shape, _ms(ours, "forward_ms"), _ms(rival, "forward_ms"), _ms(ours, "backward_ms"),
             _ms(best, "backward_ms"), str(tuple(best["config"])) if best else "-",
             _ms(rival, "backward_ms"),
             f"{ours['backward_ms'] / rival['backward_ms']:.2f}" if "backward_ms" in rival
             else "-",
             f"{best['backward_ms'] / ours['backward_ms']:.2f}" if best else "-"])
-    rates = []
-    for ours in of_kind["two_pass"]:
+    return markdown_table(["b x seq x d", "ours forward ms", "cuDNN forward ms",
+                           "ours backward (two passes) ms", "dQ by TMA reductions ms",
+                           "its tiles (m, n, warps, stages)", "cuDNN backward ms",
+                           "two passes / cuDNN", "TMA reductions / two passes"], rows)
+
+
+def _configs_table(fused_rows: list[dict]) -> str:
+    rows = [[_shape(r), str(tuple(r["config"])),
+             f"failed: {r['error']}" if "error" in r else _ms(r, "backward_ms"),
+             f"{r['dq_run_to_run']:.1e}" if "dq_run_to_run" in r else "-"]
+            for r in fused_rows]
+    return markdown_table(["b x seq x d", "tiles (m, n, warps, stages)", "backward ms",
+                           "dQ max diff, two runs"], rows)
+
+
+def _rates_table(ours_rows: list[dict], cudnn: dict[str, dict]) -> str:
+    """The matmul rate of cuDNN's backward and of our two passes, and the rate our 7
+    matmuls would need to take cuDNN's time, against the bf16 matmul ceiling."""
+    rows = []
+    for ours in ours_rows:
         rival = cudnn.get(_shape(ours), {})
         if "backward_ms" not in rival:
             continue
         # The usual count: a backward is 2.5 forwards' matmuls, i.e. 5 tile matmuls.
         useful = attention_flops(ours["batch"], ours["seq"], ours["seq"], ours["head_dim"],
                                  ours.get("causal", True), "backward")
-        per_matmul = useful / FUSED_MATMULS
-        cudnn_rate = useful / rival["backward_ms"] / 1e9
-        needed = per_matmul * TWO_PASS_MATMULS / rival["backward_ms"] / 1e9
-        rates.append([_shape(ours), f"{cudnn_rate:.0f}",
-                      f"{per_matmul * TWO_PASS_MATMULS / ours['backward_ms'] / 1e9:.0f}",
-                      f"{needed:.0f}", f"{needed / DEFAULT_MATMUL_TFLOPS:.0%}"])
-    configs = [[_shape(r), str(tuple(r["config"])),
-                f"failed: {r['error']}" if "error" in r else _ms(r, "backward_ms"),
-                f"{r['dq_run_to_run']:.1e}" if "dq_run_to_run" in r else "-"]
-               for r in of_kind["fused_tma_reduce"]]
-    tables = [
-        markdown_table(["b x seq x d", "ours forward ms", "cuDNN forward ms",
-                        "ours backward (two passes) ms", "dQ by TMA reductions ms",
-                        "its tiles (m, n, warps, stages)", "cuDNN backward ms",
-                        "two passes / cuDNN", "TMA reductions / two passes"], summary),
-        markdown_table(["b x seq x d", "tiles (m, n, warps, stages)", "backward ms",
-                        "dQ max diff, two runs"], configs),
-        markdown_table(["b x seq x d", f"cuDNN backward TFLOP/s ({FUSED_MATMULS} matmuls)",
-                        f"ours, two passes, TFLOP/s run ({TWO_PASS_MATMULS} matmuls)",
-                        f"TFLOP/s {TWO_PASS_MATMULS} matmuls need for cuDNN's time",
-                        f"that of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s (bf16 matmul ceiling)"],
-                       rates)]
+        ours_flops = useful / FUSED_MATMULS * TWO_PASS_MATMULS
+        needed = _tflops(ours_flops, rival["backward_ms"])
+        rows.append([_shape(ours), f"{_tflops(useful, rival['backward_ms']):.0f}",
+                     f"{_tflops(ours_flops, ours['backward_ms']):.0f}", f"{needed:.0f}",
+                     f"{needed / DEFAULT_MATMUL_TFLOPS:.0%}"])
+    return markdown_table(["b x seq x d", f"cuDNN backward TFLOP/s ({FUSED_MATMULS} matmuls)",
+                           f"ours, two passes, TFLOP/s run ({TWO_PASS_MATMULS} matmuls)",
+                           f"TFLOP/s {TWO_PASS_MATMULS} matmuls need for cuDNN's time",
+                           f"that of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s (bf16 matmul "
+                           "ceiling)"], rows)
+
+
+def backward_passes(repo: Path, file: str) -> str:
+    """Per shape: the forwards and backwards of ours and cuDNN, the fused variant's best
+    tiles, and ratios; every fused tile config with how far two of its runs' dQ differ
+    (its reduction order is not fixed); and the matmul rates (`_rates_table`)."""
+    data = _experiment(repo, file)
+    of_kind = {kind: [r for r in data["rows"] if r.get("kind") == kind]
+               for kind in ("two_pass", "fused_tma_reduce", "cudnn")}
+    cudnn = {_shape(r): r for r in of_kind["cudnn"]}
+    tables = [_summary_table(of_kind["two_pass"], of_kind["fused_tma_reduce"], cudnn),
+              _configs_table(of_kind["fused_tma_reduce"]),
+              _rates_table(of_kind["two_pass"], cudnn)]
+    timed = of_kind["two_pass"] or data["rows"]
+    dtypes = ", ".join(sorted({str(r.get("dtype")) for r in timed}))
+    masks = ", ".join(sorted({"causal" if r.get("causal", True) else "full" for r in timed}))
     return ("\n\n".join(t for t in tables if t)
-            + f"\n\nTime: device time (`triton.testing.do_bench` medians), each pass alone, "
-            "bf16, causal; FLOP rates are matmul FLOPs run over those times, a tile matmul "
+            + "\n\nTime: device time (`triton.testing.do_bench` medians), each pass alone, "
+            f"{dtypes}, {masks}; FLOP rates are matmul FLOPs run over those times, a tile matmul "
             "being a fifth of the usual backward count (cuDNN's counted at FA2's 5). "
             f"From `{file}` ({data.get('device')}, torch {data.get('torch')}, "
             f"Triton {data.get('triton')}; kernels of commit {data.get('commit')}).\n")
