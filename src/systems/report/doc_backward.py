@@ -4,22 +4,19 @@ summed by TMA bulk reductions, and cuDNN's, each timed alone)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from systems.accounting import attention_flops
 from systems.common.formatting import markdown_table
 from systems.profiling.step_breakdown import DEFAULT_MATMUL_TFLOPS
+from systems.report.doc_blocks import read_source
 
 # Tile matmuls per (query tile, key tile) pair: ours recomputes S and dP in its dQ pass.
 TWO_PASS_MATMULS, FUSED_MATMULS = 7, 5
 
 
 def _experiment(repo: Path, name: str) -> dict:
-    try:
-        data = json.loads((repo / name).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"{name}: not a backward experiment ({error})") from error
+    data = read_source(repo, name, "backward experiment")
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise ValueError(f"{name}: not a backward experiment (no rows)")
     return data

@@ -12,6 +12,7 @@ relative to the repository root) are passed to it. Text outside blocks is left a
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping
@@ -22,6 +23,15 @@ Generator = Callable[..., str]
 
 _OPEN = re.compile(r"^<!-- generated: (?P<spec>.+?) -->$")
 _CLOSE = "<!-- end generated -->"
+
+
+def read_source(repo: Path, name: str, kind: str) -> object:
+    """A generator's JSON source file `name` under `repo`; a file that cannot be read or
+    parsed raises ValueError saying it is not a `kind`."""
+    try:
+        return json.loads((repo / name).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{name}: not a {kind} ({error})") from error
 
 
 class BlockError(ValueError):

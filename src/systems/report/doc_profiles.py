@@ -3,19 +3,16 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from systems.common.formatting import markdown_table
 from systems.report.doc_attention import LABELS, OURS, short_dtype
+from systems.report.doc_blocks import read_source
 
 
 def _profile(repo: Path, name: str) -> dict:
-    try:
-        data = json.loads((repo / name).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"{name}: not a host profile ({error})") from error
+    data = read_source(repo, name, "host profile")
     if not isinstance(data, dict) or "host_profile" not in data:
         raise ValueError(f"{name}: not a host profile (no host_profile)")
     return data

@@ -3,7 +3,6 @@ step in one saved run, and step breakdowns side by side."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from systems.common.formatting import markdown_table
@@ -11,6 +10,7 @@ from systems.model.config import MODEL_CONFIGS
 from systems.profiling.step_breakdown import DEFAULT_MATMUL_TFLOPS
 from systems.report import keys
 from systems.report.doc_attention import History, read_history
+from systems.report.doc_blocks import read_source
 
 OURS, RIVAL = "optimized", "pytorch_baseline"
 
@@ -68,12 +68,7 @@ def breakdown_side_by_side(repo: Path, *files: str) -> str:
     of the first file's workload."""
     if not files:
         raise ValueError("name at least one breakdown file")
-    records = []
-    for name in files:
-        try:
-            records.append(json.loads((repo / name).read_text()))
-        except (OSError, json.JSONDecodeError) as error:
-            raise ValueError(f"{name}: not a breakdown record ({error})") from error
+    records = [read_source(repo, name, "breakdown record") for name in files]
     categories = [row["category"] for row in records[0]["rows"]]
     by_file = [{row["category"]: row for row in record["rows"]} for record in records]
 
