@@ -23,11 +23,10 @@ Usage: PYTHONPATH=src python scripts/attention_dq_reduce.py --out DIR --commit H
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import astuple
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from systems.attention.flash_triton import launch, tune
@@ -180,26 +180,11 @@ def _first_line(error: BaseException) -> str:
     return (lines[0] if lines else "")[:200]
 
 
-@contextlib.contextmanager
-def _sdp_only(backend: str) -> Iterator[None]:
-    """SDPA with only `backend` ("cudnn" or "math") enabled; the flags are restored after."""
-    cuda = torch.backends.cuda
-    names = ("flash", "mem_efficient", "math", "cudnn")
-    saved = {name: getattr(cuda, f"{name}_sdp_enabled")() for name in names}
-    try:
-        for name in names:
-            getattr(cuda, f"enable_{name}_sdp")(name == backend)
-        yield
-    finally:
-        for name, enabled in saved.items():
-            getattr(cuda, f"enable_{name}_sdp")(enabled)
-
-
 def reference_grads(inputs: dict[str, torch.Tensor], is_causal: bool) -> list[torch.Tensor]:
     """fp32 (dq, dk, dv): SDPA math on upcast inputs with autograd, one matrix at a time."""
     q = inputs["q"]
     grads = [torch.empty(q.shape, dtype=torch.float32, device=q.device) for _ in GRADS]
-    with _sdp_only("math"):
+    with sdpa_kernel(SDPBackend.MATH):
         for i in range(q.shape[0]):
             q1, k1, v1 = (inputs[name][i][None, None].float().requires_grad_()
                           for name in "qkv")
@@ -277,7 +262,7 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
     # cuDNN on (batch, 1, seq, d) views; its backward is the one its forward picked.
     cudnn: dict[str, object] = {**base, "kind": "cudnn"}
     try:
-        with _sdp_only("cudnn"):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             qc, kc, vc = (t.view(batch, 1, seq, head_dim).detach().requires_grad_()
                           for t in (q, k, v))
             doc = do.view(batch, 1, seq, head_dim)
