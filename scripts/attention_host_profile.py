@@ -6,10 +6,11 @@
 2. cProfile of N eager forward+backward calls at 1x1024x64 bf16 causal, host time per call
    grouped by where it goes (launch, descriptors, allocation, checks, autograd), and the
    host enqueue time per call (perf_counter around N calls, one sync at the end).
-3. Interleaved eager forward+backward timings, one process: ours vs SDPA flash, cuDNN and
-   SDPA's own choice, batch 1, causal, seq 128..65536 (each round times every
-   implementation once, medians over rounds; CUDA events around a burst of calls, and the
-   host's time to queue the same burst beside it).
+3. Interleaved eager forward+backward timings, one process: ours (and ours on the Python
+   launch path, replay from C++ turned off) vs SDPA flash, cuDNN and SDPA's own choice,
+   batch 1, causal, seq 128..65536 (each round times every implementation once, medians
+   over rounds; CUDA events around a burst of calls, and the host's time to queue the same
+   burst beside it).
 4. torch.compile of ours against eager: the bare call and a small model.
 
 Prints a short table last; writes JSON under --out.
@@ -27,11 +28,16 @@ from pathlib import Path
 
 import torch
 
+from systems.attention.flash_triton import replay
 from systems.bench.attention import UnsupportedWorkload, attention_function
 
 PROFILE_SHAPE = (1, 1, 1024, 64)
+# Ours with replay from C++ off: every call plans and launches in Python.
+PYTHON_PATH = "triton_python_path"
 # (substring of a profiled function's file or name, group): first match wins.
 HOST_GROUPS = (
+    ("method 'replay' of", "replay (C++)"),
+    ("flash_triton/replay.py", "replay (C++)"),
     ("tensor_descriptor", "descriptors (build + encode)"),
     ("make_tensordesc", "descriptors (build + encode)"),
     ("fill_tma", "descriptors (build + encode)"),
@@ -66,10 +72,24 @@ def _inputs(shape, dtype, device, seed=0):
 
 
 def _step(impl, shape, dtype, device):
-    attend = attention_function(impl, is_causal=True, device=device, dtype=dtype,
-                                n_q=shape[-2], n_k=shape[-2])
+    attend = attention_function("triton" if impl == PYTHON_PATH else impl, is_causal=True,
+                                device=device, dtype=dtype, n_q=shape[-2], n_k=shape[-2])
     inputs, do = _inputs(shape, dtype, device)
-    return lambda: torch.autograd.grad(attend(*inputs), inputs, do)
+
+    def step():
+        return torch.autograd.grad(attend(*inputs), inputs, do)
+
+    if impl != PYTHON_PATH:
+        return step
+
+    def python_path_step():
+        replay.set_enabled(False)
+        try:
+            return step()
+        finally:
+            replay.set_enabled(True)
+
+    return python_path_step
 
 
 def check_correctness(device) -> list[dict]:
@@ -228,12 +248,13 @@ def main() -> None:
     def save() -> None:  # after every part: a run cut short keeps what it measured
         path.write_text(json.dumps(result, indent=1))
 
-    profiled = ("triton",) if args.profile_only else ("triton", "sdpa_flash", "triton_compiled")
+    profiled = (("triton", PYTHON_PATH) if args.profile_only
+                else ("triton", PYTHON_PATH, "sdpa_flash", "triton_compiled"))
     result["host_profile"] = {impl: host_profile(impl, device, args.calls, args.out)
                               for impl in profiled}
     save()
     bf16, fp16 = torch.bfloat16, torch.float16
-    rivals = ("triton", "sdpa_flash", "sdpa_cudnn")
+    rivals = ("triton", PYTHON_PATH, "sdpa_flash", "sdpa_cudnn")
     result["timings"] = timings = []
     if args.profile_only:
         interleaved(device, [((1, 1, 1024, 64), bf16)], rivals, args.rounds, timings)

@@ -17,6 +17,11 @@ Later calls skip Triton's Python launch wrapper too where its layout is the one 
 (`_DirectLaunch`): they call Triton's compiled C launcher with the arguments already
 flattened, and encode each TMA descriptor once per base address rather than on every call.
 
+Once compiled, a launcher can also describe its launch for replay from C++
+(`replay_launch`, read by systems/attention/flash_triton/replay.cpp): the CUfunction, grid,
+block and shared memory, and every kernel parameter the compiled kernel takes, in order, as
+a constant or as a tensor of the caller's table (`TensorSlot`).
+
 The interpreter, and runs with a launch hook installed (profilers), always go through
 `kernel[grid](...)`.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import triton
 from triton.runtime import driver
@@ -37,7 +43,23 @@ from systems.triton_runtime import INTERPRETED
 DescriptorLayout = tuple[Sequence[int], Sequence[int], list[int]]
 
 
-def _launch_hooks_installed() -> bool:
+@dataclass(frozen=True)
+class TensorSlot:
+    """In a launch described for replay, the tensor at `index` of the call's table."""
+
+    index: int
+
+
+# replay.cpp's parameter kinds: (kind, tensor index, value).
+POINTER, INT32, INT64, TENSOR_MAP = range(4)
+# The kernel parameter types replay passes as integers, by Triton signature type.
+_INTEGER_KINDS = {"i32": INT32, "i64": INT64}
+# A replayed launch: (CUfunction, grid, threads per block, dynamic shared memory bytes,
+# parameters, tensor maps) -- replay.cpp's LaunchDescription.
+ReplayLaunch = tuple[int, list[int], int, int, list[tuple[int, int, int]], list[tuple]]
+
+
+def launch_hooks_installed() -> bool:
     hook = triton.knobs.runtime.launch_enter_hook
     # Recent Triton keeps hooks in a chain object that is never None; older ones, a callable.
     return bool(getattr(hook, "calls", hook))
@@ -82,7 +104,7 @@ class KernelLauncher:
 
     def __call__(self, *args: object) -> None:
         compiled = self._compiled
-        if compiled is None or _launch_hooks_installed():
+        if compiled is None or launch_hooks_installed():
             result = self.kernel[self.grid](*self._described(args), **self.constexprs,
                                             **self.options)
             if not INTERPRETED:
@@ -98,6 +120,61 @@ class KernelLauncher:
         compiled.run(grid_x, grid_y, grid_z, stream, compiled.function,
                      compiled.packed_metadata, None, None, None, *self._described(args),
                      *self._trailing)
+
+    def replay_launch(self, args: Sequence[object]) -> ReplayLaunch | None:
+        """The launch `launcher(*args)` makes, for replay from C++, where each tensor in
+        args is a TensorSlot; None before the kernel is compiled, or when the compiled
+        kernel takes something replay does not pass (Triton's own launch path only, scratch
+        memory, clusters, parameter types other than pointers, i32, i64 and descriptors)."""
+        compiled, direct = self._compiled, self._direct
+        if direct is None:
+            return None
+        run, metadata = compiled.run, compiled.metadata
+        if metadata.num_ctas != 1 or run.launch_cooperative_grid or run.launch_pdl:
+            return None
+        values = [*args, *self._trailing]
+        signature = list(compiled.src.signature.values())
+        if len(signature) != len(values):
+            return None
+        params: list[tuple[int, int, int]] = []
+        maps: list[tuple] = []
+        for index, (value, kind) in enumerate(zip(values, signature, strict=True)):
+            if kind == "constexpr":  # constexprs, None, and integers Triton specialised
+                continue
+            if index in direct.descriptors:
+                tensor_map = _tensor_map(value, *direct.descriptors[index])
+                if tensor_map is None:
+                    return None
+                # Triton's expansion of a descriptor (make_tensordesc_arg): the map, then
+                # the descriptor's shape (i32) and strides (i64).
+                params.append((TENSOR_MAP, 0, len(maps)))
+                maps.append(tensor_map)
+                shape, strides, _ = direct.descriptors[index][0]
+                params += [(INT32, 0, n) for n in shape] + [(INT64, 0, n) for n in strides]
+            elif isinstance(kind, str) and kind.startswith("*") and isinstance(value, TensorSlot):
+                params.append((POINTER, value.index, 0))
+            elif kind in _INTEGER_KINDS and isinstance(value, int):
+                params.append((_INTEGER_KINDS[kind], 0, value))
+            else:
+                return None
+        return (compiled.function, list(self._grid_xyz), 32 * metadata.num_warps,
+                metadata.shared, params, maps)
+
+
+def _tensor_map(slot: object, layout: DescriptorLayout, meta: Mapping[str, object]
+                ) -> tuple | None:
+    """replay.cpp's description of the TMA descriptor Triton's `fill_tma_descriptor`
+    encodes for this layout and metadata: (tensor, dtype, dims, byte strides, box,
+    swizzle, out-of-bounds fill), innermost dim first."""
+    if not isinstance(slot, TensorSlot) or meta["fp4_padded"]:
+        return None
+    shape, strides, _ = layout
+    size = meta["elem_size"]
+    host_dtype = sys.modules["triton.backends.nvidia.driver"].TMA_DTYPE_DEVICE_TO_HOST
+    # TensorDescriptor's default padding ("zero"): no out-of-bounds fill request.
+    return (slot.index, host_dtype[meta["elem_type"]], list(reversed(shape)),
+            [size * stride for stride in reversed(strides[:-1])],
+            list(reversed(meta["block_size"])), meta["swizzle"], 0)
 
 
 # Triton's CUDA launcher layout that `_DirectLaunch` reproduces (Triton 3.6): the C
@@ -127,7 +204,7 @@ class _DirectLaunch:
         # The C launcher's fixed arguments sit either side of each call's stream.
         self._grid = grid_xyz
         self._after_stream = after_stream
-        self._descriptors = descriptors  # argument index: (layout, Triton's metadata)
+        self.descriptors = descriptors  # argument index: (layout, Triton's metadata)
         self._expand = expand
         self._expanded: dict[int, dict[int, list[object]]] = {i: {} for i in descriptors}
 
@@ -176,14 +253,14 @@ class _DirectLaunch:
         if expanded is None:
             if len(by_address) >= _DESCRIPTOR_CACHE_SIZE:
                 by_address.clear()
-            layout, meta = self._descriptors[index]
+            layout, meta = self.descriptors[index]
             expanded = by_address[address] = self._expand(TensorDescriptor(base, *layout), meta)
         return expanded
 
     def __call__(self, stream: int, args: Sequence[object],
                  trailing: Sequence[object]) -> None:
         flat: list[object] = [*self._grid, stream, *self._after_stream]
-        descriptors = self._descriptors
+        descriptors = self.descriptors
         for index, arg in enumerate(args):
             if index in descriptors:
                 flat.extend(self._expanded_descriptor(index, arg))

@@ -32,6 +32,7 @@ from systems.attention.flash_triton import (
     launch,
     op,
     recompute_backward,
+    replay,
 )
 
 IMPLEMENTATIONS = {"pytorch": FlashAttentionPytorch, "triton": FlashAttentionTriton}
@@ -132,6 +133,17 @@ def poisoned_outputs(monkeypatch):
     monkeypatch.setattr(launch, "_new_empty", new_nan)
     monkeypatch.setattr(launch, "_empty_like",
                         lambda t, dtype=None: torch.full_like(t, math.nan, dtype=dtype))
+    replay.set_poison(True)  # outputs of calls replayed from C++
+    yield
+    replay.set_poison(False)
+
+
+@pytest.fixture
+def python_launch_path():
+    """Every call plans and launches in Python (no replay), so that tests see its plans."""
+    replay.set_enabled(False)
+    yield
+    replay.set_enabled(True)
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
@@ -291,7 +303,8 @@ def test_triton_any_shape_and_tiling(lead, n_q, n_k, d, is_causal, config, seed)
         torch.testing.assert_close(grad.double(), exact[name], atol=tol * 10, rtol=0)
 
 
-def test_plans_tell_aligned_from_misaligned_inputs_and_keep_no_tensors(device, monkeypatch):
+def test_plans_tell_aligned_from_misaligned_inputs_and_keep_no_tensors(device, monkeypatch,
+                                                                        python_launch_path):
     """A plan is kept per layout, start alignment included: a view that starts 4 bytes past
     an aligned address (same shape and strides as an aligned tensor) gets its own plan,
     which copies it (TMA needs 16-byte aligned starts; the interpreter has no such rule, so
@@ -497,7 +510,7 @@ def test_model_with_flash_backend_matches_reference(attention, device):
         torch.testing.assert_close(grad, ref_grad, atol=1e-4, rtol=1e-4)
 
 
-def test_model_hands_the_kernels_views_they_use_in_place(device, monkeypatch):
+def test_model_hands_the_kernels_views_they_use_in_place(device, monkeypatch, python_launch_path):
     """The model's q, k, v (per-head views of its projections), its output gradient and
     the kernels' outputs need no copy: the kernels read and write those layouts."""
     from systems.model import MODEL_CONFIGS, TransformerLM

@@ -1,7 +1,7 @@
 """The package's layers only point down: no module imports from a layer above its own.
 
     common      device facts, NVTX ranges, CLI help             (imports no other layer)
-    kernels     attention, the Triton runtime, launcher and ahead-of-time builds
+    kernels     attention, the Triton runtime, launcher and ahead-of-time builds, C++ builds
     training    model, optim, distributed, checkpoint state helpers, shared CLI flags
     measuring   bench, profiling, report, accounting, the `systems` command   (top)
 
@@ -22,6 +22,7 @@ PACKAGE = Path(systems.__file__).parent
 LAYERS = {
     "common": 0,
     "attention": 1, "triton_runtime": 1, "triton_launcher": 1, "triton_build": 1,
+    "native_build": 1,
     "model": 2, "optim": 2, "distributed": 2, "state_dicts": 2, "cli_flags": 2,
     "bench": 3, "profiling": 3, "report": 3, "accounting": 3, "cli": 3, "__main__": 3,
 }

@@ -24,7 +24,8 @@ RIVALS = ("sdpa_flash", "sdpa_cudnn", "flex_compiled")
 HOST_BOUND_MARK = "†"
 LABELS = {"triton": "ours", "sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN",
           "flex_compiled": "flex (compiled)", "sdpa": "SDPA (own choice)",
-          "triton_compiled": "ours, torch.compile"}
+          "triton_compiled": "ours, torch.compile",
+          "triton_python_path": "ours, Python launch path"}
 
 
 @dataclass(frozen=True)

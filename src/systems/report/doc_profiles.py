@@ -81,9 +81,10 @@ def host_timings(repo: Path, file: str) -> str:
         if "host_median_ms" in t:  # recorded since the script timed the host's queueing
             host_by_shape.setdefault(key, {})[t["impl"]] = t["host_median_ms"]
         rounds.add(t.get("rounds"))
-    impls = [i for i in ("triton", "sdpa_flash", "sdpa_cudnn", "sdpa", "triton_compiled")
+    impls = [i for i in ("triton", "triton_python_path", "sdpa_flash", "sdpa_cudnn", "sdpa",
+                         "triton_compiled")
              if any(i in times for times in by_shape.values())]
-    queued = [i for i in ("triton", "sdpa_flash")
+    queued = [i for i in ("triton", "triton_python_path", "sdpa_flash")
               if any(i in times for times in host_by_shape.values())]
     rows = []
     for key, times in by_shape.items():

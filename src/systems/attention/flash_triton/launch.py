@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 import torch
 import triton
 
+from systems.attention.flash_triton import replay
 from systems.attention.flash_triton.kernels import (
     flash_backward_dkdv_kernel,
     flash_backward_dq_kernel,
     flash_forward_kernel,
 )
 from systems.attention.inputs import check_attention_inputs
-from systems.triton_launcher import DescriptorLayout, KernelLauncher
+from systems.triton_launcher import DescriptorLayout, KernelLauncher, TensorSlot
 from systems.triton_runtime import INTERPRETED
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
@@ -266,6 +267,12 @@ class _Reading:
         return t if self.copy_to is None else _padded_copy(t, self.copy_to)
 
 
+def _in_place(readings: tuple[_Reading, ...], writings: tuple[_Writing, ...]) -> bool:
+    """Whether the kernels read every input and write every output in place."""
+    return (all(r.copy_to is None for r in readings)
+            and all(w.buffer_shape is None for w in writings))
+
+
 @dataclass(frozen=True)
 class _Writing:
     """Where the kernels write an output shaped and laid out like an input of one layout
@@ -422,15 +429,31 @@ class _ForwardPlan:
         # kernels then compile the tails away).
         self.split = problem.split
 
+    def _launch_args(self, q: object, k: object, v: object, o: object, lse: object
+                     ) -> tuple[object, ...]:
+        """The forward kernel's arguments, given the tensors it reads and writes (or the
+        TensorSlots that stand for them)."""
+        split = self.split
+        return (q, *self.q.strides, k, v, k if split else None, v if split else None, o,
+                *self.o.strides, lse, *self.sizes)
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         o, buffer = self.o.allocate(q)
         lse = _new_empty(q, self.lse_shape, torch.float32)
-        k, v = self.k.read(k), self.v.read(v)
-        split = self.split
-        self.launch(self.q.read(q), *self.q.strides, k, v, k if split else None,
-                    v if split else None, buffer, *self.o.strides, lse, *self.sizes)
+        self.launch(*self._launch_args(self.q.read(q), self.k.read(k), self.v.read(v),
+                                       buffer, lse))
         return self.o.finish(o, buffer), lse
+
+    def replay_program(self) -> replay.Program | None:
+        """This plan for replay (`replay.keep`), where it reads and writes in place:
+        table (q, k, v, o, L)."""
+        if not _in_place((self.q, self.k, self.v), (self.o,)):
+            return None
+        launch = self.launch.replay_launch(self._launch_args(*map(TensorSlot, range(5))))
+        if launch is None:
+            return None
+        return [(0, replay.LIKE), (0, replay.ROW_STATISTICS)], [launch], [3, 4]
 
 
 class _BackwardPlan:
@@ -464,31 +487,56 @@ class _BackwardPlan:
         """(q, k, v, o, do) as the kernels read them."""
         return [r.read(t) for r, t in zip(self.readings, tensors, strict=True)]
 
+    def _dq_args(self, q: object, k: object, v: object, o: object, do: object, lse: object,
+                 delta: object, dq: object) -> tuple[object, ...]:
+        """The dQ kernel's arguments, given the tensors it reads and writes (or the
+        TensorSlots that stand for them)."""
+        rq, _, _, ro, rdo = self.readings
+        split = self.split
+        return (q, *rq.strides, k, v, k if split else None, v if split else None, o,
+                *ro.strides, do, *rdo.strides, lse, delta, dq, *self.dq_out.strides,
+                *self.sizes)
+
+    def _dkdv_args(self, q: object, k: object, v: object, do: object, lse: object,
+                   delta: object, dk: object, dv: object) -> tuple[object, ...]:
+        """The dK/dV kernel's arguments, as `_dq_args`."""
+        _, rk, rv, _, _ = self.readings
+        split = self.split
+        return (q, k, *rk.strides, v, *rv.strides, do, q if split else None,
+                do if split else None, lse, delta, dk, *self.dk_out.strides, dv,
+                *self.dv_out.strides, *self.sizes)
+
     def dq(self, like_q: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor
            ) -> tuple[torch.Tensor, torch.Tensor]:
         """(dq laid out like `like_q`, D) from read inputs."""
-        rq, _, _, ro, rdo = self.readings
         dq, buffer = self.dq_out.allocate(like_q)
         delta = _empty_like(lse)
-        split = self.split
-        self.dq_launch(q, *rq.strides, k, v, k if split else None, v if split else None, o,
-                       *ro.strides, do, *rdo.strides, lse, delta, buffer, *self.dq_out.strides,
-                       *self.sizes)
+        self.dq_launch(*self._dq_args(q, k, v, o, do, lse, delta, buffer))
         return self.dq_out.finish(dq, buffer), delta
 
     def dkdv(self, like_k: torch.Tensor, like_v: torch.Tensor, q: torch.Tensor,
              k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
              delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(dk, dv) laid out like `like_k` and `like_v`, from read inputs."""
-        _, rk, rv, _, _ = self.readings
         dk, dk_buffer = self.dk_out.allocate(like_k)
         dv, dv_buffer = self.dv_out.allocate(like_v)
-        split = self.split
-        self.dkdv_launch(q, k, *rk.strides, v, *rv.strides, do, q if split else None,
-                         do if split else None, lse, delta, dk_buffer, *self.dk_out.strides,
-                         dv_buffer, *self.dv_out.strides, *self.sizes)
+        self.dkdv_launch(*self._dkdv_args(q, k, v, do, lse, delta, dk_buffer, dv_buffer))
         return self.dk_out.finish(dk, dk_buffer), self.dv_out.finish(dv, dv_buffer)
+
+    def replay_program(self) -> replay.Program | None:
+        """This plan for replay (`replay.keep`), where it reads and writes in place:
+        table (q, k, v, o, L, do, then dq, D, dk, dv)."""
+        if not _in_place(self.readings, (self.dq_out, self.dk_out, self.dv_out)):
+            return None
+        q, k, v, o, lse, do, dq, delta, dk, dv = map(TensorSlot, range(10))
+        launches = [self.dq_launch.replay_launch(self._dq_args(q, k, v, o, do, lse, delta, dq)),
+                    self.dkdv_launch.replay_launch(
+                        self._dkdv_args(q, k, v, do, lse, delta, dk, dv))]
+        if None in launches:
+            return None
+        allocations = [(0, replay.LIKE), (4, replay.LIKE), (1, replay.LIKE), (2, replay.LIKE)]
+        return allocations, launches, [6, 8, 9]
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                  lse: torch.Tensor, do: torch.Tensor
@@ -526,8 +574,15 @@ def flash_forward(
     config: FlashConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, L) for checked inputs; o is laid out like q (`torch.empty_like`), L is the
-    natural-log log-sum-exp, fp32, (..., n_queries), packed."""
-    return _plan(_ForwardPlan, (q, k, v), is_causal, config)(q, k, v)
+    natural-log log-sum-exp, fp32, (..., n_queries), packed. With the default tiles a
+    layout's calls after the first are replayed from C++ (`replay`)."""
+    if config is None and (replayed := replay.run(replay.FORWARD, is_causal, [q, k, v])):
+        return replayed[0], replayed[1]
+    plan = _plan(_ForwardPlan, (q, k, v), is_causal, config)
+    o, lse = plan(q, k, v)
+    if config is None:
+        replay.keep(replay.FORWARD, is_causal, (q, k, v), plan)
+    return o, lse
 
 
 def flash_backward(
@@ -537,8 +592,15 @@ def flash_backward(
     """(dq, dk, dv), each laid out like its input: a dQ pass over query tiles (it also
     writes D), then a dK/dV pass. lse must be flash_forward's (packed, freshly allocated,
     so 16-byte aligned); do may have any strides (autograd may hand over an expanded or
-    transposed gradient)."""
-    return _plan(_BackwardPlan, (q, k, v, o, do), is_causal, config)(q, k, v, o, lse, do)
+    transposed gradient). Replayed as `flash_forward` is."""
+    tensors = [q, k, v, o, lse, do]
+    if config is None and (replayed := replay.run(replay.BACKWARD, is_causal, tensors)):
+        return replayed[0], replayed[1], replayed[2]
+    plan = _plan(_BackwardPlan, (q, k, v, o, do), is_causal, config)
+    grads = plan(q, k, v, o, lse, do)
+    if config is None:
+        replay.keep(replay.BACKWARD, is_causal, tensors, plan)
+    return grads
 
 
 def backward_dq(

@@ -1,0 +1,130 @@
+"""Eager attention calls replayed from C++ (`flash_triton/replay.py`, `replay.cpp`).
+
+A layout's first call plans and launches in Python and keeps its Program; later calls of
+that layout are replayed. Replay runs the same kernels on the same inputs, so its outputs
+must equal the Python path's bit for bit, with every output element written (outputs start
+as NaN here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from systems.attention.flash_triton import FlashAttentionTriton, replay
+from systems.native_build import load_extension
+
+Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _projection_views(device: torch.device) -> Tensors:
+    """(batch, heads, seq, d) views of (batch, seq, heads, d) tensors, as the model has."""
+    return tuple(torch.randn(2, 40, 4, 16, device=device, dtype=torch.bfloat16).transpose(1, 2)
+                 for _ in range(4))
+
+
+def _random(*shapes: tuple[int, ...], dtype: torch.dtype) -> Callable[[torch.device], Tensors]:
+    q_shape, kv_shape = shapes
+
+    def make(device: torch.device) -> Tensors:
+        return tuple(torch.randn(shape, device=device, dtype=dtype)
+                     for shape in (q_shape, kv_shape, kv_shape, q_shape))
+
+    return make
+
+
+# name: (inputs q, k, v, do; causal). Packed and strided layouts, a split head dim (80),
+# n_q != n_k with a split (48) in fp32, and a long sequence at d = 128.
+LAYOUTS = {
+    "packed-bf16-causal": (_random((2, 4, 256, 64), (2, 4, 256, 64), dtype=torch.bfloat16),
+                           True),
+    "projection-views-bf16": (_projection_views, True),
+    "d80-fp16-full": (_random((2, 2, 96, 80), (2, 2, 96, 80), dtype=torch.float16), False),
+    "cross-d48-fp32": (_random((1, 77, 48), (1, 130, 48), dtype=torch.float32), False),
+    "long-d128-bf16": (_random((1, 1, 1024, 128), (1, 1, 1024, 128), dtype=torch.bfloat16),
+                       True),
+}
+
+
+def _forward_backward(q, k, v, do, is_causal) -> list[torch.Tensor]:
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    o = FlashAttentionTriton.apply(q, k, v, is_causal)
+    return [o, *torch.autograd.grad(o, (q, k, v), do)]
+
+
+@pytest.fixture
+def poisoned_replay():
+    replay.set_poison(True)
+    yield
+    replay.set_poison(False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_replay_serves_repeat_calls_with_the_python_paths_results(layout, device,
+                                                                   poisoned_replay):
+    make, is_causal = LAYOUTS[layout]
+    inputs = make(device)
+    replay.forget()
+    planned = _forward_backward(*inputs, is_causal)  # the Python path, which keeps Programs
+    before = replay.replays()
+    replayed = _forward_backward(*inputs, is_causal)
+    assert replay.replays() - before == 2, "forward and backward were not both replayed"
+    for name, ours, expected in zip(("o", "dq", "dk", "dv"), replayed, planned, strict=True):
+        assert ours.shape == expected.shape and ours.stride() == expected.stride(), name
+        assert torch.equal(ours, expected), f"{name}: replay differs from the Python path"
+
+
+@pytest.mark.gpu
+def test_replay_encodes_each_address_s_descriptors(device, poisoned_replay):
+    """Descriptors hold a base address: calls with new tensors of one layout, more of them
+    than replay keeps encodings for, must each read their own tensors."""
+    make, is_causal = LAYOUTS["packed-bf16-causal"]
+    problems = [make(device) for _ in range(20)]
+    _forward_backward(*problems[0], is_causal)  # keeps the Programs
+    before = replay.replays()
+    replayed = [_forward_backward(*inputs, is_causal) for inputs in problems]
+    assert replay.replays() - before == 2 * len(problems)
+    replay.set_enabled(False)
+    try:
+        planned = [_forward_backward(*inputs, is_causal) for inputs in problems]
+    finally:
+        replay.set_enabled(True)
+    for ours, expected in zip(replayed, planned, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(ours, expected, strict=True))
+
+
+@pytest.mark.gpu
+def test_replay_launches_on_the_current_stream(device):
+    """Inputs written on a side stream after a long wait must be read after it: replay
+    launches on the caller's current stream (PyTorch's streams do not wait for others)."""
+    make, is_causal = LAYOUTS["long-d128-bf16"]
+    q, k, v, do = make(device)
+    expected = _forward_backward(q, k, v, do, is_causal)  # keeps the Programs
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        late_q = q * 1
+        before = replay.replays()
+        replayed = _forward_backward(late_q, k, v, do, is_causal)
+    side.synchronize()
+    assert replay.replays() - before == 2
+    assert all(torch.equal(a, b) for a, b in zip(replayed, expected, strict=True))
+
+
+def test_replay_extension_builds_and_refuses_malformed_programs():
+    """On any machine with a C++ compiler: the extension builds, finds no Program for
+    tensors it was not given one for, and refuses a Program that points outside its table."""
+    module = load_extension("attention_replay", Path(replay.__file__).with_name("replay.cpp"))
+    t = torch.ones(4)
+    assert module.replay(0, False, [t]) is None
+    with pytest.raises(ValueError, match="allocation like an unknown tensor"):
+        module.add_program(0, False, [t], [(3, 0)], [], [])
+    with pytest.raises(ValueError, match="pointer to an unknown tensor"):
+        module.add_program(0, False, [t], [], [(0, [1, 1, 1], 32, 0, [(0, 5, 0)], [])], [])
+    with pytest.raises(ValueError, match="unknown output"):
+        module.add_program(0, False, [t], [(0, 0)], [], [2])
