@@ -36,7 +36,7 @@ PROFILE_SHAPE = (1, 1, 1024, 64)
 PYTHON_PATH = "triton_python_path"
 # (substring of a profiled function's file or name, group): first match wins.
 HOST_GROUPS = (
-    ("method 'replay' of", "replay (C++)"),
+    ("attention_replay", "replay (C++)"),
     ("flash_triton/replay.py", "replay (C++)"),
     ("tensor_descriptor", "descriptors (build + encode)"),
     ("make_tensordesc", "descriptors (build + encode)"),
