@@ -142,14 +142,15 @@ class KernelLauncher:
             if kind == "constexpr":  # constexprs, None, and integers Triton specialised
                 continue
             if index in direct.descriptors:
-                tensor_map = _tensor_map(value, *direct.descriptors[index])
+                layout, meta = direct.descriptors[index]
+                tensor_map = _tensor_map(value, layout, meta)
                 if tensor_map is None:
                     return None
                 # Triton's expansion of a descriptor (make_tensordesc_arg): the map, then
                 # the descriptor's shape (i32) and strides (i64).
                 params.append((TENSOR_MAP, 0, len(maps)))
                 maps.append(tensor_map)
-                shape, strides, _ = direct.descriptors[index][0]
+                shape, strides, _ = layout
                 params += [(INT32, 0, n) for n in shape] + [(INT64, 0, n) for n in strides]
             elif isinstance(kind, str) and kind.startswith("*") and isinstance(value, TensorSlot):
                 params.append((POINTER, value.index, 0))
