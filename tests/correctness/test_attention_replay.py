@@ -55,17 +55,10 @@ def _forward_backward(q, k, v, do, is_causal) -> list[torch.Tensor]:
     return [o, *torch.autograd.grad(o, (q, k, v), do)]
 
 
-@pytest.fixture
-def poisoned_replay():
-    replay.set_poison(True)
-    yield
-    replay.set_poison(False)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_replay_serves_repeat_calls_with_the_python_paths_results(layout, device,
-                                                                   poisoned_replay):
+                                                                   poisoned_outputs):
     make, is_causal = LAYOUTS[layout]
     inputs = make(device)
     replay.forget()
@@ -79,7 +72,7 @@ def test_replay_serves_repeat_calls_with_the_python_paths_results(layout, device
 
 
 @pytest.mark.gpu
-def test_replay_encodes_each_address_s_descriptors(device, poisoned_replay):
+def test_replay_encodes_each_address_s_descriptors(device, poisoned_outputs):
     """Descriptors hold a base address: calls with new tensors of one layout, more of them
     than replay keeps encodings for, must each read their own tensors."""
     make, is_causal = LAYOUTS["packed-bf16-causal"]
