@@ -49,10 +49,22 @@ LAYOUTS = {
 }
 
 
+# What autograd calls the node of a call served whole in C++ (replay.attend).
+CPP_NODE = "systems::FlashAttentionTriton"
+
+
 def _forward_backward(q, k, v, do, is_causal) -> list[torch.Tensor]:
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     o = FlashAttentionTriton.apply(q, k, v, is_causal)
     return [o, *torch.autograd.grad(o, (q, k, v), do)]
+
+
+def _python_path(q, k, v, do, is_causal) -> list[torch.Tensor]:
+    replay.set_enabled(False)
+    try:
+        return _forward_backward(q, k, v, do, is_causal)
+    finally:
+        replay.set_enabled(True)
 
 
 @pytest.mark.gpu
@@ -66,6 +78,7 @@ def test_replay_serves_repeat_calls_with_the_python_paths_results(layout, device
     before = replay.replays()
     replayed = _forward_backward(*inputs, is_causal)
     assert replay.replays() - before == 2, "forward and backward were not both replayed"
+    assert replayed[0].grad_fn.name() == CPP_NODE
     for name, ours, expected in zip(("o", "dq", "dk", "dv"), replayed, planned, strict=True):
         assert ours.shape == expected.shape and ours.stride() == expected.stride(), name
         assert torch.equal(ours, expected), f"{name}: replay differs from the Python path"
@@ -81,11 +94,7 @@ def test_replay_encodes_each_address_s_descriptors(device, poisoned_outputs):
     before = replay.replays()
     replayed = [_forward_backward(*inputs, is_causal) for inputs in problems]
     assert replay.replays() - before == 2 * len(problems)
-    replay.set_enabled(False)
-    try:
-        planned = [_forward_backward(*inputs, is_causal) for inputs in problems]
-    finally:
-        replay.set_enabled(True)
+    planned = [_python_path(*inputs, is_causal) for inputs in problems]
     for ours, expected in zip(replayed, planned, strict=True):
         assert all(torch.equal(a, b) for a, b in zip(ours, expected, strict=True))
 
@@ -109,12 +118,82 @@ def test_replay_launches_on_the_current_stream(device):
     assert all(torch.equal(a, b) for a, b in zip(replayed, expected, strict=True))
 
 
+@pytest.mark.gpu
+def test_cpp_node_hands_backward_to_python_until_a_backward_program_is_kept(
+        device, poisoned_outputs):
+    """A layout first called without grad keeps only its forward Program: the C++ node's
+    first backward runs in Python (which keeps the backward Program), later ones replay."""
+    make, is_causal = LAYOUTS["packed-bf16-causal"]
+    inputs = make(device)
+    expected = _python_path(*inputs, is_causal)
+    replay.forget()
+    with torch.no_grad():
+        FlashAttentionTriton.apply(*inputs[:3], is_causal)  # keeps the forward Program only
+    served = []
+    for _ in range(2):
+        before = replay.replays()
+        results = _forward_backward(*inputs, is_causal)
+        served.append(replay.replays() - before)
+        assert results[0].grad_fn.name() == CPP_NODE
+        assert all(torch.equal(a, b) for a, b in zip(results, expected, strict=True))
+    assert served == [1, 2], "backward: Python first, then replayed"
+
+
+@pytest.mark.gpu
+def test_cpp_node_gradients_follow_autograd_rules(device, poisoned_outputs):
+    """The C++ node behaves as the Python Function: only inputs that require grad get
+    gradients, retain_graph allows a second backward, a gradient of any layout works (an
+    expanded one from .sum() is copied in Python), an input modified in place after the
+    forward is refused, and so is a second derivative."""
+    make, is_causal = LAYOUTS["projection-views-bf16"]
+    q, k, v, do = make(device)
+    expected = _python_path(q, k, v, do, is_causal)
+    _forward_backward(q, k, v, do, is_causal)  # keeps the Programs
+
+    frozen_kv_q = q.detach().requires_grad_()
+    o = FlashAttentionTriton.apply(frozen_kv_q, k, v, is_causal)
+    assert o.grad_fn.name() == CPP_NODE
+    o.backward(do, retain_graph=True)
+    first = frozen_kv_q.grad.clone()
+    frozen_kv_q.grad = None
+    o.backward(do)
+    assert torch.equal(first, expected[1]) and torch.equal(frozen_kv_q.grad, expected[1])
+
+    q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+    FlashAttentionTriton.apply(q_, k_, v_, is_causal).float().sum().backward()
+    replay.set_enabled(False)
+    try:
+        q_ref, k_ref, v_ref = (t.detach().requires_grad_() for t in (q, k, v))
+        FlashAttentionTriton.apply(q_ref, k_ref, v_ref, is_causal).float().sum().backward()
+    finally:
+        replay.set_enabled(True)
+    for ours, reference in ((q_, q_ref), (k_, k_ref), (v_, v_ref)):
+        assert torch.equal(ours.grad, reference.grad)
+
+    changed = q.detach().clone().requires_grad_()
+    leaf = changed * 1
+    o = FlashAttentionTriton.apply(leaf, k, v, is_causal)
+    assert o.grad_fn.name() == CPP_NODE
+    leaf.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        o.backward(do)
+
+    q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+    o = FlashAttentionTriton.apply(q_, k_, v_, is_causal)
+    assert o.grad_fn.name() == CPP_NODE
+    grads = torch.autograd.grad(o, (q_, k_, v_), do, create_graph=True)
+    assert all(torch.equal(a, b) for a, b in zip(grads, expected[1:], strict=True))
+    with pytest.raises(RuntimeError, match="does not support double backward"):
+        grads[0].float().sum().backward()
+
+
 def test_replay_extension_builds_and_refuses_malformed_programs():
     """On any machine with a C++ compiler: the extension builds, finds no Program for
     tensors it was not given one for, and refuses a Program that points outside its table."""
     module = load_extension("attention_replay", Path(replay.__file__).with_name("replay.cpp"))
     t = torch.ones(4)
     assert module.replay(0, False, [t]) is None
+    assert module.attend(t, t, t, False) is None
     with pytest.raises(ValueError, match="allocation like an unknown tensor"):
         module.add_program(0, False, [t], [(3, 0)], [], [])
     with pytest.raises(ValueError, match="pointer to an unknown tensor"):

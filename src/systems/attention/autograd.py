@@ -13,7 +13,7 @@ backward wrapped here computes its gradients without recording a graph, and when
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -40,28 +40,39 @@ def backward_from_saved(ctx, attention_backward: AttentionBackward, do: torch.Te
     return (*attention_backward(q, k, v, o, lse, do, ctx.is_causal), None)
 
 
+def double_backward_refusal(name: str) -> bytes:
+    return (f"{name} does not support double backward (second derivatives): its "
+            "backward is not differentiable").encode()
+
+
+def first_derivatives_only(message: bytes, backward: Callable[[], tuple],
+                           sources: Callable[[], Sequence[object]]) -> tuple:
+    """`backward()`, computed without recording a graph. When grad mode is on (inside a
+    backward: create_graph=True), its tensors come back through a node that raises
+    RuntimeError(`message`) when reached, fed by every tensor of `sources()` (what the
+    gradients depend on; called only then, as it may unpack saved tensors) that requires
+    grad: differentiating the gradients reaches it."""
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return backward()
+    with torch.no_grad():
+        outputs = backward()
+    sources = [t for t in sources() if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not sources:
+        return outputs
+    refuse = torch._C._functions.DelayedError(message, len(outputs) + len(sources))
+    return refuse(*outputs, *sources)[:len(outputs)]
+
+
 def refuse_double_backward(name: str) -> Callable[[Callable], Callable]:
     """Decorate an autograd.Function's backward: differentiating its gradients raises a
     RuntimeError saying that `name` does not support double backward."""
-    message = (f"{name} does not support double backward (second derivatives): its "
-               "backward is not differentiable").encode()
+    message = double_backward_refusal(name)
 
     def decorate(backward: Callable) -> Callable:
         @functools.wraps(backward)
         def wrapper(ctx, *grads):
-            if not torch.is_grad_enabled() or torch.compiler.is_compiling():
-                return backward(ctx, *grads)
-            # Grad mode on inside backward means create_graph=True.
-            with torch.no_grad():
-                outputs = backward(ctx, *grads)
-            # A node that raises when reached, fed by everything the gradients depend on:
-            # differentiating them with respect to any of those reaches it.
-            sources = [t for t in (*ctx.saved_tensors, *grads)
-                       if isinstance(t, torch.Tensor) and t.requires_grad]
-            if not sources:
-                return outputs
-            refuse = torch._C._functions.DelayedError(message, len(outputs) + len(sources))
-            return refuse(*outputs, *sources)[:len(outputs)]
+            return first_derivatives_only(message, lambda: backward(ctx, *grads),
+                                          lambda: (*ctx.saved_tensors, *grads))
 
         return wrapper
 

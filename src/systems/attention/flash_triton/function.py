@@ -6,24 +6,19 @@ import torch
 
 from systems.attention.autograd import (
     backward_from_saved,
+    double_backward_refusal,
+    first_derivatives_only,
     forward_saving_lse,
     refuse_double_backward,
 )
 from systems.attention.causal import MASKED_SCORE, causal_mask
+from systems.attention.flash_triton import replay
 from systems.attention.flash_triton.op import attention_backward, attention_forward
 
 
-class FlashAttentionTriton(torch.autograd.Function):
-    """FlashAttention-2 in Triton: `FlashAttentionTriton.apply(q, k, v, is_causal)`.
-
-    q: (..., n_queries, d), k and v: (..., n_keys, d), fp16/bf16/fp32, on a CUDA device (or
-    the CPU under TRITON_INTERPRET=1), with any strides: views whose rows are unit-stride
-    (such as (batch, seq, heads, d) projections seen as (batch, heads, seq, d)) are read in
-    place, others copied; o and the gradients are laid out like q, k and v. Saves L (shape
-    (..., n_queries)), q, k, v and o; backward runs the dQ and dK/dV kernels. Eager calls
-    launch the kernels directly; under torch.compile they are custom ops (`op.py`). Double
-    backward is refused.
-    """
+class FlashAttentionTritonFunction(torch.autograd.Function):
+    """The autograd of FlashAttentionTriton's calls that replay does not serve whole (see
+    FlashAttentionTriton), and of every call under torch.compile."""
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -34,6 +29,48 @@ class FlashAttentionTriton(torch.autograd.Function):
     @refuse_double_backward("FlashAttentionTriton")
     def backward(ctx, do: torch.Tensor):
         return backward_from_saved(ctx, attention_backward, do)
+
+
+class FlashAttentionTriton(FlashAttentionTritonFunction):
+    """FlashAttention-2 in Triton: `FlashAttentionTriton.apply(q, k, v, is_causal)`.
+
+    q: (..., n_queries, d), k and v: (..., n_keys, d), fp16/bf16/fp32, on a CUDA device (or
+    the CPU under TRITON_INTERPRET=1), with any strides: views whose rows are unit-stride
+    (such as (batch, seq, heads, d) projections seen as (batch, heads, seq, d)) are read in
+    place, others copied; o and the gradients are laid out like q, k and v. Saves L (shape
+    (..., n_queries)), q, k, v and o; backward runs the dQ and dK/dV kernels. Eager calls
+    launch the kernels directly; under torch.compile they are custom ops (`op.py`). Double
+    backward is refused.
+
+    An eager call of a layout seen before is served whole in C++ (`replay.attend`): the
+    same kernels, under a C++ autograd node ("systems::FlashAttentionTriton") whose backward
+    computes what FlashAttentionTritonFunction's does.
+    """
+
+    @classmethod
+    def apply(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              is_causal: bool = False) -> torch.Tensor:
+        # Dynamo traces FlashAttentionTritonFunction's forward and backward instead.
+        if not torch.compiler.is_compiling():
+            o = replay.attend(q, k, v, is_causal)
+            if o is not None:
+                return o
+        return FlashAttentionTritonFunction.apply(q, k, v, is_causal)
+
+
+_REFUSAL = double_backward_refusal("FlashAttentionTriton")
+
+
+def _backward_outside_replay(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
+                             is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The C++ node's backward where replay does not serve it: as FlashAttentionTriton's."""
+    return first_derivatives_only(
+        _REFUSAL, lambda: attention_backward(q, k, v, o, lse, do, is_causal),
+        lambda: (lse, q, k, v, o, do))
+
+
+replay.set_python_backward(_backward_outside_replay)
 
 
 def recompute_backward(
@@ -59,7 +96,7 @@ def recompute_backward(
 _compiled_recompute_backward = torch.compile(recompute_backward)
 
 
-class FlashAttentionTritonCompiledBackward(FlashAttentionTriton):
+class FlashAttentionTritonCompiledBackward(FlashAttentionTritonFunction):
     """The Triton forward with a `torch.compile`d PyTorch backward (O(N^2) memory)."""
 
     @staticmethod

@@ -9,6 +9,13 @@
 // strides, dtypes, devices, 16-byte alignment) finds its Program here and runs it without
 // entering Python: allocate, encode descriptors (once per base address), launch.
 //
+// `attend` is FlashAttentionTriton.apply's eager call of a layout whose forward Program is
+// kept: the forward is replayed, and autograd records a C++ node whose backward replays the
+// backward Program, so neither direction runs Python. Its backward calls back into Python
+// (the registered `python_backward`) when no backward Program is kept yet for the gradient's
+// layout, when replay is turned off, and when a graph of the backward is asked for
+// (create_graph), where Python hands back gradients that refuse a second derivative.
+//
 // Built by systems.native_build on first use; the CUDA driver is opened at the first launch,
 // so the module also loads on machines without one.
 
@@ -17,6 +24,7 @@
 #include <ATen/ops/empty_like.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <dlfcn.h>
@@ -25,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -225,15 +234,29 @@ Key key_of(int64_t kind, bool is_causal, const std::vector<at::Tensor>& tensors)
 
 constexpr size_t kMaxPrograms = 4096;
 
+enum ProgramKind : int64_t { kForward = 0, kBackward = 1 };  // replay.py's FORWARD, BACKWARD
+
+// Programs are read by callers holding the GIL and by autograd's threads running backward
+// nodes without it, so every use of the state holds `mutex`.
 struct State {
+  std::mutex mutex;
   std::unordered_map<Key, Program, KeyHash> programs;
+  bool enabled = true;
   bool poison = false;
   int64_t replays = 0;
+  PyObject* python_backward = nullptr;  // kept for the process's life
 };
 
 State& state() {
   static State s;
   return s;
+}
+
+Program* find_program(State& s, int64_t kind, bool is_causal,
+                      const std::vector<at::Tensor>& tensors) {
+  if (!s.enabled || tensors.empty() || !tensors[0].is_cuda()) return nullptr;
+  auto found = s.programs.find(key_of(kind, is_causal, tensors));
+  return found == s.programs.end() ? nullptr : &found->second;
 }
 
 at::Tensor allocate(const at::Tensor& like, AllocationKind kind, bool poison) {
@@ -248,14 +271,9 @@ at::Tensor allocate(const at::Tensor& like, AllocationKind kind, bool poison) {
   return out;
 }
 
-// The outputs of the Program for these tensors, or None when there is none yet.
-std::optional<std::vector<at::Tensor>> replay(int64_t kind, bool is_causal,
-                                              std::vector<at::Tensor> tensors) {
-  if (tensors.empty() || !tensors[0].is_cuda()) return std::nullopt;
-  State& s = state();
-  auto found = s.programs.find(key_of(kind, is_causal, tensors));
-  if (found == s.programs.end()) return std::nullopt;
-  Program& program = found->second;
+// Runs `program` on these tensors (the call's inputs): its outputs. The caller holds the
+// state's mutex.
+std::vector<at::Tensor> run_program(State& s, Program& program, std::vector<at::Tensor> tensors) {
   const c10::Device device = tensors[0].device();
   c10::DeviceGuard guard(device);
   const auto* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
@@ -269,6 +287,95 @@ std::optional<std::vector<at::Tensor>> replay(int64_t kind, bool is_causal,
   outputs.reserve(program.outputs.size());
   for (int64_t index : program.outputs) outputs.push_back(tensors[index]);
   return outputs;
+}
+
+// The outputs of the Program for these tensors, or None when there is none yet.
+std::optional<std::vector<at::Tensor>> replay(int64_t kind, bool is_causal,
+                                              std::vector<at::Tensor> tensors) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  Program* program = find_program(s, kind, is_causal, tensors);
+  if (program == nullptr) return std::nullopt;
+  return run_program(s, *program, std::move(tensors));
+}
+
+// (dq, dk, dv) from Python's backward, for the calls replay does not serve.
+std::vector<at::Tensor> python_backward(const std::vector<at::Tensor>& tensors, bool is_causal) {
+  PyObject* callback = nullptr;
+  {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    callback = s.python_backward;
+  }
+  if (callback == nullptr) {
+    throw std::runtime_error("attention replay: no Python backward registered");
+  }
+  pybind11::gil_scoped_acquire gil;
+  try {
+    pybind11::object grads = pybind11::reinterpret_borrow<pybind11::function>(callback)(
+        tensors[0], tensors[1], tensors[2], tensors[3], tensors[4], tensors[5], is_causal);
+    return grads.cast<std::vector<at::Tensor>>();
+  } catch (pybind11::error_already_set& error) {
+    // Rethrown as a C++ error so that the Python exception is released under the GIL.
+    throw std::runtime_error(error.what());
+  }
+}
+
+}  // namespace
+
+namespace systems {
+
+// The autograd node of a replayed attention call; its name is what autograd reports.
+struct FlashAttentionTriton : public torch::autograd::Function<FlashAttentionTriton> {
+  // o for (q, k, v) from `forward_program`; saves what the backward reads.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                            const at::Tensor& k, const at::Tensor& v, bool is_causal,
+                            Program* forward_program) {
+    std::vector<at::Tensor> o_lse;
+    {
+      State& s = state();
+      std::lock_guard<std::mutex> lock(s.mutex);
+      o_lse = run_program(s, *forward_program, {q, k, v});
+    }
+    ctx->save_for_backward({q, k, v, o_lse[0], o_lse[1]});
+    ctx->saved_data["is_causal"] = is_causal;
+    return o_lse[0];
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    std::vector<at::Tensor> tensors = ctx->get_saved_variables();  // q, k, v, o, L
+    tensors.push_back(grads[0]);
+    const bool is_causal = ctx->saved_data["is_causal"].toBool();
+    std::optional<std::vector<at::Tensor>> dq_dk_dv;
+    // Grad mode on in a backward means create_graph: Python refuses second derivatives.
+    if (!at::GradMode::is_enabled()) dq_dk_dv = replay(kBackward, is_causal, tensors);
+    if (!dq_dk_dv) dq_dk_dv = python_backward(tensors, is_causal);
+    auto& g = *dq_dk_dv;
+    return {g.at(0), g.at(1), g.at(2), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace systems
+
+namespace {
+
+// FlashAttentionTriton.apply(q, k, v, is_causal) replayed with its autograd, or None when
+// no forward Program is kept for this layout or replay is off. (replay.py leaves calls under
+// functorch transforms, which refuse C++ autograd Functions, to the Python Function.)
+std::optional<at::Tensor> attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 bool is_causal) {
+  Program* program = nullptr;
+  {
+    // Not held through apply, which may run Python (saved-tensor hooks). The Program stays
+    // valid until forward runs it: only Python callers, holding the GIL as this one does,
+    // drop Programs.
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    program = find_program(s, kForward, is_causal, {q, k, v});
+  }
+  if (program == nullptr) return std::nullopt;
+  return systems::FlashAttentionTriton::apply(q, k, v, is_causal, program);
 }
 
 // ---- building Programs from Python's description -----------------------------------------
@@ -354,8 +461,17 @@ void add_program(int64_t kind, bool is_causal, const std::vector<at::Tensor>& te
   }
   program.outputs = outputs;
   State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
   if (s.programs.size() >= kMaxPrograms) s.programs.clear();
   s.programs.insert_or_assign(key_of(kind, is_causal, tensors), std::move(program));
+}
+
+// Runs `change` on the state with its mutex held.
+template <typename Change>
+void with_state(Change change) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  change(s);
 }
 
 }  // namespace
@@ -363,9 +479,24 @@ void add_program(int64_t kind, bool is_causal, const std::vector<at::Tensor>& te
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Replays planned attention kernel launches from C++.";
   m.def("replay", &replay, "The outputs of the Program for these tensors, or None.");
+  m.def("attend", &attend, "o of an attention call replayed with a C++ autograd node, or None.");
   m.def("add_program", &add_program, "Keep a Program for tensors of these ones' layout.");
-  m.def("clear", [] { state().programs.clear(); }, "Forget every Program.");
-  m.def("set_poison", [](bool poison) { state().poison = poison; },
+  m.def("clear", [] { with_state([](State& s) { s.programs.clear(); }); },
+        "Forget every Program.");
+  m.def("set_enabled", [](bool enabled) { with_state([=](State& s) { s.enabled = enabled; }); },
+        "Serve calls (on) or leave every call to Python (off).");
+  m.def("set_poison", [](bool poison) { with_state([=](State& s) { s.poison = poison; }); },
         "Fill every output with NaN before the kernels write it (tests).");
-  m.def("replays", [] { return state().replays; }, "Calls served so far.");
+  m.def("set_python_backward", [](pybind11::function backward) {
+          PyObject* callback = backward.release().ptr();  // never released: see State
+          with_state([&](State& s) { std::swap(s.python_backward, callback); });
+          Py_XDECREF(callback);
+        },
+        "(q, k, v, o, L, do, is_causal) -> [dq, dk, dv] for backwards replay does not serve.");
+  m.def("replays", [] {
+          int64_t replays = 0;
+          with_state([&](State& s) { replays = s.replays; });
+          return replays;
+        },
+        "Calls served so far.");
 }

@@ -8,6 +8,12 @@ Otherwise launch.py plans and launches in Python as before, then `keep`s the pla
 describes them, and its outputs). Plans that copy inputs or write through buffers, and
 launches replay does not support, stay on the Python path.
 
+`attend` serves FlashAttentionTriton.apply's eager calls whole: a layout whose forward
+Program is kept runs in C++ with a C++ autograd node, whose backward replays the backward
+Program and calls `python_backward` (registered by function.py) for what replay does not
+serve. A launch hook installed between a forward and its backward does not see that
+backward's launches.
+
 Replay is off under Triton's interpreter, while a launch hook is installed (profilers see
 every launch through Triton), with SYSTEMS_ATTENTION_REPLAY=0, and where the extension
 cannot be built (one warning, then the Python path).
@@ -17,7 +23,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Protocol
@@ -46,6 +52,7 @@ _SOURCE = Path(__file__).with_name("replay.cpp")
 _enabled = not INTERPRETED and os.environ.get("SYSTEMS_ATTENTION_REPLAY", "1") != "0"
 _module: ModuleType | None = None
 _poison = False
+_python_backward: Callable[..., Sequence[torch.Tensor]] | None = None
 
 
 def _load() -> ModuleType | None:
@@ -59,6 +66,8 @@ def _load() -> ModuleType | None:
                           RuntimeWarning, stacklevel=3)
             return None
         _module.set_poison(_poison)
+        if _python_backward is not None:
+            _module.set_python_backward(_python_backward)
     return _module
 
 
@@ -70,6 +79,27 @@ def run(kind: int, is_causal: bool, tensors: list[torch.Tensor]
     if module is None or not _enabled or launch_hooks_installed():
         return None
     return module.replay(kind, is_causal, tensors)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
+           ) -> torch.Tensor | None:
+    """o of an attention call replayed with its autograd in C++, or None (no forward
+    Program for this layout yet, replay off, or functorch transforms active)."""
+    module = _module
+    if (module is None or not _enabled or launch_hooks_installed()
+            or torch._C._are_functorch_transforms_active()):
+        return None
+    return module.attend(q, k, v, is_causal)
+
+
+def set_python_backward(backward: Callable[..., Sequence[torch.Tensor]]) -> None:
+    """`backward(q, k, v, o, L, do, is_causal) -> (dq, dk, dv)` serves the C++ node's
+    backwards that replay does not: no backward Program for the layout, replay off, or
+    create_graph."""
+    global _python_backward
+    _python_backward = backward
+    if _module is not None:
+        _module.set_python_backward(backward)
 
 
 def keep(kind: int, is_causal: bool, tensors: Sequence[torch.Tensor], plan: Replayable) -> None:
@@ -87,6 +117,8 @@ def set_enabled(enabled: bool) -> None:
     compare the two)."""
     global _enabled
     _enabled = enabled and not INTERPRETED
+    if _module is not None:
+        _module.set_enabled(_enabled)
 
 
 def set_poison(poison: bool) -> None:
