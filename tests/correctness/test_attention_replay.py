@@ -50,7 +50,7 @@ LAYOUTS = {
 
 
 # What autograd calls the node of a call served whole in C++ (replay.attend).
-CPP_NODE = "systems::FlashAttentionTriton"
+CPP_NODE = "torch::autograd::CppNode<systems::FlashAttentionTriton>"
 
 
 def _forward_backward(q, k, v, do, is_causal) -> list[torch.Tensor]:

@@ -43,7 +43,8 @@ class FlashAttentionTriton(FlashAttentionTritonFunction):
     backward is refused.
 
     An eager call of a layout seen before is served whole in C++ (`replay.attend`): the
-    same kernels, under a C++ autograd node ("systems::FlashAttentionTriton") whose backward
+    same kernels, under a C++ autograd node (named
+    "torch::autograd::CppNode<systems::FlashAttentionTriton>") whose backward
     computes what FlashAttentionTritonFunction's does.
     """
 
