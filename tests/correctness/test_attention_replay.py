@@ -8,6 +8,7 @@ as NaN here).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -185,6 +186,36 @@ def test_cpp_node_gradients_follow_autograd_rules(device, poisoned_outputs):
     assert all(torch.equal(a, b) for a, b in zip(grads, expected[1:], strict=True))
     with pytest.raises(RuntimeError, match="does not support double backward"):
         grads[0].float().sum().backward()
+
+
+@pytest.mark.gpu
+def test_replay_serves_threads_calling_at_once(device):
+    """Threads calling attention at once while Programs are being kept: autograd's device
+    thread runs the C++ nodes' backwards without the GIL, beside callers adding and
+    replaying Programs. Every call must still give the Python path's results."""
+    problems = [(make(device), is_causal) for make, is_causal in LAYOUTS.values()]
+    expected = [_python_path(*inputs, is_causal) for inputs, is_causal in problems]
+    replay.forget()
+    before = replay.replays()
+    failures: list[str] = []
+
+    def work(index: int) -> None:
+        inputs, is_causal = problems[index]
+        try:
+            for _ in range(10):
+                got = _forward_backward(*inputs, is_causal)
+                if not all(torch.equal(a, b) for a, b in zip(got, expected[index], strict=True)):
+                    failures.append(f"layout {index}: results differ")
+        except Exception as error:  # reported below: a thread's exception is otherwise lost
+            failures.append(f"layout {index}: {error!r}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(problems))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    assert replay.replays() - before > 0
 
 
 def test_replay_extension_builds_and_refuses_malformed_programs():

@@ -569,6 +569,22 @@ def _plan(plan_type: type[_ForwardPlan] | type[_BackwardPlan], tensors: tuple[to
     return plan
 
 
+def _replayed_or_planned(kind: int, plan_class: type[_ForwardPlan] | type[_BackwardPlan],
+                         read: tuple[torch.Tensor, ...], tensors: list[torch.Tensor],
+                         is_causal: bool, config: FlashConfig | None
+                         ) -> tuple[torch.Tensor, ...]:
+    """The plan's outputs for `tensors` (its call's arguments; `read`, the inputs it plans
+    for). With the default tiles, replayed from C++ when a Program of this layout is kept,
+    else planned and launched in Python, keeping the Program for the next call."""
+    if config is None and (replayed := replay.run(kind, is_causal, tensors)):
+        return tuple(replayed)
+    plan = _plan(plan_class, read, is_causal, config)
+    outputs = plan(*tensors)
+    if config is None:
+        replay.keep(kind, is_causal, tensors, plan)
+    return outputs
+
+
 def flash_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
     config: FlashConfig | None = None,
@@ -576,13 +592,8 @@ def flash_forward(
     """(o, L) for checked inputs; o is laid out like q (`torch.empty_like`), L is the
     natural-log log-sum-exp, fp32, (..., n_queries), packed. With the default tiles a
     layout's calls after the first are replayed from C++ (`replay`)."""
-    if config is None and (replayed := replay.run(replay.FORWARD, is_causal, [q, k, v])):
-        return replayed[0], replayed[1]
-    plan = _plan(_ForwardPlan, (q, k, v), is_causal, config)
-    o, lse = plan(q, k, v)
-    if config is None:
-        replay.keep(replay.FORWARD, is_causal, (q, k, v), plan)
-    return o, lse
+    return _replayed_or_planned(replay.FORWARD, _ForwardPlan, (q, k, v), [q, k, v],
+                                is_causal, config)
 
 
 def flash_backward(
@@ -593,14 +604,8 @@ def flash_backward(
     writes D), then a dK/dV pass. lse must be flash_forward's (packed, freshly allocated,
     so 16-byte aligned); do may have any strides (autograd may hand over an expanded or
     transposed gradient). Replayed as `flash_forward` is."""
-    tensors = [q, k, v, o, lse, do]
-    if config is None and (replayed := replay.run(replay.BACKWARD, is_causal, tensors)):
-        return replayed[0], replayed[1], replayed[2]
-    plan = _plan(_BackwardPlan, (q, k, v, o, do), is_causal, config)
-    grads = plan(q, k, v, o, lse, do)
-    if config is None:
-        replay.keep(replay.BACKWARD, is_causal, tensors, plan)
-    return grads
+    return _replayed_or_planned(replay.BACKWARD, _BackwardPlan, (q, k, v, o, do),
+                                [q, k, v, o, lse, do], is_causal, config)
 
 
 def backward_dq(
