@@ -37,6 +37,7 @@ import triton
 from triton.runtime import driver
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from systems.cuda_context import make_primary_context_current
 from systems.triton_runtime import INTERPRETED
 
 # A tensor descriptor's layout: shape, strides and block shape (TensorDescriptor's fields).
@@ -103,6 +104,8 @@ class KernelLauncher:
                 else arg for index, arg in enumerate(args)]
 
     def __call__(self, *args: object) -> None:
+        if not INTERPRETED:  # Triton encodes descriptors through the driver
+            make_primary_context_current(self._device_index)
         compiled = self._compiled
         if compiled is None or launch_hooks_installed():
             result = self.kernel[self.grid](*self._described(args), **self.constexprs,

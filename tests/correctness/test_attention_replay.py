@@ -189,13 +189,19 @@ def test_cpp_node_gradients_follow_autograd_rules(device, poisoned_outputs):
 
 
 @pytest.mark.gpu
-def test_replay_serves_threads_calling_at_once(device):
-    """Threads calling attention at once while Programs are being kept: autograd's device
-    thread runs the C++ nodes' backwards without the GIL, beside callers adding and
-    replaying Programs. Every call must still give the Python path's results."""
+@pytest.mark.parametrize("kept", [True, False], ids=["programs-kept", "programs-kept-meanwhile"])
+def test_attention_serves_new_threads_calling_at_once(device, kept):
+    """Threads calling attention at once, each new (no CUDA context current until a call
+    makes one): with Programs kept beforehand their first call is replayed from C++, else
+    it takes the Python path while other threads keep Programs. Autograd's device thread
+    runs the C++ nodes' backwards without the GIL meanwhile. Every call must give the
+    Python path's results."""
     problems = [(make(device), is_causal) for make, is_causal in LAYOUTS.values()]
     expected = [_python_path(*inputs, is_causal) for inputs, is_causal in problems]
     replay.forget()
+    if kept:
+        for inputs, is_causal in problems:
+            _forward_backward(*inputs, is_causal)
     before = replay.replays()
     failures: list[str] = []
 

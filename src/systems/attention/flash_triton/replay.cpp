@@ -54,11 +54,19 @@ using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, 
                                  const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 using ErrorString = CUresult (*)(CUresult, const char**);
+using CtxGetCurrent = CUresult (*)(CUcontext*);
+using CtxSetCurrent = CUresult (*)(CUcontext);
+using DeviceGet = CUresult (*)(CUdevice*, int);
+using PrimaryCtxRetain = CUresult (*)(CUcontext*, CUdevice);
 
 struct Driver {
   LaunchKernel launch = nullptr;
   EncodeTiled encode = nullptr;
   ErrorString error_string = nullptr;
+  CtxGetCurrent get_context = nullptr;
+  CtxSetCurrent set_context = nullptr;
+  DeviceGet get_device = nullptr;
+  PrimaryCtxRetain retain_primary = nullptr;
 
   static const Driver& get() {
     static const Driver driver = open();
@@ -73,6 +81,19 @@ struct Driver {
                              (text != nullptr ? text : std::to_string(result)));
   }
 
+  // Where the calling thread has no current context (one that has made no CUDA runtime
+  // call yet: a new thread, at times autograd's), makes the device's primary context,
+  // PyTorch's, current, as the runtime would on its first call.
+  void make_primary_context_current(int device) const {
+    CUcontext context = nullptr;
+    check(get_context(&context), "cuCtxGetCurrent");
+    if (context != nullptr) return;
+    CUdevice handle = 0;
+    check(get_device(&handle, device), "cuDeviceGet");
+    check(retain_primary(&context, handle), "cuDevicePrimaryCtxRetain");
+    check(set_context(context), "cuCtxSetCurrent");
+  }
+
  private:
   static Driver open() {
     void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -81,9 +102,15 @@ struct Driver {
     driver.launch = reinterpret_cast<LaunchKernel>(dlsym(library, "cuLaunchKernel"));
     driver.encode = reinterpret_cast<EncodeTiled>(dlsym(library, "cuTensorMapEncodeTiled"));
     driver.error_string = reinterpret_cast<ErrorString>(dlsym(library, "cuGetErrorString"));
-    if (driver.launch == nullptr || driver.encode == nullptr) {
-      throw std::runtime_error("attention replay: libcuda.so.1 lacks cuLaunchKernel or "
-                               "cuTensorMapEncodeTiled");
+    driver.get_context = reinterpret_cast<CtxGetCurrent>(dlsym(library, "cuCtxGetCurrent"));
+    driver.set_context = reinterpret_cast<CtxSetCurrent>(dlsym(library, "cuCtxSetCurrent"));
+    driver.get_device = reinterpret_cast<DeviceGet>(dlsym(library, "cuDeviceGet"));
+    driver.retain_primary =
+        reinterpret_cast<PrimaryCtxRetain>(dlsym(library, "cuDevicePrimaryCtxRetain"));
+    if (driver.launch == nullptr || driver.encode == nullptr || driver.get_context == nullptr ||
+        driver.set_context == nullptr || driver.get_device == nullptr ||
+        driver.retain_primary == nullptr) {
+      throw std::runtime_error("attention replay: libcuda.so.1 lacks a function it needs");
     }
     return driver;
   }
@@ -276,6 +303,7 @@ at::Tensor allocate(const at::Tensor& like, AllocationKind kind, bool poison) {
 std::vector<at::Tensor> run_program(State& s, Program& program, std::vector<at::Tensor> tensors) {
   const c10::Device device = tensors[0].device();
   c10::DeviceGuard guard(device);
+  Driver::get().make_primary_context_current(device.index());
   const auto* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
   auto stream = static_cast<CUstream>(cuda->getStreamNativeHandle(cuda->getStream(device)));
   for (const auto& [like, allocation] : program.allocations) {
