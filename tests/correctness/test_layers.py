@@ -22,7 +22,7 @@ PACKAGE = Path(systems.__file__).parent
 LAYERS = {
     "common": 0,
     "attention": 1, "triton_runtime": 1, "triton_launcher": 1, "triton_build": 1,
-    "native_build": 1,
+    "native_build": 1, "cuda_context": 1,
     "model": 2, "optim": 2, "distributed": 2, "state_dicts": 2, "cli_flags": 2,
     "bench": 3, "profiling": 3, "report": 3, "accounting": 3, "cli": 3, "__main__": 3,
 }
