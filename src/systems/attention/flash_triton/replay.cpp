@@ -39,6 +39,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cuda.h"
@@ -264,14 +265,14 @@ constexpr size_t kMaxPrograms = 4096;
 enum ProgramKind : int64_t { kForward = 0, kBackward = 1 };  // replay.py's FORWARD, BACKWARD
 
 // Programs are read by callers holding the GIL and by autograd's threads running backward
-// nodes without it, so every use of the state holds `mutex`.
+// nodes without it, so every use of the state holds `mutex` (python_backward aside).
 struct State {
   std::mutex mutex;
   std::unordered_map<Key, Program, KeyHash> programs;
   bool enabled = true;
   bool poison = false;
   int64_t replays = 0;
-  PyObject* python_backward = nullptr;  // kept for the process's life
+  PyObject* python_backward = nullptr;  // owned; set and read under the GIL, not `mutex`
 };
 
 State& state() {
@@ -329,17 +330,14 @@ std::optional<std::vector<at::Tensor>> replay(int64_t kind, bool is_causal,
 
 // (dq, dk, dv) from Python's backward, for the calls replay does not serve.
 std::vector<at::Tensor> python_backward(const std::vector<at::Tensor>& tensors, bool is_causal) {
-  PyObject* callback = nullptr;
-  {
-    State& s = state();
-    std::lock_guard<std::mutex> lock(s.mutex);
-    callback = s.python_backward;
-  }
+  pybind11::gil_scoped_acquire gil;
+  PyObject* callback = state().python_backward;  // set and read under the GIL only
   if (callback == nullptr) {
     throw std::runtime_error("attention replay: no Python backward registered");
   }
-  pybind11::gil_scoped_acquire gil;
   try {
+    // The borrowed handle holds a reference for the call: set_python_backward may replace
+    // the callback while Python code in it has released the GIL.
     pybind11::object grads = pybind11::reinterpret_borrow<pybind11::function>(callback)(
         tensors[0], tensors[1], tensors[2], tensors[3], tensors[4], tensors[5], is_causal);
     return grads.cast<std::vector<at::Tensor>>();
@@ -516,9 +514,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_poison", [](bool poison) { with_state([=](State& s) { s.poison = poison; }); },
         "Fill every output with NaN before the kernels write it (tests).");
   m.def("set_python_backward", [](pybind11::function backward) {
-          PyObject* callback = backward.release().ptr();  // never released: see State
-          with_state([&](State& s) { std::swap(s.python_backward, callback); });
-          Py_XDECREF(callback);
+          // Under the GIL, as python_backward reads it.
+          Py_XDECREF(std::exchange(state().python_backward, backward.release().ptr()));
         },
         "(q, k, v, o, L, do, is_causal) -> [dq, dk, dv] for backwards replay does not serve.");
   m.def("replays", [] {
