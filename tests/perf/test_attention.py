@@ -8,6 +8,8 @@ Four studies:
   with a compiled PyTorch backward or their own). Ours at batch 1 (forward+backward, CUDA)
   also records medians of rounds taken in turn with SDPA's flash and cuDNN backends in
   `extra_info["interleaved_medians_s"]`: the same-run eager comparison.
+  The full profile adds every handout shape (seq 128..65536, d 16..128) in fp32 and bf16
+  for every implementation, and ours in fp16 with its rounds taken in turn.
 - `test_attention_handout_sweep`: batch 8, no heads, not causal, fp32, d 16..128 and
   seq 256..16384: forward and backward timed, memory in use before backward recorded.
 - `test_attention_leaderboard`: q, k, v of shape (16, 16384, 64), bf16, causal, forward +
@@ -110,10 +112,14 @@ def perf_cases(profile: str) -> list[AttentionCase]:
         return sweep + wide
     every_seq = [_sweep_case(*combo) for combo in itertools.product(
         SWEEP_IMPLEMENTATIONS, SWEEP_SEQS, HEAD_DIMS, ("fp32", "bf16"), ATTENTION_MODES)]
+    # The handout's eager grid in fp16 too, ours only: its rounds taken in turn time the
+    # SDPA backends beside it, so ours / SDPA is known at every handout shape and dtype.
+    fp16_eager = [_sweep_case("triton", seq, d, "fp16", "forward_backward")
+                  for seq, d in itertools.product(SWEEP_SEQS, HEAD_DIMS)]
     # The leaderboard's shape one pass at a time: where the rivals gain or lose.
     leaderboard_passes = [AttentionCase(impl, (16, 1, 16384, 64), "bf16", mode, is_causal=True)
                           for impl, mode in itertools.product(RIVALS, ("forward", "backward"))]
-    cases = sweep + wide + every_seq + leaderboard_passes
+    cases = sweep + wide + every_seq + fp16_eager + leaderboard_passes
     return list({case.id: case for case in cases}.values())
 
 
