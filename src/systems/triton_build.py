@@ -20,6 +20,7 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.experimental.gluon._runtime import GluonASTSource
 
 HOPPER = GPUTarget("cuda", 90, 32)
 # The most dynamic shared memory one block may use on sm_90 (H100, H200): 227 KiB.
@@ -44,19 +45,32 @@ def _resources(cubin: bytes) -> dict[str, int]:
 
 
 def build_for_hopper(kernel: triton.JITFunction, signature: dict[str, str],
-                     constexprs: dict[str, object], *, num_warps: int,
-                     num_stages: int) -> dict[str, int]:
-    """Build `kernel` for sm_90 with Triton's type for each parameter (`signature`, e.g.
-    "*bf16", "i32", "constexpr") and the constexprs' values; every pointer is taken as
-    16-byte aligned, as launches that specialise on alignment pass them. Returns the
-    shared memory per block in bytes ("shared_bytes") and, where cuobjdump can tell,
-    "registers" and "stack_bytes" per thread."""
+                     constexprs: dict[str, object], *, num_warps: int, num_stages: int,
+                     maxnreg: int | None = None) -> dict[str, int | list[int]]:
+    """Build `kernel` (a Triton or a Gluon JIT function) for sm_90 with Triton's type for
+    each parameter (`signature`, e.g. "*bf16", "i32", "constexpr") and the constexprs'
+    values; every pointer is taken as 16-byte aligned, as launches that specialise on
+    alignment pass them. `maxnreg` caps registers per thread as the launch option does
+    (warp-specialised kernels share the SM's registers out from it). Returns the shared
+    memory per block in bytes ("shared_bytes"), where cuobjdump can tell, "registers" and
+    "stack_bytes" per thread, and for a warp-specialised kernel the register counts its
+    partitions set ("setmaxnreg")."""
     missing = set(kernel.arg_names) - signature.keys()
     if missing:
         raise ValueError(f"{kernel.__name__}: no type for {sorted(missing)}")
     signature = {name: signature[name] for name in kernel.arg_names}  # in parameter order
     aligned = {(index,): [["tt.divisibility", 16]]
                for index, kind in enumerate(signature.values()) if kind.startswith("*")}
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs, aligned), target=HOPPER,
-                              options={"num_warps": num_warps, "num_stages": num_stages})
-    return {"shared_bytes": compiled.metadata.shared, **_resources(compiled.asm["cubin"])}
+    source = GluonASTSource if kernel.is_gluon() else ASTSource
+    options: dict[str, int] = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
+    compiled = triton.compile(source(kernel, signature, constexprs, aligned), target=HOPPER,
+                              options=options)
+    built: dict[str, int | list[int]] = {"shared_bytes": compiled.metadata.shared,
+                                         **_resources(compiled.asm["cubin"])}
+    partitions = re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
+                            compiled.asm["ptx"])
+    if partitions:
+        built["setmaxnreg"] = sorted({int(count) for count in partitions})
+    return built
