@@ -85,6 +85,10 @@ class GluonConfig:
     worker_regs: int  # registers per thread the producer (and dQ writer) keep
     async_mma: bool  # overlap softmax and dS^T's store with the tensor cores
     dq_mode: str  # one of DQ_MODES
+    # Key blocks vary fastest in the grid: the programs running at once share a matrix, so
+    # the part of the fp32 dQ accumulator they add into stays in L2 (8 MiB per matrix at
+    # 16384 x 128) rather than every matrix's (128 MiB for 16) going round HBM.
+    keys_fastest: bool = True
 
     @property
     def ablation(self) -> bool:
@@ -101,19 +105,19 @@ class GluonConfig:
 
 
 CONFIGS: dict[int, list[GluonConfig]] = {
-    64: [GluonConfig(64, 2, 1, 24, True, "tma"), GluonConfig(64, 2, 1, 24, False, "tma"),
-         GluonConfig(64, 2, 1, 24, True, "discard"), GluonConfig(64, 2, 1, 24, True, "skip"),
-         GluonConfig(64, 2, 1, 24, False, "skip")],
-    128: [GluonConfig(64, 2, 1, 24, False, "tma"), GluonConfig(64, 2, 1, 24, True, "tma"),
-          GluonConfig(64, 2, 1, 24, False, "discard"), GluonConfig(64, 2, 1, 24, False, "skip"),
-          GluonConfig(64, 2, 1, 24, True, "skip")],
+    head_dim: [GluonConfig(64, 2, 1, 24, use_async, "tma"),
+               GluonConfig(64, 2, 1, 24, use_async, "atomic"),
+               GluonConfig(64, 2, 1, 24, use_async, "tma", keys_fastest=False),
+               GluonConfig(64, 2, 1, 24, use_async, "discard"),
+               GluonConfig(64, 2, 1, 24, False, "skip")]
+    for head_dim, use_async in ((64, True), (128, False))
 }
-"""Per head dim: the two fastest configs of the last H100 run (16 x 16384: dQ by TMA,
-synchronous and async MMAs, 4.99-5.03 ms at d = 64, 10.56-10.58 at d = 128), the best one
-with dQ's add discarded ("discard") and both without dQ ("skip"). Atomics (5.24-5.37 and
-12.1-13.4 ms), 3 stages, 4 producer warps, 56 worker registers and 128-row query tiles
-(10.3 ms at d = 64) were slower and are left out: 10 configs rather than 13 (4.5 minutes
-for both head dims), ablations timed without a second run."""
+"""Per head dim, the fastest MMA mode of earlier H100 runs (16 x 16384; async at d = 64,
+synchronous at d = 128) with dQ added by TMA and by atomics, the TMA one again with the
+matrices varying fastest (the order of those runs, where the add cost 1.8 ms at d = 64 and
+5.2 ms at d = 128 over "discard": the accumulator's traffic to HBM), and the ablations.
+3 stages, 4 producer warps, 56 worker registers and 128-row query tiles were slower and
+are left out."""
 
 
 @builtin
@@ -302,17 +306,22 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                           dK, dV, n_q, dq_live, SM_SCALE: gl.constexpr,
                           NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
                           WORKER_REGS: gl.constexpr, ASYNC_MMA: gl.constexpr,
-                          DQ_MODE: gl.constexpr):
-    """Grid (matrices, key blocks), causal; rows of all matrices stacked ((bh * n_q, d)
-    descriptors, n_q a multiple of BLOCK_N). Key blocks run last to first: the longest
-    programs start first. dQ (and dq_desc over it) is an fp32 (bh * n_q, d) accumulator;
-    dK, dV bf16. dq_live matters to DQ_MODE "discard" only (see `_add_dq`); it is never
-    specialised on, so that the compiler cannot know it."""
+                          DQ_MODE: gl.constexpr, KEYS_FASTEST: gl.constexpr):
+    """Grid (key blocks, matrices), or (matrices, key blocks) unless KEYS_FASTEST; causal;
+    rows of all matrices stacked ((bh * n_q, d) descriptors, n_q a multiple of BLOCK_N).
+    Key blocks run last to first: the longest programs start first. dQ (and dq_desc over
+    it) is an fp32 (bh * n_q, d) accumulator; dK, dV bf16. dq_live matters to DQ_MODE
+    "discard" only (see `_add_dq`); it is never specialised on, so that the compiler
+    cannot know it."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK: gl.constexpr = k_desc.block_type.shape[0]
-    bh = gl.program_id(0)
-    k_start = (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK
+    if KEYS_FASTEST:
+        bh = gl.program_id(1)
+        k_start = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK
+    else:
+        bh = gl.program_id(0)
+        k_start = (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK
 
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM],
                                        q_desc.layout)
@@ -380,7 +389,8 @@ def _descriptor_specs(block_m: int, head_dim: int) -> dict[str, tuple[str, list[
 def _constexprs(head_dim: int, config: GluonConfig) -> dict[str, object]:
     return {"SM_SCALE": head_dim ** -0.5, "NUM_STAGES": config.num_stages,
             "PRODUCER_WARPS": config.producer_warps, "WORKER_REGS": config.worker_regs,
-            "ASYNC_MMA": config.async_mma, "DQ_MODE": config.dq_mode}
+            "ASYNC_MMA": config.async_mma, "DQ_MODE": config.dq_mode,
+            "KEYS_FASTEST": config.keys_fastest}
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -423,7 +433,9 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     flat |= {"lse_desc": lse.view(-1), "delta_desc": delta.view(-1), "dq_desc": acc}
     descs = [TensorDescriptor.from_tensor(flat[name], block, layout)
              for name, (_, block, layout) in _descriptor_specs(config.block_m, head_dim).items()]
-    gluon_backward_kernel[(batch, seq // BLOCK_N)](
+    blocks = seq // BLOCK_N
+    grid = (blocks, batch) if config.keys_fastest else (batch, blocks)
+    gluon_backward_kernel[grid](
         *descs, acc, dk, dv, seq, 0, **_constexprs(head_dim, config),
         num_warps=CONSUMER_WARPS, maxnreg=config.max_regs)
     return (acc * head_dim ** -0.5).to(q.dtype).view(q.shape), dk, dv
