@@ -89,6 +89,9 @@ class GluonConfig:
     # the part of the fp32 dQ accumulator they add into stays in L2 (8 MiB per matrix at
     # 16384 x 128) rather than every matrix's (128 MiB for 16) going round HBM.
     keys_fastest: bool = True
+    # Key blocks first to last: the first sees every query tile (causal), so the longest
+    # programs start first and the short ones fill the last wave; else the reverse.
+    longest_first: bool = True
 
     @property
     def ablation(self) -> bool:
@@ -107,6 +110,7 @@ class GluonConfig:
 CONFIGS: dict[int, list[GluonConfig]] = {
     head_dim: [GluonConfig(64, 2, 1, 24, use_async, "tma"),
                GluonConfig(64, 2, 1, 24, use_async, "atomic"),
+               GluonConfig(64, 2, 1, 24, use_async, "tma", longest_first=False),
                GluonConfig(64, 2, 1, 24, use_async, "tma", keys_fastest=False),
                GluonConfig(64, 2, 1, 24, use_async, "discard"),
                GluonConfig(64, 2, 1, 24, False, "skip")]
@@ -114,8 +118,9 @@ CONFIGS: dict[int, list[GluonConfig]] = {
 }
 """Per head dim, the fastest MMA mode of earlier H100 runs (16 x 16384; async at d = 64,
 synchronous at d = 128) with dQ added by TMA and by atomics, the TMA one again with the
-matrices varying fastest (the order of those runs, where the add cost 1.8 ms at d = 64 and
-5.2 ms at d = 128 over "discard": the accumulator's traffic to HBM), and the ablations.
+shortest programs first and with the matrices varying fastest (the orders of the first
+runs, where the add cost 1.8 ms at d = 64 and 5.2 ms at d = 128 over "discard": the
+accumulator's traffic to HBM), and the ablations.
 3 stages, 4 producer warps, 56 worker registers and 128-row query tiles were slower and
 are left out."""
 
@@ -306,22 +311,23 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                           dK, dV, n_q, dq_live, SM_SCALE: gl.constexpr,
                           NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
                           WORKER_REGS: gl.constexpr, ASYNC_MMA: gl.constexpr,
-                          DQ_MODE: gl.constexpr, KEYS_FASTEST: gl.constexpr):
+                          DQ_MODE: gl.constexpr, KEYS_FASTEST: gl.constexpr,
+                          LONGEST_FIRST: gl.constexpr):
     """Grid (key blocks, matrices), or (matrices, key blocks) unless KEYS_FASTEST; causal;
     rows of all matrices stacked ((bh * n_q, d) descriptors, n_q a multiple of BLOCK_N).
-    Key blocks run last to first: the longest programs start first. dQ (and dq_desc over
-    it) is an fp32 (bh * n_q, d) accumulator; dK, dV bf16. dq_live matters to DQ_MODE
-    "discard" only (see `_add_dq`); it is never specialised on, so that the compiler
-    cannot know it."""
+    Key blocks run first to last (the longest programs first) if LONGEST_FIRST, else last
+    to first. dQ (and dq_desc over it) is an fp32 (bh * n_q, d) accumulator; dK, dV bf16.
+    dq_live matters to DQ_MODE "discard" only (see `_add_dq`); it is never specialised
+    on, so that the compiler cannot know it."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK: gl.constexpr = k_desc.block_type.shape[0]
-    if KEYS_FASTEST:
-        bh = gl.program_id(1)
-        k_start = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK
-    else:
-        bh = gl.program_id(0)
-        k_start = (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK
+    KEY_AXIS: gl.constexpr = 0 if KEYS_FASTEST else 1
+    bh = gl.program_id(1 - KEY_AXIS)
+    key_block = gl.program_id(KEY_AXIS)
+    if not LONGEST_FIRST:
+        key_block = gl.num_programs(KEY_AXIS) - 1 - key_block
+    k_start = key_block * BLOCK
 
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM],
                                        q_desc.layout)
@@ -390,7 +396,7 @@ def _constexprs(head_dim: int, config: GluonConfig) -> dict[str, object]:
     return {"SM_SCALE": head_dim ** -0.5, "NUM_STAGES": config.num_stages,
             "PRODUCER_WARPS": config.producer_warps, "WORKER_REGS": config.worker_regs,
             "ASYNC_MMA": config.async_mma, "DQ_MODE": config.dq_mode,
-            "KEYS_FASTEST": config.keys_fastest}
+            "KEYS_FASTEST": config.keys_fastest, "LONGEST_FIRST": config.longest_first}
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
