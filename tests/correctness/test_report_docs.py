@@ -407,6 +407,12 @@ def test_host_profile_block_names_each_file_s_commit_when_recorded(tmp_path: Pat
     assert "the files record no commit" in block
 
 
+def _write_experiment(path: Path, rows: list[dict]) -> None:
+    """A backward experiment's JSON as the scripts save it, of commit abc1234 on GPU X."""
+    path.write_text(json.dumps({"device": "GPU X", "torch": "2.0", "triton": "3.6",
+                                "commit": "abc1234", "rows": rows}))
+
+
 def test_backward_block_sets_each_backward_beside_cudnn_s(tmp_path: Path) -> None:
     shape = {"batch": 16, "seq": 16384, "head_dim": 64, "dtype": "bf16", "causal": True}
     rows = [
@@ -419,9 +425,7 @@ def test_backward_block_sets_each_backward_beside_cudnn_s(tmp_path: Path) -> Non
          "error": "OutOfResources: shared memory"},
         {**shape, "kind": "cudnn", "forward_ms": 1.1, "backward_ms": 2.0},
     ]
-    (tmp_path / "run.json").write_text(json.dumps(
-        {"device": "GPU X", "torch": "2.0", "triton": "3.6", "commit": "abc1234",
-         "rows": rows}))
+    _write_experiment(tmp_path / "run.json", rows)
     block = doc_backward.backward_passes(tmp_path, "run.json")
     # ours / cuDNN = 3.0 / 2.0; the best fused tiles' backward / ours = 3.6 / 3.0
     assert ("| 16x16384x64 | 1.000 | 1.100 | 3.000 | 3.600 | (32, 128, 4, 3) | 2.000 | 1.50 "
@@ -437,3 +441,34 @@ def test_backward_block_sets_each_backward_beside_cudnn_s(tmp_path: Path) -> Non
     (tmp_path / "other.json").write_text(json.dumps({"host_profile": {}}))
     with pytest.raises(ValueError, match="not a backward experiment"):
         doc_backward.backward_passes(tmp_path, "other.json")
+
+
+def test_gluon_block_picks_the_fastest_complete_backward_not_an_ablation(tmp_path: Path
+                                                                          ) -> None:
+    shape = {"batch": 16, "seq": 16384, "head_dim": 128, "dtype": "bf16", "causal": True}
+
+    def gluon(mode: str, ms: float, **config: bool) -> dict:
+        order = {"keys_fastest": True, "longest_first": True, **config}
+        return {**shape, "kind": "gluon", "ablation": mode in ("discard", "skip"),
+                "config": {"async_mma": False, "dq_mode": mode, **order},
+                "backward_ms": ms, **({} if mode in ("discard", "skip")
+                                      else {"dq_run_to_run": 4.9e-4})}
+
+    rows = [{**shape, "kind": "two_pass", "backward_ms": 6.5, "dq_pass_ms": 2.5,
+             "dkdv_pass_ms": 4.0},
+            {**shape, "kind": "cudnn", "backward_ms": 5.0},
+            gluon("tma", 5.2), gluon("tma", 6.0, longest_first=False),
+            gluon("atomic", 6.8, keys_fastest=False), gluon("skip", 3.9),
+            {**shape, "kind": "gluon", "config": {"dq_mode": "tma"}, "error": "hang"}]
+    _write_experiment(tmp_path / "run.json", rows)
+    block = doc_backward.gluon_backward(tmp_path, "run.json")
+    # The skip ablation (3.9 ms) is faster but computes no dQ: 5.2 ms is the best backward.
+    assert ("| 16x16384x128 | 2.500 | 4.000 | 6.500 | 5.000 | 5.200 | sync, dQ tma, keys "
+            "fastest, longest first | 0.80 | 1.04 | 1.30 |" in block)
+    assert ("| sync, dQ atomic, matrices fastest, longest first | 6.800 | 1.05 | 1.36 | "
+            "4.9e-04 |" in block)
+    assert "| sync, dQ tma, keys fastest, shortest first | 6.000 |" in block
+    assert "| 3.900 | 0.60 | 0.78 | no dQ (ablation) |" in block
+    # A config saved before the order fields existed ran matrices fastest, shortest first.
+    assert "| sync, dQ tma, matrices fastest, shortest first | failed: hang |" in block
+    assert "kernels of commit abc1234" in block

@@ -1,6 +1,7 @@
-"""Generated doc blocks quoted from the backward-pass experiment
-(`scripts/attention_dq_reduce.py`: our two-pass backward, a fused backward whose dQ is
-summed by TMA bulk reductions, and cuDNN's, each timed alone)."""
+"""Generated doc blocks quoted from the backward experiments, each pass timed alone beside
+our two-pass backward and cuDNN's: `scripts/attention_dq_reduce.py` (a fused Triton
+backward whose dQ is summed by TMA bulk reductions) and `scripts/attention_gluon_backward.py`
+(the backward of 5 matmuls in Gluon with FA3's schedule, and its ablations)."""
 
 from __future__ import annotations
 
@@ -105,5 +106,64 @@ def backward_passes(repo: Path, file: str) -> str:
             + "\n\nTime: device time (`triton.testing.do_bench` medians), each pass alone, "
             f"{dtypes}, {masks}; FLOP rates are matmul FLOPs run over those times, a tile matmul "
             "being a fifth of the usual backward count (cuDNN's counted at FA2's 5). "
+            f"From `{file}` ({data.get('device')}, torch {data.get('torch')}, "
+            f"Triton {data.get('triton')}; kernels of commit {data.get('commit')}).\n")
+
+
+def _ratio(numerator: dict, denominator: dict) -> str:
+    if "backward_ms" not in numerator or "backward_ms" not in denominator:
+        return "-"
+    return f"{numerator['backward_ms'] / denominator['backward_ms']:.2f}"
+
+
+def _gluon_config(row: dict) -> str:
+    """What a Gluon config changes, in words: MMA mode, how dQ is added, program order."""
+    config = row["config"]
+    # Runs saved before a field existed ran the other order: matrices fastest, and key
+    # blocks last to first (the shortest programs first).
+    order = ("keys" if config.get("keys_fastest", False) else "matrices") + " fastest, " + (
+        "longest first" if config.get("longest_first", False) else "shortest first")
+    mma = "async" if config.get("async_mma") else "sync"
+    return f"{mma}, dQ {config.get('dq_mode')}, {order}"
+
+
+def _gluon_dq_column(row: dict) -> str:
+    if row.get("ablation"):
+        return "no dQ (ablation)"
+    return f"{row['dq_run_to_run']:.1e}" if "dq_run_to_run" in row else "-"
+
+
+def gluon_backward(repo: Path, file: str) -> str:
+    """Per shape: our two passes (and each pass alone), cuDNN's backward and the fastest
+    complete Gluon backward, with ratios; then every Gluon config, ablations included
+    ("discard": dQ computed, not added; "skip": dK and dV alone)."""
+    data = _experiment(repo, file)
+    of_kind = {kind: [r for r in data["rows"] if r.get("kind") == kind]
+               for kind in ("two_pass", "gluon", "cudnn")}
+    cudnn = {_shape(r): r for r in of_kind["cudnn"]}
+    summary, configs = [], []
+    for ours in of_kind["two_pass"]:
+        shape = _shape(ours)
+        rival = cudnn.get(shape, {})
+        gluon = [r for r in of_kind["gluon"] if _shape(r) == shape]
+        complete = [r for r in gluon if "backward_ms" in r and not r.get("ablation")]
+        best = min(complete, key=lambda r: r["backward_ms"]) if complete else {}
+        summary.append([shape, _ms(ours, "dq_pass_ms"), _ms(ours, "dkdv_pass_ms"),
+                        _ms(ours, "backward_ms"), _ms(rival, "backward_ms"),
+                        _ms(best, "backward_ms"), _gluon_config(best) if best else "-",
+                        _ratio(best, ours), _ratio(best, rival), _ratio(ours, rival)])
+        configs += [[shape, _gluon_config(r),
+                     f"failed: {r['error']}" if "error" in r else _ms(r, "backward_ms"),
+                     _ratio(r, ours), _ratio(r, rival), _gluon_dq_column(r)] for r in gluon]
+    tables = [markdown_table(["b x seq x d", "ours dQ pass ms", "ours dK/dV pass ms",
+                              "ours backward (two passes) ms", "cuDNN backward ms",
+                              "Gluon backward ms", "its config", "Gluon / two passes",
+                              "Gluon / cuDNN", "two passes / cuDNN"], summary),
+              markdown_table(["b x seq x d", "Gluon config", "backward ms", "/ two passes",
+                              "/ cuDNN", "dQ max diff, two runs"], configs)]
+    return ("\n\n".join(t for t in tables if t)
+            + "\n\nTime: device time (`triton.testing.do_bench` medians), each backward "
+            "alone; the Gluon backwards' times include computing D, zeroing the fp32 dQ "
+            "accumulator and its final cast. "
             f"From `{file}` ({data.get('device')}, torch {data.get('torch')}, "
             f"Triton {data.get('triton')}; kernels of commit {data.get('commit')}).\n")
