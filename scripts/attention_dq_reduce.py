@@ -287,22 +287,34 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
           "best_fused_total_ms": best.get("total_ms"), "cudnn_total_ms": cudnn.get("total_ms")})
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, help="write DIR/attention_dq_reduce.json")
+Emit = Callable[[dict[str, object]], None]
+
+
+def run_study(name: str, description: str, head_dims: Sequence[int],
+              build_only: Callable[[Emit], None],
+              measure: Callable[[int, int, int, Emit], None], seq_multiple: int = 1) -> int:
+    """The command line the backward studies share: --build-only calls `build_only`, else
+    `measure(batch, seq, head_dim, emit)` per head dim; every row is printed and the whole
+    result (versions, device, rows) rewritten to DIR/<name>.json as it comes, so a run cut
+    short keeps its rows."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, help=f"write DIR/{name}.json")
     parser.add_argument("--commit", default="unknown", help="recorded in the output")
     parser.add_argument("--build-only", action="store_true",
                         help="build every config for sm_90 (no GPU needed) and report "
                              "shared memory, registers and spills")
     parser.add_argument("--batch", type=int, default=16, help="attention matrices")
-    parser.add_argument("--seq-len", type=int, default=16384)
-    parser.add_argument("--head-dim", type=int, action="append", choices=sorted(CONFIGS),
+    parser.add_argument("--seq-len", type=int, default=16384,
+                        help=f"a multiple of {seq_multiple}" if seq_multiple > 1 else None)
+    parser.add_argument("--head-dim", type=int, action="append", choices=sorted(head_dims),
                         help="repeatable (default: all)")
     args = parser.parse_args()
     if args.build_only and INTERPRETED:
         parser.error("the kernels are interpreted here: run with TRITON_INTERPRET=0")
     if not args.build_only and not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (or --build-only)")
+    if args.seq_len % seq_multiple:
+        parser.error(f"--seq-len must be a multiple of {seq_multiple}")
     cuda = not args.build_only
     rows: list[dict[str, object]] = []
     result = {"commit": args.commit, "argv": sys.argv[1:],
@@ -310,12 +322,11 @@ def main() -> int:
               "torch": torch.__version__, "triton": triton.__version__,
               "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if cuda
               else None, "rows": rows}
-    path = args.out / "attention_dq_reduce.json" if args.out else None
+    path = args.out / f"{name}.json" if args.out else None
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def emit(row: dict[str, object]) -> None:
-        """Print the row and rewrite the output with it (a run cut short keeps its rows)."""
         rows.append(row)
         print(json.dumps(row), flush=True)
         if path:
@@ -325,10 +336,15 @@ def main() -> int:
         build_only(emit)
         return 0
     torch.set_float32_matmul_precision("highest")  # the fp32 reference without TF32
-    for head_dim in args.head_dim or list(CONFIGS):
+    for head_dim in args.head_dim or list(head_dims):
         measure(args.batch, args.seq_len, head_dim, emit)
         torch.cuda.empty_cache()
     return 0
+
+
+def main() -> int:
+    return run_study("attention_dq_reduce", __doc__.split("\n\n")[0], list(CONFIGS),
+                     build_only, measure)
 
 
 if __name__ == "__main__":

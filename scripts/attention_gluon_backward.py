@@ -37,17 +37,20 @@ Usage: PYTHONPATH=src python scripts/attention_gluon_backward.py --out DIR --com
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, astuple, dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
-from attention_dq_reduce import GRADS, _bench, _errors, _first_line, _max_abs, reference_grads
+from attention_dq_reduce import (
+    GRADS,
+    _bench,
+    _errors,
+    _first_line,
+    _max_abs,
+    reference_grads,
+    run_study,
+)
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton._C.libtriton import ir
 from triton.experimental import gluon
@@ -64,7 +67,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from systems.attention.flash_triton import launch, tune
 from systems.triton_build import HOPPER_SHARED_BYTES, build_for_hopper
-from systems.triton_runtime import INTERPRETED
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 BLOCK_N = 128  # keys per program: 64 per consumer warpgroup
@@ -563,50 +565,8 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, help="write DIR/attention_gluon_backward.json")
-    parser.add_argument("--commit", default="unknown", help="recorded in the output")
-    parser.add_argument("--build-only", action="store_true",
-                        help="build every config for sm_90 (no GPU needed) and report "
-                             "shared memory, registers and spills")
-    parser.add_argument("--batch", type=int, default=16, help="attention matrices")
-    parser.add_argument("--seq-len", type=int, default=16384,
-                        help=f"a multiple of {BLOCK_N}")
-    parser.add_argument("--head-dim", type=int, action="append", choices=sorted(CONFIGS),
-                        help="repeatable (default: all)")
-    args = parser.parse_args()
-    if args.build_only and INTERPRETED:
-        parser.error("the kernels are interpreted here: run with TRITON_INTERPRET=0")
-    if not args.build_only and not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU (or --build-only)")
-    if args.seq_len % BLOCK_N:
-        parser.error(f"--seq-len must be a multiple of {BLOCK_N} (the kernel's key block)")
-    cuda = not args.build_only
-    rows: list[dict[str, object]] = []
-    result = {"commit": args.commit, "argv": sys.argv[1:],
-              "device": torch.cuda.get_device_name() if cuda else "none (built for sm_90)",
-              "torch": torch.__version__, "triton": triton.__version__,
-              "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if cuda
-              else None, "rows": rows}
-    path = args.out / "attention_gluon_backward.json" if args.out else None
-    if path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def emit(row: dict[str, object]) -> None:
-        """Print the row and rewrite the output with it (a run cut short keeps its rows)."""
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        if path:
-            path.write_text(json.dumps(result, indent=1))
-
-    if args.build_only:
-        build_only(emit)
-        return 0
-    torch.set_float32_matmul_precision("highest")  # the fp32 reference without TF32
-    for head_dim in args.head_dim or list(CONFIGS):
-        measure(args.batch, args.seq_len, head_dim, emit)
-        torch.cuda.empty_cache()
-    return 0
+    return run_study("attention_gluon_backward", __doc__.split("\n\n")[0], list(CONFIGS),
+                     build_only, measure, seq_multiple=BLOCK_N)
 
 
 if __name__ == "__main__":
