@@ -26,8 +26,10 @@ Where the variant's time goes: its rows marked "ablation" leave parts of dQ out,
 same host work, so that differences between rows of one config are kernel time. dq_mode
 "discard" swaps dS^T and multiplies dQ, then adds it only if a runtime argument is nonzero
 (it is 0: no add, and the compiler cannot drop the product); "skip" computes dK and dV
-alone (4 matmuls, no swap: the work of our dK/dV pass). So against the full config, discard
-prices the add and skip the dQ matmul with the swap. Ablation rows check dK and dV only
+alone (4 matmuls, no swap: the work of our dK/dV pass); "tma_half" hands every share to
+the writer as "tma" does, which reduces only every other one. So against the full config,
+discard prices the add, skip the dQ matmul with the swap, and tma_half whether the add's
+cost follows the bytes reduced or the hand-offs. Ablation rows check dK and dV only
 (dq_untouched: nothing was added) and are never the summary's best config.
 
 Usage: PYTHONPATH=src python scripts/attention_gluon_backward.py --out DIR --commit HASH
@@ -75,8 +77,10 @@ SM_REGISTERS = 65536
 # How a query tile's dQ share is added into the fp32 accumulator: "atomic", per element
 # from the consumers; "tma", by the writer warp's bulk reductions; the ablations: "discard",
 # dS^T swapped and dQ multiplied, then added only if a runtime argument (0) says so;
-# "skip", dK and dV alone (4 matmuls, no swap).
-DQ_MODES = ("atomic", "tma", "discard", "skip")
+# "skip", dK and dV alone (4 matmuls, no swap); "tma_half", as "tma" with every share
+# handed to the writer but only every other one reduced (half the bytes added).
+DQ_MODES = ("atomic", "tma", "discard", "skip", "tma_half")
+WRITER_MODES = ("tma", "tma_half")  # the modes with a dQ writer warp
 
 
 @dataclass(frozen=True)
@@ -97,14 +101,14 @@ class GluonConfig:
 
     @property
     def ablation(self) -> bool:
-        """Whether the config leaves dQ out (its dQ is zero): timed, never a candidate."""
-        return self.dq_mode in ("discard", "skip")
+        """Whether the config leaves dQ out, all or part: timed, never a candidate."""
+        return self.dq_mode in ("discard", "skip", "tma_half")
 
     @property
     def max_regs(self) -> int:
         """The launch's cap: all warps (workers rounded up to warpgroups) times it fill the
         SM's registers; setmaxnreg then moves what the workers give up to the consumers."""
-        workers = self.producer_warps + (self.dq_mode == "tma")  # "tma": a writer warp
+        workers = self.producer_warps + (self.dq_mode in WRITER_MODES)
         warps = CONSUMER_WARPS + -(-workers // 4) * 4
         return SM_REGISTERS // (32 * warps) // 8 * 8
 
@@ -114,6 +118,7 @@ CONFIGS: dict[int, list[GluonConfig]] = {
                GluonConfig(64, 2, 1, 24, use_async, "atomic"),
                GluonConfig(64, 2, 1, 24, use_async, "tma", longest_first=False),
                GluonConfig(64, 2, 1, 24, use_async, "tma", keys_fastest=False),
+               GluonConfig(64, 2, 1, 24, use_async, "tma_half"),
                GluonConfig(64, 2, 1, 24, use_async, "discard"),
                GluonConfig(64, 2, 1, 24, False, "skip")]
     for head_dim, use_async in ((64, True), (128, False))
@@ -134,6 +139,11 @@ def _tma_reduce_add(desc, coord, src, _semantic=None):
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle,
                                               coord, src.handle)
+
+
+@gluon.constexpr_function
+def _has_writer(dq_mode):
+    return dq_mode in WRITER_MODES
 
 
 @gluon.constexpr_function
@@ -245,7 +255,7 @@ def _add_dq(i, dq, dq_out, dq_live, q_start, DQ_MODE: gl.constexpr):
     added, and the compiler cannot drop it)."""
     BLOCK_M: gl.constexpr = dq.type.shape[0]
     HEAD_DIM: gl.constexpr = dq.type.shape[1]
-    if DQ_MODE == "tma":
+    if _has_writer(DQ_MODE):
         dq_bufs, dq_ready, dq_empty = dq_out
         mbarrier.wait(dq_empty.index(i % 2), ((i // 2) & 1) ^ 1)
         dq_bufs.index(i % 2).store(dq)
@@ -260,15 +270,17 @@ def _add_dq(i, dq, dq_out, dq_live, q_start, DQ_MODE: gl.constexpr):
 
 
 @gluon.jit
-def _dq_partition(dq_desc, dq_ring, bh, n_q, k_start):
-    """dQ writer: each tile's share added into the accumulator by the copy engine."""
+def _dq_partition(dq_desc, dq_ring, bh, n_q, k_start, HALF: gl.constexpr):
+    """dQ writer: each tile's share added into the accumulator by the copy engine (every
+    other one if HALF: the ablation that halves the bytes added, not the hand-offs)."""
     dq_bufs, dq_ready, dq_empty = dq_ring
     BLOCK_M: gl.constexpr = dq_bufs.type.shape[1]
     row0 = bh * n_q + k_start
     for i in range((n_q - k_start) // BLOCK_M):
         mbarrier.wait(dq_ready.index(i % 2), (i // 2) & 1)
-        _tma_reduce_add(dq_desc, [row0 + i * BLOCK_M, 0], dq_bufs.index(i % 2))
-        tma.store_wait(0)  # the slot has been read
+        if not HALF or i % 2 == 0:  # a constexpr `or` short-circuits: static
+            _tma_reduce_add(dq_desc, [row0 + i * BLOCK_M, 0], dq_bufs.index(i % 2))
+            tma.store_wait(0)  # the slot has been read
         mbarrier.arrive(dq_empty.index(i % 2), count=1)
 
 
@@ -287,7 +299,7 @@ def _compute_partition(bufs, bars, ds_bufs, dq_out, dq_live, dK, dV, bh, n_q, k_
     qk_scale = SM_SCALE * LOG2E
     keys = k_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, s_layout))
     matrix = (bh * n_q).to(gl.int64) * HEAD_DIM
-    if DQ_MODE != "tma":
+    if not _has_writer(DQ_MODE):
         dq_out = dq_out + matrix
 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
@@ -356,7 +368,7 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
     descs = (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc)
     bufs = (q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem)
     bars = (ready, empty, kv_bar)
-    if DQ_MODE == "tma":
+    if _has_writer(DQ_MODE):
         dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], dq_desc.layout)
         dq_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -368,7 +380,7 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
             (_compute_partition, (bufs, bars, ds_bufs, dq_ring, dq_live, dK, dV, bh, n_q,
                                   k_start, SM_SCALE, HEAD_DIM, ASYNC_MMA, DQ_MODE)),
             (_load_partition, (descs, bufs, bars, bh, n_q, k_start)),
-            (_dq_partition, (dq_desc, dq_ring, bh, n_q, k_start)),
+            (_dq_partition, (dq_desc, dq_ring, bh, n_q, k_start, DQ_MODE == "tma_half")),
         ], [PRODUCER_WARPS, 1], [WORKER_REGS, WORKER_REGS])
     else:
         gl.warp_specialize([
@@ -427,9 +439,9 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                    lse: torch.Tensor, do: torch.Tensor, config: GluonConfig,
                    poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of causal self-attention on contiguous bf16 (batch, seq, d) inputs; lse
-    is flash_forward's (natural log); dq is zero for the ablations ("discard", "skip"),
-    which do the same host work. `poison` fills dK and dV with NaN first, so that a tile
-    the kernel skips shows in the errors."""
+    is flash_forward's (natural log); dq is zero for "discard" and "skip" and part of it
+    for "tma_half", which do the same host work. `poison` fills dK and dV with NaN first,
+    so that a tile the kernel skips shows in the errors."""
     _check_inputs(q, k, v, o, lse, do, config)
     batch, seq, head_dim = q.shape
     delta = (o.float() * do.float()).sum(-1)

@@ -468,7 +468,7 @@ def test_gluon_block_picks_the_fastest_complete_backward_not_an_ablation(tmp_pat
     assert ("| sync, dQ atomic, matrices fastest, longest first | 6.800 | 1.05 | 1.36 | "
             "4.9e-04 |" in block)
     assert "| sync, dQ tma, keys fastest, shortest first | 6.000 |" in block
-    assert "| 3.900 | 0.60 | 0.78 | no dQ (ablation) |" in block
+    assert "| 3.900 | 0.60 | 0.78 | ablation: not checked |" in block
     # A config saved before the order fields existed ran matrices fastest, shortest first.
     assert "| sync, dQ tma, matrices fastest, shortest first | failed: hang |" in block
     assert "kernels of commit abc1234" in block

@@ -128,8 +128,8 @@ def _gluon_config(row: dict) -> str:
 
 
 def _gluon_dq_column(row: dict) -> str:
-    if row.get("ablation"):
-        return "no dQ (ablation)"
+    if row.get("ablation"):  # dQ left out, all or part
+        return "ablation: not checked"
     return f"{row['dq_run_to_run']:.1e}" if "dq_run_to_run" in row else "-"
 
 
