@@ -91,9 +91,8 @@ class GluonConfig:
     worker_regs: int  # registers per thread the producer (and dQ writer) keep
     async_mma: bool  # overlap softmax and dS^T's store with the tensor cores
     dq_mode: str  # one of DQ_MODES
-    # Key blocks vary fastest in the grid: the programs running at once share a matrix, so
-    # the part of the fp32 dQ accumulator they add into stays in L2 (8 MiB per matrix at
-    # 16384 x 128) rather than every matrix's (128 MiB for 16) going round HBM.
+    # Key blocks vary fastest in the grid (the programs running at once share a matrix and
+    # its part of the dQ accumulator); else the matrices do.
     keys_fastest: bool = True
     # Key blocks first to last: the first sees every query tile (causal), so the longest
     # programs start first and the short ones fill the last wave; else the reverse.
@@ -125,9 +124,8 @@ CONFIGS: dict[int, list[GluonConfig]] = {
 }
 """Per head dim, the fastest MMA mode of earlier H100 runs (16 x 16384; async at d = 64,
 synchronous at d = 128) with dQ added by TMA and by atomics, the TMA one again with the
-shortest programs first and with the matrices varying fastest (the orders of the first
-runs, where the add cost 1.8 ms at d = 64 and 5.2 ms at d = 128 over "discard": the
-accumulator's traffic to HBM), and the ablations.
+shortest programs first and with the matrices varying fastest (the first runs' order was
+both, where the full backward took far longer than "discard"), and the ablations.
 3 stages, 4 producer warps, 56 worker registers and 128-row query tiles were slower and
 are left out."""
 
