@@ -27,10 +27,12 @@ same host work, so that differences between rows of one config are kernel time. 
 "discard" swaps dS^T and multiplies dQ, then adds it only if a runtime argument is nonzero
 (it is 0: no add, and the compiler cannot drop the product); "skip" computes dK and dV
 alone (4 matmuls, no swap: the work of our dK/dV pass); "tma_half" hands every share to
-the writer as "tma" does, which reduces only every other one. So against the full config,
-discard prices the add, skip the dQ matmul with the swap, and tma_half whether the add's
-cost follows the bytes reduced or the hand-offs. Ablation rows check dK and dV only
-(dq_untouched: nothing was added) and are never the summary's best config.
+the writer as "tma" does, which reduces only every other one; "tma_early" frees each slot
+before reducing it, so the consumers never wait for one. So against the full config,
+discard prices the add, skip the dQ matmul with the swap, tma_half whether the add's cost
+follows the bytes reduced or the hand-offs, and tma_early what waiting for a slot costs.
+Ablation rows check dK and dV only (dq_untouched: nothing was added) and are never the
+summary's best config.
 
 Usage: PYTHONPATH=src python scripts/attention_gluon_backward.py --out DIR --commit HASH
        TRITON_INTERPRET=0 PYTHONPATH=src python scripts/attention_gluon_backward.py --build-only
@@ -78,9 +80,10 @@ SM_REGISTERS = 65536
 # from the consumers; "tma", by the writer warp's bulk reductions; the ablations: "discard",
 # dS^T swapped and dQ multiplied, then added only if a runtime argument (0) says so;
 # "skip", dK and dV alone (4 matmuls, no swap); "tma_half", as "tma" with every share
-# handed to the writer but only every other one reduced (half the bytes added).
-DQ_MODES = ("atomic", "tma", "discard", "skip", "tma_half")
-WRITER_MODES = ("tma", "tma_half")  # the modes with a dQ writer warp
+# handed to the writer but only every other one reduced (half the bytes added);
+# "tma_early", as "tma" with each slot freed before its reduction (no waiting for slots).
+DQ_MODES = ("atomic", "tma", "discard", "skip", "tma_half", "tma_early")
+WRITER_MODES = ("tma", "tma_half", "tma_early")  # the modes with a dQ writer warp
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ class GluonConfig:
     @property
     def ablation(self) -> bool:
         """Whether the config leaves dQ out, all or part: timed, never a candidate."""
-        return self.dq_mode in ("discard", "skip", "tma_half")
+        return self.dq_mode in ("discard", "skip", "tma_half", "tma_early")
 
     @property
     def max_regs(self) -> int:
@@ -118,6 +121,7 @@ CONFIGS: dict[int, list[GluonConfig]] = {
                GluonConfig(64, 2, 1, 24, use_async, "tma", longest_first=False),
                GluonConfig(64, 2, 1, 24, use_async, "tma", keys_fastest=False),
                GluonConfig(64, 2, 1, 24, use_async, "tma_half"),
+               GluonConfig(64, 2, 1, 24, use_async, "tma_early"),
                GluonConfig(64, 2, 1, 24, use_async, "discard"),
                GluonConfig(64, 2, 1, 24, False, "skip")]
     for head_dim, use_async in ((64, True), (128, False))
@@ -268,18 +272,23 @@ def _add_dq(i, dq, dq_out, dq_live, q_start, DQ_MODE: gl.constexpr):
 
 
 @gluon.jit
-def _dq_partition(dq_desc, dq_ring, bh, n_q, k_start, HALF: gl.constexpr):
-    """dQ writer: each tile's share added into the accumulator by the copy engine (every
-    other one if HALF: the ablation that halves the bytes added, not the hand-offs)."""
+def _dq_partition(dq_desc, dq_ring, bh, n_q, k_start, DQ_MODE: gl.constexpr):
+    """dQ writer: each tile's share added into the accumulator by the copy engine. The
+    ablations: "tma_half" reduces every other share (half the bytes, every hand-off);
+    "tma_early" frees the slot before reducing it (the consumers never wait for a slot;
+    a share may be overwritten before it is read)."""
     dq_bufs, dq_ready, dq_empty = dq_ring
     BLOCK_M: gl.constexpr = dq_bufs.type.shape[1]
     row0 = bh * n_q + k_start
     for i in range((n_q - k_start) // BLOCK_M):
         mbarrier.wait(dq_ready.index(i % 2), (i // 2) & 1)
-        if not HALF or i % 2 == 0:  # a constexpr `or` short-circuits: static
+        if DQ_MODE == "tma_early":
+            mbarrier.arrive(dq_empty.index(i % 2), count=1)
+        if DQ_MODE != "tma_half" or i % 2 == 0:  # a constexpr `or` short-circuits: static
             _tma_reduce_add(dq_desc, [row0 + i * BLOCK_M, 0], dq_bufs.index(i % 2))
             tma.store_wait(0)  # the slot has been read
-        mbarrier.arrive(dq_empty.index(i % 2), count=1)
+        if DQ_MODE != "tma_early":
+            mbarrier.arrive(dq_empty.index(i % 2), count=1)
 
 
 @gluon.jit
@@ -378,7 +387,7 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
             (_compute_partition, (bufs, bars, ds_bufs, dq_ring, dq_live, dK, dV, bh, n_q,
                                   k_start, SM_SCALE, HEAD_DIM, ASYNC_MMA, DQ_MODE)),
             (_load_partition, (descs, bufs, bars, bh, n_q, k_start)),
-            (_dq_partition, (dq_desc, dq_ring, bh, n_q, k_start, DQ_MODE == "tma_half")),
+            (_dq_partition, (dq_desc, dq_ring, bh, n_q, k_start, DQ_MODE)),
         ], [PRODUCER_WARPS, 1], [WORKER_REGS, WORKER_REGS])
     else:
         gl.warp_specialize([
@@ -437,9 +446,9 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                    lse: torch.Tensor, do: torch.Tensor, config: GluonConfig,
                    poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of causal self-attention on contiguous bf16 (batch, seq, d) inputs; lse
-    is flash_forward's (natural log); dq is zero for "discard" and "skip" and part of it
-    for "tma_half", which do the same host work. `poison` fills dK and dV with NaN first,
-    so that a tile the kernel skips shows in the errors."""
+    is flash_forward's (natural log); dq is zero for "discard" and "skip" and not the
+    gradient for "tma_half" and "tma_early", which do the same host work. `poison` fills
+    dK and dV with NaN first, so that a tile the kernel skips shows in the errors."""
     _check_inputs(q, k, v, o, lse, do, config)
     batch, seq, head_dim = q.shape
     delta = (o.float() * do.float()).sum(-1)
