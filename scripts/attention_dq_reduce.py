@@ -210,6 +210,35 @@ def _bench(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(fn, return_mode="median")
 
 
+def attempt(row: dict[str, object], work: Callable[[], dict[str, object]]) -> dict[str, object]:
+    """row with work()'s fields, or with the error that stopped it."""
+    try:
+        return row | work()
+    except Exception as error:  # recorded per row
+        return row | {"error": f"{type(error).__name__}: {_first_line(error)}"}
+
+
+def cudnn_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+              expected: list[torch.Tensor]) -> dict[str, object]:
+    """cuDNN's errors against `expected` and its forward and backward times, causal, on
+    (batch, 1, seq, d) views; its backward is the one its forward picked."""
+    batch, seq, head_dim = q.shape
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        qc, kc, vc = (t.view(batch, 1, seq, head_dim).detach().requires_grad_()
+                      for t in (q, k, v))
+        doc = do.view(batch, 1, seq, head_dim)
+        out = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True)
+        grads = torch.autograd.grad(out, (qc, kc, vc), doc, retain_graph=True)
+        found: dict[str, object] = _errors([g.view(q.shape) for g in grads], expected, "vs_ref")
+        del grads
+        found["forward_ms"] = _bench(
+            lambda: F.scaled_dot_product_attention(qc, kc, vc, is_causal=True))
+        found["backward_ms"] = _bench(
+            lambda: torch.autograd.grad(out, (qc, kc, vc), doc, retain_graph=True))
+    found["total_ms"] = found["forward_ms"] + found["backward_ms"]
+    return found
+
+
 def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, object]], None]
             ) -> None:
     dtype, is_causal = torch.bfloat16, True
@@ -259,24 +288,7 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
         fused.append(row)
         emit(row)
 
-    # cuDNN on (batch, 1, seq, d) views; its backward is the one its forward picked.
-    cudnn: dict[str, object] = {**base, "kind": "cudnn"}
-    try:
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            qc, kc, vc = (t.view(batch, 1, seq, head_dim).detach().requires_grad_()
-                          for t in (q, k, v))
-            doc = do.view(batch, 1, seq, head_dim)
-            out = F.scaled_dot_product_attention(qc, kc, vc, is_causal=is_causal)
-            grads = torch.autograd.grad(out, (qc, kc, vc), doc, retain_graph=True)
-            cudnn |= _errors(tuple(g.view(q.shape) for g in grads), expected, "vs_ref")
-            del grads
-            cudnn["forward_ms"] = _bench(
-                lambda: F.scaled_dot_product_attention(qc, kc, vc, is_causal=is_causal))
-            cudnn["backward_ms"] = _bench(
-                lambda: torch.autograd.grad(out, (qc, kc, vc), doc, retain_graph=True))
-            cudnn["total_ms"] = cudnn["forward_ms"] + cudnn["backward_ms"]
-    except Exception as error:  # recorded
-        cudnn["error"] = f"{type(error).__name__}: {_first_line(error)}"
+    cudnn = attempt({**base, "kind": "cudnn"}, lambda: cudnn_row(q, k, v, do, expected))
     emit(cudnn)
     timed = [r for r in fused if "backward_ms" in r]
     best = min(timed, key=lambda r: r["backward_ms"]) if timed else {}

@@ -45,17 +45,17 @@ from collections.abc import Callable
 from dataclasses import asdict, astuple, dataclass
 
 import torch
-import torch.nn.functional as F
 from attention_dq_reduce import (
     GRADS,
     _bench,
     _errors,
     _first_line,
     _max_abs,
+    attempt,
+    cudnn_row,
     reference_grads,
     run_study,
 )
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -490,34 +490,6 @@ def build_only(emit: Callable[[dict[str, object]], None]) -> None:
             emit(row)
 
 
-def _attempt(row: dict[str, object], work: Callable[[], dict[str, object]]) -> dict[str, object]:
-    """row with work()'s fields, or with the error that stopped it."""
-    try:
-        return row | work()
-    except Exception as error:  # recorded per row
-        return row | {"error": f"{type(error).__name__}: {_first_line(error)}"}
-
-
-def _cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
-           expected: list[torch.Tensor]) -> dict[str, object]:
-    """cuDNN's errors and times on (batch, 1, seq, d) views; its backward is the one its
-    forward picked."""
-    batch, seq, head_dim = q.shape
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        qc, kc, vc = (t.view(batch, 1, seq, head_dim).detach().requires_grad_()
-                      for t in (q, k, v))
-        doc = do.view(batch, 1, seq, head_dim)
-        out = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True)
-        grads = torch.autograd.grad(out, (qc, kc, vc), doc, retain_graph=True)
-        found: dict[str, object] = _errors([g.view(q.shape) for g in grads], expected, "vs_ref")
-        del grads
-        found["forward_ms"] = _bench(
-            lambda: F.scaled_dot_product_attention(qc, kc, vc, is_causal=True))
-        found["backward_ms"] = _bench(
-            lambda: torch.autograd.grad(out, (qc, kc, vc), doc, retain_graph=True))
-    return found
-
-
 def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, object]], None]
             ) -> None:
     torch.manual_seed(0)
@@ -567,11 +539,11 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
         return found
 
     # cuDNN before the variants: a variant's fault would leave the CUDA context unusable.
-    cudnn = _attempt({**base, "kind": "cudnn"}, lambda: _cudnn(q, k, v, do, expected))
+    cudnn = attempt({**base, "kind": "cudnn"}, lambda: cudnn_row(q, k, v, do, expected))
     emit(cudnn)
     timed = []
     for config in CONFIGS[head_dim]:
-        row = _attempt({**base, "kind": "gluon", "config": asdict(config),
+        row = attempt({**base, "kind": "gluon", "config": asdict(config),
                         "ablation": config.ablation}, lambda c=config: variant(c))
         timed += [row] if "backward_ms" in row and not config.ablation else []
         emit(row)
