@@ -31,6 +31,12 @@ def _ms(row: dict, field: str) -> str:
     return f"{row[field]:.3f}" if field in row else "-"
 
 
+def _ratio(numerator: dict, denominator: dict) -> str:
+    if "backward_ms" not in numerator or "backward_ms" not in denominator:
+        return "-"
+    return f"{numerator['backward_ms'] / denominator['backward_ms']:.2f}"
+
+
 def _tflops(flops: float, ms: float) -> float:
     return flops / ms / 1e9
 
@@ -46,10 +52,7 @@ def _summary_table(ours_rows: list[dict], fused_rows: list[dict], cudnn: dict[st
         rows.append([
             shape, _ms(ours, "forward_ms"), _ms(rival, "forward_ms"), _ms(ours, "backward_ms"),
             _ms(best, "backward_ms"), str(tuple(best["config"])) if best else "-",
-            _ms(rival, "backward_ms"),
-            f"{ours['backward_ms'] / rival['backward_ms']:.2f}" if "backward_ms" in rival
-            else "-",
-            f"{best['backward_ms'] / ours['backward_ms']:.2f}" if best else "-"])
+            _ms(rival, "backward_ms"), _ratio(ours, rival), _ratio(best, ours)])
     return markdown_table(["b x seq x d", "ours forward ms", "cuDNN forward ms",
                            "ours backward (two passes) ms", "dQ by TMA reductions ms",
                            "its tiles (m, n, warps, stages)", "cuDNN backward ms",
@@ -108,12 +111,6 @@ def backward_passes(repo: Path, file: str) -> str:
             "being a fifth of the usual backward count (cuDNN's counted at FA2's 5). "
             f"From `{file}` ({data.get('device')}, torch {data.get('torch')}, "
             f"Triton {data.get('triton')}; kernels of commit {data.get('commit')}).\n")
-
-
-def _ratio(numerator: dict, denominator: dict) -> str:
-    if "backward_ms" not in numerator or "backward_ms" not in denominator:
-        return "-"
-    return f"{numerator['backward_ms'] / denominator['backward_ms']:.2f}"
 
 
 def _gluon_config(row: dict) -> str:
