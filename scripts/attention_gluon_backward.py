@@ -14,10 +14,11 @@ by atomics from the consumers or, as FA3 does, through a shared ring that a writ
 empties with TMA bulk reductions (an op Gluon 3.6's builder has but its `tma` module does
 not wrap: `_tma_reduce_add`), with synchronous or overlapped (async) warpgroup MMAs.
 
-The variant's time counts D = rowsum(O * dO) in PyTorch, zeroing the accumulator and
-dQ = (acc * scale).to(bf16). Per head dim it reports each backward's max abs errors
-against an fp32 reference (attention_dq_reduce's), how far two runs of the variant's dQ
-differ (its additions land in no fixed order), and do_bench medians of our forward and
+The variant's time counts, as our dQ pass and cuDNN's backward do, D = rowsum(O * dO) and
+zeroing the fp32 accumulator (one Triton kernel before it) and dQ = acc * scale cast to
+bf16 (one after). Per head dim it reports each backward's max abs errors against an fp32
+reference (attention_dq_reduce's), how far two runs of the variant's dQ differ (only
+"tma_ordered" adds in a fixed order), and do_bench medians of our forward and
 two-pass backward (and of its dQ pass, D included, and its dK/dV pass alone: dq_pass_ms,
 dkdv_pass_ms), cuDNN's forward and backward and each variant config. A config that fails
 to build or run is recorded as an error row.
@@ -45,6 +46,8 @@ from collections.abc import Callable
 from dataclasses import asdict, astuple, dataclass
 
 import torch
+import triton
+import triton.language as tl
 from attention_dq_reduce import (
     GRADS,
     _bench,
@@ -81,9 +84,21 @@ SM_REGISTERS = 65536
 # dS^T swapped and dQ multiplied, then added only if a runtime argument (0) says so;
 # "skip", dK and dV alone (4 matmuls, no swap); "tma_half", as "tma" with every share
 # handed to the writer but only every other one reduced (half the bytes added);
-# "tma_early", as "tma" with each slot freed before its reduction (no waiting for slots).
-DQ_MODES = ("atomic", "tma", "discard", "skip", "tma_half", "tma_early")
-WRITER_MODES = ("tma", "tma_half", "tma_early")  # the modes with a dQ writer warp
+# "tma_early", as "tma" with each slot freed before its reduction (no waiting for slots);
+# "tma_wg", as "tma" with each warpgroup handing its half of the share to the writer on its
+# own named barriers (FA3's hand-off: no barrier of both warpgroups, no mbarrier);
+# "tma_ordered", as "tma_wg" with each query tile's shares added in a fixed order, key
+# blocks last to first, through a semaphore per tile (deterministic, as FA3's option).
+DQ_MODES = ("atomic", "tma", "discard", "skip", "tma_half", "tma_early", "tma_wg",
+            "tma_ordered")
+WRITER_MODES = ("tma", "tma_half", "tma_early", "tma_wg", "tma_ordered")  # with a dQ writer
+HALF_MODES = ("tma_wg", "tma_ordered")  # a warpgroup hands over its half of d alone
+# Named barriers of the half hand-off, of 160 threads each (a consumer warpgroup and the
+# writer warp; ids 0 and 1 are Triton's): the writer waits on FULL + 2 * slot + warpgroup
+# for a half, the warpgroup on EMPTY + 2 * slot + itself for the slot to be free again.
+FULL_BARRIER: gl.constexpr = gl.constexpr(8)
+EMPTY_BARRIER: gl.constexpr = gl.constexpr(12)
+KEY_BLOCK: gl.constexpr = gl.constexpr(BLOCK_N)
 
 
 @dataclass(frozen=True)
@@ -117,21 +132,19 @@ class GluonConfig:
 
 CONFIGS: dict[int, list[GluonConfig]] = {
     head_dim: [GluonConfig(64, 2, 1, 24, use_async, "tma"),
-               GluonConfig(64, 2, 1, 24, use_async, "atomic"),
-               GluonConfig(64, 2, 1, 24, use_async, "tma", longest_first=False),
-               GluonConfig(64, 2, 1, 24, use_async, "tma", keys_fastest=False),
-               GluonConfig(64, 2, 1, 24, use_async, "tma_half"),
-               GluonConfig(64, 2, 1, 24, use_async, "tma_early"),
+               GluonConfig(64, 2, 1, 24, use_async, "tma_wg"),
+               GluonConfig(64, 2, 1, 24, use_async, "tma_ordered"),
+               GluonConfig(64, 2, 1, 24, not use_async, "tma_ordered"),
                GluonConfig(64, 2, 1, 24, use_async, "discard"),
                GluonConfig(64, 2, 1, 24, False, "skip")]
     for head_dim, use_async in ((64, True), (128, False))
 }
 """Per head dim, the fastest MMA mode of earlier H100 runs (16 x 16384; async at d = 64,
-synchronous at d = 128) with dQ added by TMA and by atomics, the TMA one again with the
-shortest programs first and with the matrices varying fastest (the first runs' order was
-both, where the full backward took far longer than "discard"), and the ablations.
-3 stages, 4 producer warps, 56 worker registers and 128-row query tiles were slower and
-are left out."""
+synchronous at d = 128) with dQ handed over whole ("tma") and by halves ("tma_wg"), the
+deterministic order in both MMA modes, and the ablations that price the add. Runs saved
+beside the script measured what is left out: atomics, the other grid orders, "tma_half"
+and "tma_early" (each slower than or level with "tma"); 3 stages, 4 producer warps, 56
+worker registers and 128-row query tiles were slower still."""
 
 
 @builtin
@@ -146,6 +159,55 @@ def _tma_reduce_add(desc, coord, src, _semantic=None):
 @gluon.constexpr_function
 def _has_writer(dq_mode):
     return dq_mode in WRITER_MODES
+
+
+@gluon.constexpr_function
+def _by_halves(dq_mode):
+    return dq_mode in HALF_MODES
+
+
+# Inline PTX for what Gluon 3.6 does not wrap. Each returns a dummy value (inline asm must
+# return one); none is pure, so none is dropped or moved across memory operations.
+@gluon.jit
+def _thread_index():
+    return gl.inline_asm_elementwise("mov.u32 $0, %tid.x;", "=r", [], dtype=gl.int32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def _named_sync(barrier):
+    """bar.sync on a named barrier of 160 threads: waits for the others."""
+    gl.inline_asm_elementwise("bar.sync $1, 160; mov.u32 $0, 0;", "=r,r,~{memory}", [barrier],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _named_arrive(barrier):
+    """bar.arrive on a named barrier of 160 threads: signals, never waits."""
+    gl.inline_asm_elementwise("bar.arrive $1, 160; mov.u32 $0, 0;", "=r,r,~{memory}",
+                              [barrier], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _wait_turn(semaphore, turn):
+    """Spins until a query tile's semaphore reaches `turn` (acquire at GPU scope), then
+    orders the copy engine's coming reduction after it."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .b32 v; wait_turn: ld.acquire.gpu.global.b32 v, [$1]; "
+        "setp.ne.s32 p, v, $2; @p bra wait_turn; fence.proxy.async.global; mov.u32 $0, v; }",
+        "=r,l,r,~{memory}", [semaphore, turn], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pass_turn(semaphore):
+    """Lane 0, the lane that issued the bulk reductions, waits until they are written to
+    global memory (not only read from shared memory), then bumps the tile's semaphore
+    with release semantics at GPU scope."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .u32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0; "
+        "@p cp.async.bulk.wait_group 0; @p fence.proxy.async.global; "
+        "@p red.release.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0; }",
+        "=r,l,~{memory}", [semaphore], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.constexpr_function
@@ -239,12 +301,10 @@ def _tile(i, dk, dv, bufs, bars, ds_bufs, dq_out, dq_live, keys, k_start, qk_sca
     if DQ_MODE == "skip":  # after the wait: with async MMAs, a fence between dK's
         fence_async_shared()  # wgmma and its wait crashes ptxas 12.8 (error code -11)
     gl.thread_barrier()  # both halves stored; both warpgroups are past Q and dO
-    if DQ_MODE == "skip":
-        mbarrier.arrive(empty.index(stage), count=1)
-    else:
+    mbarrier.arrive(empty.index(stage), count=1)  # dQ's matmul reads only dS^T and K
+    if DQ_MODE != "skip":
         zero_q = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
         dq = warpgroup_mma(ds_s.permute((1, 0)), k_smem, zero_q, use_acc=False)
-        mbarrier.arrive(empty.index(stage), count=1)
         _add_dq(i, dq, dq_out, dq_live, q_start, DQ_MODE)
     return dk, dv
 
@@ -257,7 +317,15 @@ def _add_dq(i, dq, dq_out, dq_live, q_start, DQ_MODE: gl.constexpr):
     added, and the compiler cannot drop it)."""
     BLOCK_M: gl.constexpr = dq.type.shape[0]
     HEAD_DIM: gl.constexpr = dq.type.shape[1]
-    if _has_writer(DQ_MODE):
+    if _by_halves(DQ_MODE):  # warpgroup w holds columns [w * d/2, (w + 1) * d/2) of dq
+        dq_bufs = dq_out[0]
+        own = (i % 2) * 2 + _thread_index() // 128
+        if i >= 2:  # the slot's share of two tiles ago is reduced
+            _named_sync(EMPTY_BARRIER + own)
+        dq_bufs.index(i % 2).store(dq)
+        fence_async_shared()
+        _named_arrive(FULL_BARRIER + own)
+    elif _has_writer(DQ_MODE):
         dq_bufs, dq_ready, dq_empty = dq_out
         mbarrier.wait(dq_empty.index(i % 2), ((i // 2) & 1) ^ 1)
         dq_bufs.index(i % 2).store(dq)
@@ -272,15 +340,50 @@ def _add_dq(i, dq, dq_out, dq_live, q_start, DQ_MODE: gl.constexpr):
 
 
 @gluon.jit
-def _dq_partition(dq_desc, dq_ring, bh, n_q, k_start, DQ_MODE: gl.constexpr):
+def _dq_partition(dq_desc, dq_ring, semaphores, bh, n_q, k_start, DQ_MODE: gl.constexpr):
     """dQ writer: each tile's share added into the accumulator by the copy engine. The
     ablations: "tma_half" reduces every other share (half the bytes, every hand-off);
     "tma_early" frees the slot before reducing it (the consumers never wait for a slot;
     a share may be overwritten before it is read)."""
+    BLOCK_M: gl.constexpr = dq_ring[0].type.shape[1]
+    row0 = bh * n_q + k_start
+    if _by_halves(DQ_MODE):
+        _dq_halves(dq_desc, dq_ring[0], semaphores + bh * (n_q // BLOCK_M), row0,
+                   (n_q - k_start) // BLOCK_M, k_start, DQ_MODE)
+    else:
+        _dq_shares(dq_desc, dq_ring, row0, (n_q - k_start) // BLOCK_M, DQ_MODE)
+
+
+@gluon.jit
+def _dq_halves(dq_desc, dq_bufs, semaphores, row0, n_tiles, k_start, DQ_MODE: gl.constexpr):
+    """Each tile's two halves reduced as their warpgroups hand them over; "tma_ordered"
+    first waits for the key blocks after this one to have added theirs (`semaphores`: the
+    matrix's, one per query tile, counting the key blocks done)."""
+    BLOCK_M: gl.constexpr = dq_bufs.type.shape[1]
+    HALF: gl.constexpr = dq_desc.block_type.shape[1]
+    for i in range(n_tiles):
+        q_start = k_start + i * BLOCK_M
+        if DQ_MODE == "tma_ordered":  # key blocks add last to first: the diagonal's first
+            last_key_block = (q_start + BLOCK_M - 1) // KEY_BLOCK
+            _wait_turn(semaphores + q_start // BLOCK_M, last_key_block - k_start // KEY_BLOCK)
+        for half in gl.static_range(2):
+            _named_sync(FULL_BARRIER + (i % 2) * 2 + half)
+            _tma_reduce_add(dq_desc, [row0 + i * BLOCK_M, half * HALF],
+                            dq_bufs.index(i % 2).slice(half * HALF, HALF, dim=1))
+        tma.store_wait(0)  # both halves read: the slot may be refilled
+        if i < n_tiles - 2:  # the consumers wait on a slot from their third tile on
+            for half in gl.static_range(2):
+                _named_arrive(EMPTY_BARRIER + (i % 2) * 2 + half)
+        if DQ_MODE == "tma_ordered":
+            _pass_turn(semaphores + q_start // BLOCK_M)
+
+
+@gluon.jit
+def _dq_shares(dq_desc, dq_ring, row0, n_tiles, DQ_MODE: gl.constexpr):
+    """Each tile's whole share, handed over through the ring's mbarriers."""
     dq_bufs, dq_ready, dq_empty = dq_ring
     BLOCK_M: gl.constexpr = dq_bufs.type.shape[1]
-    row0 = bh * n_q + k_start
-    for i in range((n_q - k_start) // BLOCK_M):
+    for i in range(n_tiles):
         mbarrier.wait(dq_ready.index(i % 2), (i // 2) & 1)
         if DQ_MODE == "tma_early":
             mbarrier.arrive(dq_empty.index(i % 2), count=1)
@@ -329,7 +432,7 @@ def _compute_partition(bufs, bars, ds_bufs, dq_out, dq_live, dK, dV, bh, n_q, k_
 
 @gluon.jit(do_not_specialize=["dq_live"])
 def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_desc, dQ,
-                          dK, dV, n_q, dq_live, SM_SCALE: gl.constexpr,
+                          dK, dV, semaphores, n_q, dq_live, SM_SCALE: gl.constexpr,
                           NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
                           WORKER_REGS: gl.constexpr, ASYNC_MMA: gl.constexpr,
                           DQ_MODE: gl.constexpr, KEYS_FASTEST: gl.constexpr,
@@ -337,7 +440,8 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
     """Grid (key blocks, matrices), or (matrices, key blocks) unless KEYS_FASTEST; causal;
     rows of all matrices stacked ((bh * n_q, d) descriptors, n_q a multiple of BLOCK_N).
     Key blocks run first to last (the longest programs first) if LONGEST_FIRST, else last
-    to first. dQ (and dq_desc over it) is an fp32 (bh * n_q, d) accumulator; dK, dV bf16.
+    to first. dQ (and dq_desc over it) is an fp32 (bh * n_q, d) accumulator; dK, dV bf16;
+    semaphores int32 (bh, n_q / BLOCK_M), zero, used by DQ_MODE "tma_ordered" only.
     dq_live matters to DQ_MODE "discard" only (see `_add_dq`); it is never specialised
     on, so that the compiler cannot know it."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
@@ -376,18 +480,22 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
     bufs = (q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem)
     bars = (ready, empty, kv_bar)
     if _has_writer(DQ_MODE):
+        # Two slots of a whole share (for the half modes, dq_desc's box is half of it;
+        # fp32 rows of >= 32 columns take the same 128-byte swizzle either way).
         dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], dq_desc.layout)
-        dq_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(2):
-            mbarrier.init(dq_ready.index(s), count=1)
-            mbarrier.init(dq_empty.index(s), count=1)
-        dq_ring = (dq_bufs, dq_ready, dq_empty)
+        dq_ring = (dq_bufs,)  # the half modes hand over on named barriers
+        if not _by_halves(DQ_MODE):
+            dq_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            for s in gl.static_range(2):
+                mbarrier.init(dq_ready.index(s), count=1)
+                mbarrier.init(dq_empty.index(s), count=1)
+            dq_ring = (dq_bufs, dq_ready, dq_empty)
         gl.warp_specialize([
             (_compute_partition, (bufs, bars, ds_bufs, dq_ring, dq_live, dK, dV, bh, n_q,
                                   k_start, SM_SCALE, HEAD_DIM, ASYNC_MMA, DQ_MODE)),
             (_load_partition, (descs, bufs, bars, bh, n_q, k_start)),
-            (_dq_partition, (dq_desc, dq_ring, bh, n_q, k_start, DQ_MODE)),
+            (_dq_partition, (dq_desc, dq_ring, semaphores, bh, n_q, k_start, DQ_MODE)),
         ], [PRODUCER_WARPS, 1], [WORKER_REGS, WORKER_REGS])
     else:
         gl.warp_specialize([
@@ -397,9 +505,12 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
         ], [PRODUCER_WARPS], [WORKER_REGS])
 
 
-def _descriptor_specs(block_m: int, head_dim: int) -> dict[str, tuple[str, list[int], object]]:
+def _descriptor_specs(config: GluonConfig, head_dim: int
+                      ) -> dict[str, tuple[str, list[int], object]]:
     """(Triton dtype, block shape, shared layout) of each descriptor parameter; the host's
     descriptors and the build-only signature both come from here."""
+    block_m = config.block_m
+    dq_columns = head_dim // 2 if config.dq_mode in HALF_MODES else head_dim
     specs: dict[str, tuple[str, list[int], object]] = {}
     for name, dtype, block in (("q_desc", gl.bfloat16, [block_m, head_dim]),
                                ("do_desc", gl.bfloat16, [block_m, head_dim]),
@@ -407,7 +518,7 @@ def _descriptor_specs(block_m: int, head_dim: int) -> dict[str, tuple[str, list[
                                ("v_desc", gl.bfloat16, [BLOCK_N, head_dim]),
                                ("lse_desc", gl.float32, [block_m]),
                                ("delta_desc", gl.float32, [block_m]),
-                               ("dq_desc", gl.float32, [block_m, head_dim])):
+                               ("dq_desc", gl.float32, [block_m, dq_columns])):
         layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
         specs[name] = ("bf16" if dtype == gl.bfloat16 else "fp32", block, layout)
     return specs
@@ -437,6 +548,10 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
         raise ValueError(f"head dim {head_dim} not in {sorted(CONFIGS)}")
     if config.dq_mode not in DQ_MODES:
         raise ValueError(f"dq_mode {config.dq_mode!r} not in {DQ_MODES}")
+    if config.dq_mode == "tma_ordered" and not (config.keys_fastest and config.longest_first):
+        # A program waits only for key blocks after its own, which must be resident or
+        # done: launched first to last, with a matrix's key blocks together.
+        raise ValueError("dq_mode 'tma_ordered' needs keys_fastest and longest_first")
     if seq % BLOCK_N or BLOCK_N % config.block_m:
         raise ValueError(f"seq {seq} must be a multiple of {BLOCK_N}, and {BLOCK_N} of the "
                          f"query tile {config.block_m}")
@@ -451,21 +566,62 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     dK and dV with NaN first, so that a tile the kernel skips shows in the errors."""
     _check_inputs(q, k, v, o, lse, do, config)
     batch, seq, head_dim = q.shape
-    delta = (o.float() * do.float()).sum(-1)
-    acc = torch.zeros(batch * seq, head_dim, dtype=torch.float32, device=q.device)
+    rows = batch * seq
+    delta, acc = prepare(o, do)
     dk, dv = ((torch.full_like(t, float("nan")) if poison else torch.empty_like(t))
               for t in (k, v))
+    semaphores = torch.zeros(rows // config.block_m if config.dq_mode == "tma_ordered" else 1,
+                             dtype=torch.int32, device=q.device)
     flat = {"q_desc": q, "do_desc": do, "k_desc": k, "v_desc": v}
     flat = {name: t.view(batch * seq, head_dim) for name, t in flat.items()}
     flat |= {"lse_desc": lse.view(-1), "delta_desc": delta.view(-1), "dq_desc": acc}
     descs = [TensorDescriptor.from_tensor(flat[name], block, layout)
-             for name, (_, block, layout) in _descriptor_specs(config.block_m, head_dim).items()]
+             for name, (_, block, layout) in _descriptor_specs(config, head_dim).items()]
     blocks = seq // BLOCK_N
     grid = (blocks, batch) if config.keys_fastest else (batch, blocks)
     gluon_backward_kernel[grid](
-        *descs, acc, dk, dv, seq, 0, **_constexprs(head_dim, config),
+        *descs, acc, dk, dv, semaphores, seq, 0, **_constexprs(head_dim, config),
         num_warps=CONSUMER_WARPS, maxnreg=config.max_regs)
-    return (acc * head_dim ** -0.5).to(q.dtype).view(q.shape), dk, dv
+    return finish(acc, q), dk, dv
+
+
+PREPARE_ROWS = 64  # rows per program of the kernels before and after the backward
+
+
+def prepare(o: torch.Tensor, do: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(D, a zeroed fp32 dQ accumulator) of (batch, seq, d) o and do, flat over rows."""
+    rows, head_dim = o.numel() // o.shape[-1], o.shape[-1]
+    delta = torch.empty(rows, dtype=torch.float32, device=o.device)
+    acc = torch.empty(rows, head_dim, dtype=torch.float32, device=o.device)
+    _prepare_kernel[(rows // PREPARE_ROWS,)](o, do, delta, acc, HEAD_DIM=head_dim,
+                                              ROWS=PREPARE_ROWS)
+    return delta, acc
+
+
+def finish(acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """dQ shaped and typed like q from the accumulator of the unscaled dS K."""
+    dq = torch.empty_like(q)
+    _finish_kernel[(acc.shape[0] // PREPARE_ROWS,)](acc, dq, q.shape[-1] ** -0.5,
+                                                    HEAD_DIM=q.shape[-1], ROWS=PREPARE_ROWS)
+    return dq
+
+
+@triton.jit
+def _prepare_kernel(Out, dOut, Delta, Acc, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+    """D = rowsum(O * dO) in fp32, and the rows' dQ accumulator zeroed, in one pass."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    offsets = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    o = tl.load(Out + offsets).to(tl.float32)
+    tl.store(Delta + rows, tl.sum(o * tl.load(dOut + offsets).to(tl.float32), axis=1))
+    tl.store(Acc + offsets, tl.zeros([ROWS, HEAD_DIM], tl.float32))
+
+
+@triton.jit
+def _finish_kernel(Acc, dQ, scale, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+    """dQ = accumulator * scale, cast to dQ's type, in one pass."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    offsets = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    tl.store(dQ + offsets, (tl.load(Acc + offsets) * scale).to(dQ.dtype.element_ty))
 
 
 def build_only(emit: Callable[[dict[str, object]], None]) -> None:
@@ -475,11 +631,11 @@ def build_only(emit: Callable[[dict[str, object]], None]) -> None:
             row: dict[str, object] = {"head_dim": head_dim, "config": asdict(config),
                                       "max_regs": config.max_regs}
             constexprs = _constexprs(head_dim, config)
-            signature = {"dQ": "*fp32", "dK": "*bf16", "dV": "*bf16", "n_q": "i32",
-                         "dq_live": "i32"}
+            signature = {"dQ": "*fp32", "dK": "*bf16", "dV": "*bf16", "semaphores": "*i32",
+                         "n_q": "i32", "dq_live": "i32"}
             signature |= {name: "constexpr" for name in constexprs}
             signature |= {name: f"tensordesc<{dtype}{block},{layout!r}>" for name, (
-                dtype, block, layout) in _descriptor_specs(config.block_m, head_dim).items()}
+                dtype, block, layout) in _descriptor_specs(config, head_dim).items()}
             try:
                 row |= build_for_hopper(gluon_backward_kernel, signature, constexprs,
                                         num_warps=CONSUMER_WARPS, num_stages=1,
@@ -549,6 +705,7 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
         emit(row)
     best = min(timed, key=lambda r: r["backward_ms"]) if timed else {}
     emit({**base, "kind": "summary", "forward_ms": forward_ms,
+          "prepare_finish_ms": _bench(lambda: finish(prepare(o, do)[1], q)),
           "cudnn_forward_ms": cudnn.get("forward_ms"), "two_pass_backward_ms": backward_ms,
           "best_gluon_config": best.get("config"),
           "best_gluon_backward_ms": best.get("backward_ms"),
