@@ -115,6 +115,9 @@ class GluonConfig:
     # Key blocks first to last: the first sees every query tile (causal), so the longest
     # programs start first and the short ones fill the last wave; else the reverse.
     longest_first: bool = True
+    # dQ writer warps (the half modes may take 2: each then owns a slot, every other tile,
+    # so that one waits for its reduction to land while the other reduces the next tile).
+    writers: int = 1
 
     @property
     def ablation(self) -> bool:
@@ -125,7 +128,7 @@ class GluonConfig:
     def max_regs(self) -> int:
         """The launch's cap: all warps (workers rounded up to warpgroups) times it fill the
         SM's registers; setmaxnreg then moves what the workers give up to the consumers."""
-        workers = self.producer_warps + (self.dq_mode in WRITER_MODES)
+        workers = self.producer_warps + (self.writers if self.dq_mode in WRITER_MODES else 0)
         warps = CONSUMER_WARPS + -(-workers // 4) * 4
         return SM_REGISTERS // (32 * warps) // 8 * 8
 
@@ -135,6 +138,10 @@ CONFIGS: dict[int, list[GluonConfig]] = {
                GluonConfig(64, 2, 1, 24, use_async, "tma_wg"),
                GluonConfig(64, 2, 1, 24, use_async, "tma_ordered"),
                GluonConfig(64, 2, 1, 24, use_async, "tma_ordered", longest_first=False),
+               GluonConfig(64, 2, 1, 24, use_async, "tma_ordered", writers=2),
+               GluonConfig(64, 2, 1, 24, use_async, "tma_ordered", longest_first=False,
+                           writers=2),
+               GluonConfig(64, 2, 1, 24, use_async, "tma_wg", writers=2),
                GluonConfig(64, 2, 1, 24, use_async, "discard"),
                GluonConfig(64, 2, 1, 24, False, "skip")]
     for head_dim, use_async in ((64, True), (128, False))
@@ -341,7 +348,8 @@ def _add_dq(i, dq, dq_out, dq_live, q_start, DQ_MODE: gl.constexpr):
 
 
 @gluon.jit
-def _dq_partition(dq_desc, dq_ring, semaphores, bh, n_q, k_start, DQ_MODE: gl.constexpr):
+def _dq_partition(dq_desc, dq_ring, semaphores, bh, n_q, k_start, DQ_MODE: gl.constexpr,
+                  WRITER: gl.constexpr = 0, WRITERS: gl.constexpr = 1):
     """dQ writer: each tile's share added into the accumulator by the copy engine. The
     ablations: "tma_half" reduces every other share (half the bytes, every hand-off);
     "tma_early" frees the slot before reducing it (the consumers never wait for a slot;
@@ -350,19 +358,21 @@ def _dq_partition(dq_desc, dq_ring, semaphores, bh, n_q, k_start, DQ_MODE: gl.co
     row0 = bh * n_q + k_start
     if _by_halves(DQ_MODE):
         _dq_halves(dq_desc, dq_ring[0], semaphores + bh * (n_q // BLOCK_M), row0,
-                   (n_q - k_start) // BLOCK_M, k_start, DQ_MODE)
+                   (n_q - k_start) // BLOCK_M, k_start, DQ_MODE, WRITER, WRITERS)
     else:
         _dq_shares(dq_desc, dq_ring, row0, (n_q - k_start) // BLOCK_M, DQ_MODE)
 
 
 @gluon.jit
-def _dq_halves(dq_desc, dq_bufs, semaphores, row0, n_tiles, k_start, DQ_MODE: gl.constexpr):
-    """Each tile's two halves reduced as their warpgroups hand them over; "tma_ordered"
-    first waits for the key blocks after this one to have added theirs (`semaphores`: the
-    matrix's, one per query tile, counting the key blocks done)."""
+def _dq_halves(dq_desc, dq_bufs, semaphores, row0, n_tiles, k_start, DQ_MODE: gl.constexpr,
+               WRITER: gl.constexpr, WRITERS: gl.constexpr):
+    """Each tile's two halves reduced as their warpgroups hand them over (writer WRITER of
+    WRITERS: tiles WRITER, WRITER + WRITERS, ...); "tma_ordered" first waits for the key
+    blocks after this one to have added theirs (`semaphores`: the matrix's, one per query
+    tile, counting the key blocks done)."""
     BLOCK_M: gl.constexpr = dq_bufs.type.shape[1]
     HALF: gl.constexpr = dq_desc.block_type.shape[1]
-    for i in range(n_tiles):
+    for i in range(WRITER, n_tiles, WRITERS):
         q_start = k_start + i * BLOCK_M
         if DQ_MODE == "tma_ordered":  # key blocks add last to first: the diagonal's first
             last_key_block = (q_start + BLOCK_M - 1) // KEY_BLOCK
@@ -437,7 +447,7 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                           NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
                           WORKER_REGS: gl.constexpr, ASYNC_MMA: gl.constexpr,
                           DQ_MODE: gl.constexpr, KEYS_FASTEST: gl.constexpr,
-                          LONGEST_FIRST: gl.constexpr):
+                          LONGEST_FIRST: gl.constexpr, WRITERS: gl.constexpr):
     """Grid (key blocks, matrices), or (matrices, key blocks) unless KEYS_FASTEST; causal;
     rows of all matrices stacked ((bh * n_q, d) descriptors, n_q a multiple of BLOCK_N).
     Key blocks run first to last (the longest programs first) if LONGEST_FIRST, else last
@@ -492,12 +502,23 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                 mbarrier.init(dq_ready.index(s), count=1)
                 mbarrier.init(dq_empty.index(s), count=1)
             dq_ring = (dq_bufs, dq_ready, dq_empty)
-        gl.warp_specialize([
-            (_compute_partition, (bufs, bars, ds_bufs, dq_ring, dq_live, dK, dV, bh, n_q,
-                                  k_start, SM_SCALE, HEAD_DIM, ASYNC_MMA, DQ_MODE)),
-            (_load_partition, (descs, bufs, bars, bh, n_q, k_start)),
-            (_dq_partition, (dq_desc, dq_ring, semaphores, bh, n_q, k_start, DQ_MODE)),
-        ], [PRODUCER_WARPS, 1], [WORKER_REGS, WORKER_REGS])
+        if WRITERS == 1:
+            gl.warp_specialize([
+                (_compute_partition, (bufs, bars, ds_bufs, dq_ring, dq_live, dK, dV, bh, n_q,
+                                      k_start, SM_SCALE, HEAD_DIM, ASYNC_MMA, DQ_MODE)),
+                (_load_partition, (descs, bufs, bars, bh, n_q, k_start)),
+                (_dq_partition, (dq_desc, dq_ring, semaphores, bh, n_q, k_start, DQ_MODE)),
+            ], [PRODUCER_WARPS, 1], [WORKER_REGS, WORKER_REGS])
+        else:  # two writers, each on its slot
+            gl.warp_specialize([
+                (_compute_partition, (bufs, bars, ds_bufs, dq_ring, dq_live, dK, dV, bh, n_q,
+                                      k_start, SM_SCALE, HEAD_DIM, ASYNC_MMA, DQ_MODE)),
+                (_load_partition, (descs, bufs, bars, bh, n_q, k_start)),
+                (_dq_partition, (dq_desc, dq_ring, semaphores, bh, n_q, k_start, DQ_MODE,
+                                 0, 2)),
+                (_dq_partition, (dq_desc, dq_ring, semaphores, bh, n_q, k_start, DQ_MODE,
+                                 1, 2)),
+            ], [PRODUCER_WARPS, 1, 1], [WORKER_REGS] * 3)
     else:
         gl.warp_specialize([
             (_compute_partition, (bufs, bars, ds_bufs, dQ, dq_live, dK, dV, bh, n_q, k_start,
@@ -529,7 +550,8 @@ def _constexprs(head_dim: int, config: GluonConfig) -> dict[str, object]:
     return {"SM_SCALE": head_dim ** -0.5, "NUM_STAGES": config.num_stages,
             "PRODUCER_WARPS": config.producer_warps, "WORKER_REGS": config.worker_regs,
             "ASYNC_MMA": config.async_mma, "DQ_MODE": config.dq_mode,
-            "KEYS_FASTEST": config.keys_fastest, "LONGEST_FIRST": config.longest_first}
+            "KEYS_FASTEST": config.keys_fastest, "LONGEST_FIRST": config.longest_first,
+            "WRITERS": config.writers}
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -549,6 +571,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
         raise ValueError(f"head dim {head_dim} not in {sorted(CONFIGS)}")
     if config.dq_mode not in DQ_MODES:
         raise ValueError(f"dq_mode {config.dq_mode!r} not in {DQ_MODES}")
+    if config.writers not in (1, 2) or (config.writers == 2 and config.dq_mode not in HALF_MODES):
+        raise ValueError(f"writers {config.writers}: 1, or 2 with dq_mode in {HALF_MODES}")
     if config.dq_mode == "tma_ordered" and not config.keys_fastest:
         # A program waits only for its matrix's later key blocks, which must be resident
         # or done: a matrix's key blocks are launched together (and, unless they are
