@@ -12,7 +12,10 @@ swapping dS^T through shared memory, the query tile's dQ share, added into an fp
 accumulator. `gluon_backward_kernel` is that schedule in Gluon; its configs add dQ either
 by atomics from the consumers or, as FA3 does, through a shared ring that a writer warp
 empties with TMA bulk reductions (an op Gluon 3.6's builder has but its `tma` module does
-not wrap: `_tma_reduce_add`), with synchronous or overlapped (async) warpgroup MMAs.
+not wrap: `_tma_reduce_add`), with synchronous or overlapped (async) warpgroup MMAs. As
+in FA3, each warpgroup may hand its half over on its own named barriers ("tma_wg"), and
+the halves may be added in a fixed order through a semaphore per query tile
+("tma_ordered": deterministic), by one writer warp or two.
 
 The variant's time counts, as our dQ pass and cuDNN's backward do, D = rowsum(O * dO) and
 zeroing the fp32 accumulator (one Triton kernel before it) and dQ = acc * scale cast to

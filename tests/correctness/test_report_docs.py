@@ -472,3 +472,31 @@ def test_gluon_block_picks_the_fastest_complete_backward_not_an_ablation(tmp_pat
     # A config saved before the order fields existed ran matrices fastest, shortest first.
     assert "| sync, dQ tma, matrices fastest, shortest first | failed: hang |" in block
     assert "kernels of commit abc1234" in block
+
+
+def test_gluon_block_names_the_fastest_deterministic_backward_and_the_totals(tmp_path: Path
+                                                                              ) -> None:
+    shape = {"batch": 16, "seq": 16384, "head_dim": 64, "dtype": "bf16", "causal": True}
+
+    def gluon(mode: str, ms: float, run_to_run: float, **config: object) -> dict:
+        return {**shape, "kind": "gluon", "ablation": False, "backward_ms": ms,
+                "dq_run_to_run": run_to_run,
+                "config": {"async_mma": True, "dq_mode": mode, "keys_fastest": True,
+                           "longest_first": True, **config}}
+
+    rows = [{**shape, "kind": "two_pass", "forward_ms": 1.0, "backward_ms": 4.0,
+             "dq_pass_ms": 1.5, "dkdv_pass_ms": 2.5},
+            {**shape, "kind": "cudnn", "forward_ms": 1.2, "backward_ms": 3.8},
+            gluon("tma_wg", 3.5, 4.9e-4),
+            # Equal dQs by chance do not make an unordered add deterministic.
+            gluon("tma", 3.7, 0.0),
+            gluon("tma_ordered", 3.9, 0.0, writers=2),
+            {**shape, "kind": "summary", "prepare_finish_ms": 0.125}]
+    _write_experiment(tmp_path / "run.json", rows)
+    block = doc_backward.gluon_backward(tmp_path, "run.json")
+    assert ("| 3.500 | async, dQ tma_wg, keys fastest, longest first | 0.88 | 0.92 | 1.05 "
+            "| 3.900 | 1.03 |" in block)
+    # Totals over cuDNN's 5.0 ms: (1 + 4) / 5, (1 + 3.5) / 5, (1 + 3.9) / 5.
+    assert "| 16x16384x64 | 1.000 | 1.200 | 1.00 | 0.90 | 0.98 |" in block
+    assert "| async, dQ tma_ordered, keys fastest, longest first, 2 writers | 3.900 |" in block
+    assert "together 16x16384x64: 0.125 ms" in block

@@ -121,13 +121,43 @@ def _gluon_config(row: dict) -> str:
     order = ("keys" if config.get("keys_fastest", False) else "matrices") + " fastest, " + (
         "longest first" if config.get("longest_first", False) else "shortest first")
     mma = "async" if config.get("async_mma") else "sync"
-    return f"{mma}, dQ {config.get('dq_mode')}, {order}"
+    writers = config.get("writers", 1)
+    return (f"{mma}, dQ {config.get('dq_mode')}, {order}"
+            + (f", {writers} writers" if writers != 1 else ""))
+
+
+# The Gluon dQ modes that add in a fixed order; a run's two dQs must also agree.
+DETERMINISTIC_DQ_MODES = ("tma_ordered",)
+
+
+def _deterministic(row: dict) -> bool:
+    return (row["config"].get("dq_mode") in DETERMINISTIC_DQ_MODES
+            and row.get("dq_run_to_run") == 0.0)
+
+
+def _total_ratio(forward: dict, backward: dict, rival: dict) -> str:
+    """(our forward + a backward) over cuDNN's forward + backward."""
+    if "forward_ms" not in forward or "backward_ms" not in backward or not {
+            "forward_ms", "backward_ms"} <= rival.keys():
+        return "-"
+    ours = forward["forward_ms"] + backward["backward_ms"]
+    return f"{ours / (rival['forward_ms'] + rival['backward_ms']):.2f}"
 
 
 def _gluon_dq_column(row: dict) -> str:
     if row.get("ablation"):  # dQ left out, all or part
         return "ablation: not checked"
     return f"{row['dq_run_to_run']:.1e}" if "dq_run_to_run" in row else "-"
+
+
+def _preparation(rows: list[dict]) -> str:
+    """How a run computed D, the zeroing and the cast: its summary rows time the two
+    Triton kernels that do it; runs without that field used PyTorch ops."""
+    timed = [r for r in rows if r.get("kind") == "summary" and "prepare_finish_ms" in r]
+    if not timed:
+        return "by PyTorch ops"
+    each = ", ".join(f"{_shape(r)}: {r['prepare_finish_ms']:.3f} ms" for r in timed)
+    return f"by one Triton kernel before and one after, together {each}"
 
 
 def gluon_backward(repo: Path, file: str) -> str:
@@ -138,29 +168,43 @@ def gluon_backward(repo: Path, file: str) -> str:
     of_kind = {kind: [r for r in data["rows"] if r.get("kind") == kind]
                for kind in ("two_pass", "gluon", "cudnn")}
     cudnn = {_shape(r): r for r in of_kind["cudnn"]}
-    summary, configs = [], []
+    summary, totals, configs = [], [], []
     for ours in of_kind["two_pass"]:
         shape = _shape(ours)
         rival = cudnn.get(shape, {})
         gluon = [r for r in of_kind["gluon"] if _shape(r) == shape]
         complete = [r for r in gluon if "backward_ms" in r and not r.get("ablation")]
         best = min(complete, key=lambda r: r["backward_ms"]) if complete else {}
+        fixed = [r for r in complete if _deterministic(r)]
+        best_fixed = min(fixed, key=lambda r: r["backward_ms"]) if fixed else {}
         summary.append([shape, _ms(ours, "dq_pass_ms"), _ms(ours, "dkdv_pass_ms"),
                         _ms(ours, "backward_ms"), _ms(rival, "backward_ms"),
                         _ms(best, "backward_ms"), _gluon_config(best) if best else "-",
-                        _ratio(best, ours), _ratio(best, rival), _ratio(ours, rival)])
+                        _ratio(best, ours), _ratio(best, rival), _ratio(ours, rival),
+                        _ms(best_fixed, "backward_ms"), _ratio(best_fixed, rival)])
+        if "forward_ms" in ours and "forward_ms" in rival:
+            totals.append([shape, _ms(ours, "forward_ms"), _ms(rival, "forward_ms"),
+                           _total_ratio(ours, ours, rival), _total_ratio(ours, best, rival),
+                           _total_ratio(ours, best_fixed, rival)])
         configs += [[shape, _gluon_config(r),
                      f"failed: {r['error']}" if "error" in r else _ms(r, "backward_ms"),
                      _ratio(r, ours), _ratio(r, rival), _gluon_dq_column(r)] for r in gluon]
     tables = [markdown_table(["b x seq x d", "ours dQ pass ms", "ours dK/dV pass ms",
                               "ours backward (two passes) ms", "cuDNN backward ms",
                               "Gluon backward ms", "its config", "Gluon / two passes",
-                              "Gluon / cuDNN", "two passes / cuDNN"], summary),
+                              "Gluon / cuDNN", "two passes / cuDNN",
+                              "fastest deterministic Gluon ms", "it / cuDNN"], summary),
+              markdown_table(["b x seq x d", "ours forward ms", "cuDNN forward ms",
+                              "ours fwd + two passes / cuDNN fwd + bwd",
+                              "ours fwd + fastest Gluon / cuDNN",
+                              "ours fwd + deterministic Gluon / cuDNN"], totals),
               markdown_table(["b x seq x d", "Gluon config", "backward ms", "/ two passes",
                               "/ cuDNN", "dQ max diff, two runs"], configs)]
     return ("\n\n".join(t for t in tables if t)
             + "\n\nTime: device time (`triton.testing.do_bench` medians), each backward "
             "alone; the Gluon backwards' times include computing D, zeroing the fp32 dQ "
-            "accumulator and its final cast. "
+            f"accumulator and its final cast ({_preparation(data['rows'])}). Deterministic: "
+            f"dQ added in a fixed order ({', '.join(DETERMINISTIC_DQ_MODES)}) and two runs' "
+            "dQs equal. "
             f"From `{file}` ({data.get('device')}, torch {data.get('torch')}, "
             f"Triton {data.get('triton')}; kernels of commit {data.get('commit')}).\n")
