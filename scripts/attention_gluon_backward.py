@@ -91,11 +91,13 @@ SM_REGISTERS = 65536
 # "tma_wg", as "tma" with each warpgroup handing its half of the share to the writer on its
 # own named barriers (FA3's hand-off: no barrier of both warpgroups, no mbarrier);
 # "tma_ordered", as "tma_wg" with each query tile's shares added in a fixed order, key
-# blocks last to first, through a semaphore per tile (deterministic, as FA3's option).
+# blocks last to first, through a semaphore per tile (deterministic, as FA3's option);
+# "tma_landed", as "tma_ordered" without waiting for its turn (in no fixed order): each
+# reduction still lands before the writer goes on, pricing that wait apart from the order.
 DQ_MODES = ("atomic", "tma", "discard", "skip", "tma_half", "tma_early", "tma_wg",
-            "tma_ordered")
-WRITER_MODES = ("tma", "tma_half", "tma_early", "tma_wg", "tma_ordered")  # with a dQ writer
-HALF_MODES = ("tma_wg", "tma_ordered")  # a warpgroup hands over its half of d alone
+            "tma_ordered", "tma_landed")
+HALF_MODES = ("tma_wg", "tma_ordered", "tma_landed")  # a warpgroup hands over its half alone
+WRITER_MODES = ("tma", "tma_half", "tma_early") + HALF_MODES  # the modes with a dQ writer
 # Named barriers of the half hand-off, of 160 threads each (a consumer warpgroup and the
 # writer warp; ids 0 and 1 are Triton's): the writer waits on FULL + 2 * slot + warpgroup
 # for a half, the warpgroup on EMPTY + 2 * slot + itself for the slot to be free again.
@@ -145,6 +147,9 @@ CONFIGS: dict[int, list[GluonConfig]] = {
                GluonConfig(64, 2, 1, 24, use_async, "tma_ordered", longest_first=False,
                            writers=2),
                GluonConfig(64, 2, 1, 24, use_async, "tma_wg", writers=2),
+               GluonConfig(64, 2, 1, 24, use_async, "tma_landed"),
+               GluonConfig(64, 2, 1, 24, use_async, "tma_landed", longest_first=False,
+                           writers=2),
                GluonConfig(64, 2, 1, 24, use_async, "discard"),
                GluonConfig(64, 2, 1, 24, False, "skip")]
     for head_dim, use_async in ((64, True), (128, False))
@@ -388,7 +393,7 @@ def _dq_halves(dq_desc, dq_bufs, semaphores, row0, n_tiles, k_start, DQ_MODE: gl
         if i < n_tiles - 2:  # the consumers wait on a slot from their third tile on
             for half in gl.static_range(2):
                 _named_arrive(EMPTY_BARRIER + (i % 2) * 2 + half)
-        if DQ_MODE == "tma_ordered":
+        if DQ_MODE != "tma_wg":  # "tma_landed" bumps a semaphore nobody waits on
             _pass_turn(semaphores + q_start // BLOCK_M)
 
 
@@ -455,7 +460,8 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
     rows of all matrices stacked ((bh * n_q, d) descriptors, n_q a multiple of BLOCK_N).
     Key blocks run first to last (the longest programs first) if LONGEST_FIRST, else last
     to first. dQ (and dq_desc over it) is an fp32 (bh * n_q, d) accumulator; dK, dV bf16;
-    semaphores int32 (bh, n_q / BLOCK_M), zero, used by DQ_MODE "tma_ordered" only.
+    semaphores int32 (bh, n_q / BLOCK_M), zero, used by DQ_MODEs "tma_ordered" and
+    "tma_landed" only.
     dq_live matters to DQ_MODE "discard" only (see `_add_dq`); it is never specialised
     on, so that the compiler cannot know it."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
@@ -599,7 +605,8 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     delta, acc = prepare(o, do)
     dk, dv = ((torch.full_like(t, float("nan")) if poison else torch.empty_like(t))
               for t in (k, v))
-    semaphores = torch.zeros(rows // config.block_m if config.dq_mode == "tma_ordered" else 1,
+    semaphores = torch.zeros(rows // config.block_m if config.dq_mode in ("tma_ordered",
+                                                                          "tma_landed") else 1,
                              dtype=torch.int32, device=q.device)
     flat = {"q_desc": q, "do_desc": do, "k_desc": k, "v_desc": v}
     flat = {name: t.view(batch * seq, head_dim) for name, t in flat.items()}
