@@ -97,6 +97,7 @@ SM_REGISTERS = 65536
 DQ_MODES = ("atomic", "tma", "discard", "skip", "tma_half", "tma_early", "tma_wg",
             "tma_ordered", "tma_landed")
 HALF_MODES = ("tma_wg", "tma_ordered", "tma_landed")  # a warpgroup hands over its half alone
+SEMAPHORE_MODES = ("tma_ordered", "tma_landed")  # wait for reductions to land, bump a count
 WRITER_MODES = ("tma", "tma_half", "tma_early") + HALF_MODES  # the modes with a dQ writer
 # Named barriers of the half hand-off, of 160 threads each (a consumer warpgroup and the
 # writer warp; ids 0 and 1 are Triton's): the writer waits on FULL + 2 * slot + warpgroup
@@ -157,10 +158,11 @@ CONFIGS: dict[int, list[GluonConfig]] = {
 """Per head dim, the fastest MMA mode of earlier H100 runs (16 x 16384; async at d = 64,
 synchronous at d = 128) with dQ handed over whole ("tma") and by halves ("tma_wg"), the
 deterministic order with the longest programs first and last (a key block then starts
-before the ones that add before it, not after), and the ablations that price the add. Runs saved
-beside the script measured what is left out: atomics, the other grid orders, "tma_half"
-and "tma_early" (each slower than or level with "tma"); 3 stages, 4 producer warps, 56
-worker registers and 128-row query tiles were slower still."""
+before the ones that add before it, not after), each with one writer warp and two, the
+ordered mode without its wait for a turn ("tma_landed"), and the ablations that price
+the add. Runs saved beside the script measured what is left out: atomics, the other
+grid orders, "tma_half" and "tma_early" (each slower than or level with "tma"); 3 stages,
+4 producer warps, 56 worker registers and 128-row query tiles were slower still."""
 
 
 @builtin
@@ -180,6 +182,11 @@ def _has_writer(dq_mode):
 @gluon.constexpr_function
 def _by_halves(dq_mode):
     return dq_mode in HALF_MODES
+
+
+@gluon.constexpr_function
+def _counts_landings(dq_mode):
+    return dq_mode in SEMAPHORE_MODES
 
 
 # Inline PTX for what Gluon 3.6 does not wrap. Each returns a dummy value (inline asm must
@@ -327,8 +334,10 @@ def _tile(i, dk, dv, bufs, bars, ds_bufs, dq_out, dq_live, keys, k_start, qk_sca
 
 @gluon.jit
 def _add_dq(i, dq, dq_out, dq_live, q_start, DQ_MODE: gl.constexpr):
-    """Adds a query tile's dQ share: into the writer's two-slot ring ("tma": dq_out is
-    (buffers, ready, empty)), else by atomics (dq_out: the matrix's fp32 accumulator),
+    """Adds a query tile's dQ share: each warpgroup's half into the writers' two-slot ring
+    on named barriers (the half modes: dq_out is (buffers,)), the whole share into it on
+    mbarriers (the other writer modes: (buffers, ready, empty)), else by atomics (dq_out:
+    the matrix's fp32 accumulator),
     "discard" only where dq_live is nonzero (the host passes 0: dQ is computed, never
     added, and the compiler cannot drop it)."""
     BLOCK_M: gl.constexpr = dq.type.shape[0]
@@ -393,7 +402,7 @@ def _dq_halves(dq_desc, dq_bufs, semaphores, row0, n_tiles, k_start, DQ_MODE: gl
         if i < n_tiles - 2:  # the consumers wait on a slot from their third tile on
             for half in gl.static_range(2):
                 _named_arrive(EMPTY_BARRIER + (i % 2) * 2 + half)
-        if DQ_MODE != "tma_wg":  # "tma_landed" bumps a semaphore nobody waits on
+        if _counts_landings(DQ_MODE):  # "tma_landed" bumps a semaphore nobody waits on
             _pass_turn(semaphores + q_start // BLOCK_M)
 
 
@@ -605,11 +614,10 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     delta, acc = prepare(o, do)
     dk, dv = ((torch.full_like(t, float("nan")) if poison else torch.empty_like(t))
               for t in (k, v))
-    semaphores = torch.zeros(rows // config.block_m if config.dq_mode in ("tma_ordered",
-                                                                          "tma_landed") else 1,
+    semaphores = torch.zeros(rows // config.block_m if config.dq_mode in SEMAPHORE_MODES else 1,
                              dtype=torch.int32, device=q.device)
     flat = {"q_desc": q, "do_desc": do, "k_desc": k, "v_desc": v}
-    flat = {name: t.view(batch * seq, head_dim) for name, t in flat.items()}
+    flat = {name: t.view(rows, head_dim) for name, t in flat.items()}
     flat |= {"lse_desc": lse.view(-1), "delta_desc": delta.view(-1), "dq_desc": acc}
     descs = [TensorDescriptor.from_tensor(flat[name], block, layout)
              for name, (_, block, layout) in _descriptor_specs(config, head_dim).items()]

@@ -443,16 +443,22 @@ def test_backward_block_sets_each_backward_beside_cudnn_s(tmp_path: Path) -> Non
         doc_backward.backward_passes(tmp_path, "other.json")
 
 
+def _gluon_row(shape: dict, mode: str, ms: float, run_to_run: float = 4.9e-4,
+               async_mma: bool = False, **config: object) -> dict:
+    """A Gluon config's row as the study saves it; ablations record no run-to-run dQ."""
+    ablation = mode in ("discard", "skip")
+    return {**shape, "kind": "gluon", "ablation": ablation, "backward_ms": ms,
+            **({} if ablation else {"dq_run_to_run": run_to_run}),
+            "config": {"async_mma": async_mma, "dq_mode": mode, "keys_fastest": True,
+                       "longest_first": True, **config}}
+
+
 def test_gluon_block_picks_the_fastest_complete_backward_not_an_ablation(tmp_path: Path
                                                                           ) -> None:
     shape = {"batch": 16, "seq": 16384, "head_dim": 128, "dtype": "bf16", "causal": True}
 
     def gluon(mode: str, ms: float, **config: bool) -> dict:
-        order = {"keys_fastest": True, "longest_first": True, **config}
-        return {**shape, "kind": "gluon", "ablation": mode in ("discard", "skip"),
-                "config": {"async_mma": False, "dq_mode": mode, **order},
-                "backward_ms": ms, **({} if mode in ("discard", "skip")
-                                      else {"dq_run_to_run": 4.9e-4})}
+        return _gluon_row(shape, mode, ms, **config)
 
     rows = [{**shape, "kind": "two_pass", "backward_ms": 6.5, "dq_pass_ms": 2.5,
              "dkdv_pass_ms": 4.0},
@@ -479,10 +485,7 @@ def test_gluon_block_names_the_fastest_deterministic_backward_and_the_totals(tmp
     shape = {"batch": 16, "seq": 16384, "head_dim": 64, "dtype": "bf16", "causal": True}
 
     def gluon(mode: str, ms: float, run_to_run: float, **config: object) -> dict:
-        return {**shape, "kind": "gluon", "ablation": False, "backward_ms": ms,
-                "dq_run_to_run": run_to_run,
-                "config": {"async_mma": True, "dq_mode": mode, "keys_fastest": True,
-                           "longest_first": True, **config}}
+        return _gluon_row(shape, mode, ms, run_to_run, async_mma=True, **config)
 
     rows = [{**shape, "kind": "two_pass", "forward_ms": 1.0, "backward_ms": 4.0,
              "dq_pass_ms": 1.5, "dkdv_pass_ms": 2.5},
