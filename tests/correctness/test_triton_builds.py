@@ -74,3 +74,19 @@ def test_fused_adamw_kernel_builds_for_hopper():
         "print(json.dumps(built))\n"))
     assert len(built) == 6
     assert all(0 <= kernel["shared_bytes"] <= HOPPER_SHARED_BYTES for kernel in built.values())
+
+
+def test_gluon_backward_builds_for_hopper_and_fits_its_shared_memory():
+    """The fused Gluon backward at each config the library launches: it fits a block's
+    shared memory, spills nothing, and its warp-specialised partitions set their registers
+    (the producer and writers give theirs to the consumers)."""
+    built = _built("-c", (
+        "import json\n"
+        "from systems.attention.flash_triton import gluon_launch\n"
+        "print(json.dumps({f'd{d}-{ordered}': gluon_launch.build(d, config)\n"
+        "                  for (d, ordered), config in gluon_launch.CONFIGS.items()}))\n"))
+    assert len(built) == 4, built
+    for kernel in built.values():
+        assert 0 < kernel["shared_bytes"] <= HOPPER_SHARED_BYTES, built
+        assert kernel.get("stack_bytes", 0) == 0, built
+        assert len(kernel["setmaxnreg"]) == 2, built

@@ -27,7 +27,8 @@ Every case records the first call's time (compilation and JIT included) as
 minutes on one H100): eager bf16 forward+backward at batch 1, seq 1024..65536, d 64 and
 128, ours against SDPA flash, SDPA cuDNN and compiled flex_attention; 16 x 16384 x 128 and
 the leaderboard (16 x 16384 x 64) for ours against the two SDPA backends; and graph replay
-at seq 1024 and 16384; `full` (every study; select with -k).
+at seq 1024 and 16384; `full` (every study, and ours with the fused Gluon backward, ordered
+and not, in the 16 x 16384 cases and graph replay at d = 64 and 128; select with -k).
 
 Implementations are looked up by name in `systems.attention.registry`.
 """
@@ -67,6 +68,9 @@ INTERLEAVED_ROUNDS = 30
 # At 16 x 16384 (the leaderboard's size) flex_attention is far behind: the fused SDPA
 # backends are the rivals there.
 LEADERBOARD_RIVALS = ("triton", "sdpa_cudnn", "sdpa_flash")
+# Ours with the fused Gluon backward (sm_90 only), ordered (deterministic) and not: in the
+# full profile beside our default at the leaderboard's size and d = 128, eager and replayed.
+GLUON_BACKWARDS = ("triton_gluon_bwd", "triton_gluon_bwd_unordered")
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,8 @@ def perf_cases(profile: str) -> list[AttentionCase]:
     # The leaderboard's shape one pass at a time: where the rivals gain or lose.
     leaderboard_passes = [AttentionCase(impl, (16, 1, 16384, 64), "bf16", mode, is_causal=True)
                           for impl, mode in itertools.product(RIVALS, ("forward", "backward"))]
-    cases = sweep + wide + every_seq + fp16_eager + leaderboard_passes
+    gluon_wide = [replace(wide[0], impl=impl) for impl in GLUON_BACKWARDS]
+    cases = sweep + wide + gluon_wide + every_seq + fp16_eager + leaderboard_passes
     return list({case.id: case for case in cases}.values())
 
 
@@ -201,7 +206,7 @@ def test_attention_handout_sweep(perf_case: AttentionCase, device, synced_benchm
 test_attention_handout_sweep.perf_cases = handout_cases
 
 
-LEADERBOARD_IMPLEMENTATIONS = ("triton_compiled", "triton", "sdpa_flash", "sdpa_cudnn",
+LEADERBOARD_IMPLEMENTATIONS = ("triton_compiled", *LEADERBOARD_RIVALS, *GLUON_BACKWARDS,
                                "flex_compiled")
 
 
@@ -255,7 +260,8 @@ def device_time_cases(profile: str) -> list[AttentionCase]:
         return [_sweep_case(impl, seq, 64, "bf16", "forward_backward")
                 for seq, impl in itertools.product((1024, 16384), LEADERBOARD_RIVALS)]
     return [_sweep_case(impl, seq, d, "bf16", "forward_backward")
-            for d, seq, impl in itertools.product((64, 128), SWEEP_SEQS[3:], RIVALS)]
+            for d, seq, impl in itertools.product((64, 128), SWEEP_SEQS[3:],
+                                                  RIVALS + GLUON_BACKWARDS)]
 
 
 @pytest.mark.gpu

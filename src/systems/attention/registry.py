@@ -20,6 +20,10 @@ from systems.attention.flash_pytorch import FlashAttentionPytorch
 from systems.attention.flash_triton import (
     FlashAttentionTriton,
     FlashAttentionTritonCompiledBackward,
+    FlashAttentionTritonGluonBackward,
+)
+from systems.attention.flash_triton.gluon_launch import (
+    unsupported_setting as gluon_unsupported_setting,
 )
 from systems.attention.reference import reference_attention, sdpa_attention
 from systems.triton_runtime import INTERPRETED
@@ -44,6 +48,15 @@ def flash_triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def triton_compiled_backward_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                        is_causal: bool = False) -> torch.Tensor:
     return FlashAttentionTritonCompiledBackward.apply(q, k, v, is_causal)
+
+
+def _gluon_backward_attention(deterministic: bool) -> AttentionFn:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               is_causal: bool = False) -> torch.Tensor:
+        return FlashAttentionTritonGluonBackward.apply(q, k, v, is_causal, deterministic)
+
+    attend.__name__ = f"triton_gluon_bwd{'' if deterministic else '_unordered'}"
+    return attend
 
 
 # SDPA's backend switches: each backend's setter and getter (torch.backends.cuda).
@@ -113,6 +126,8 @@ class AttentionBackend:
     triton_kernels: bool = False  # CUDA, or Triton's interpreter (which computes bf16 wrongly)
     max_seq: int | None = None  # longer sequences are impractical, not wrong
     saves_scores: bool = False  # autograd keeps the (n_q, n_k) probabilities for backward
+    # What else the implementation refuses: (device, dtype, seq) -> the reason, or None.
+    limits: Callable[[torch.device, torch.dtype, int], str | None] | None = None
 
     def unsupported_reason(self, device: torch.device, dtype: torch.dtype,
                            seq: int) -> str | None:
@@ -127,7 +142,7 @@ class AttentionBackend:
             return "bf16 Triton kernels need a GPU (the interpreter computes them wrongly)"
         if self.max_seq is not None and seq > self.max_seq:
             return f"Python tile loops; run up to seq {self.max_seq}"
-        return None
+        return self.limits(device, dtype, seq) if self.limits else None
 
 
 _FLASH_TRITON = AttentionBackend(flash_triton_attention, triton_kernels=True)
@@ -150,6 +165,12 @@ ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
                                         triton_kernels=True),
     "triton_compiled_bwd": AttentionBackend(triton_compiled_backward_attention,
                                             triton_kernels=True),
+    # The fused Gluon backward (FlashAttentionTritonGluonBackward): causal bf16 on sm_90,
+    # d 64 or 128, seq a multiple of 128; ordered (deterministic) or not.
+    "triton_gluon_bwd": AttentionBackend(_gluon_backward_attention(deterministic=True),
+                                         limits=gluon_unsupported_setting),
+    "triton_gluon_bwd_unordered": AttentionBackend(
+        _gluon_backward_attention(deterministic=False), limits=gluon_unsupported_setting),
 }
 
 

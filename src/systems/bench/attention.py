@@ -16,10 +16,6 @@ import torch
 from systems.accounting import ATTENTION_MODE_FLOPS, attention_flops
 from systems.attention import get_attention, unsupported_reason
 
-ATTENTION_IMPLEMENTATIONS = (
-    "reference", "reference_compiled", "sdpa_flash", "sdpa_cudnn", "flex_compiled",
-    "flash_pytorch", "triton_compiled_bwd", "triton", "triton_compiled",
-)
 ATTENTION_MODES = tuple(ATTENTION_MODE_FLOPS)
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -116,22 +116,28 @@ def backward_passes(repo: Path, file: str) -> str:
 def _gluon_config(row: dict) -> str:
     """What a Gluon config changes, in words: MMA mode, how dQ is added, program order."""
     config = row["config"]
-    # Runs saved before a field existed ran the other order: matrices fastest, and key
-    # blocks last to first (the shortest programs first).
-    order = ("keys" if config.get("keys_fastest", False) else "matrices") + " fastest, " + (
+    # The library's kernel (configs with "ordered") runs key blocks fastest. The study's
+    # own kernels named a dQ mode; those saved before a field existed ran the other order:
+    # matrices fastest, and key blocks last to first (the shortest programs first).
+    library = "ordered" in config
+    order = ("keys" if config.get("keys_fastest", library) else "matrices") + " fastest, " + (
         "longest first" if config.get("longest_first", False) else "shortest first")
     mma = "async" if config.get("async_mma") else "sync"
     writers = config.get("writers", 1)
-    return (f"{mma}, dQ {config.get('dq_mode')}, {order}"
+    mode = ("ordered" if config["ordered"] else "any order") if library else config.get(
+        "dq_mode")
+    return (f"{mma}, dQ {mode}, {order}"
             + (f", {writers} writers" if writers != 1 else ""))
 
 
-# The Gluon dQ modes that add in a fixed order; a run's two dQs must also agree.
+# The study's Gluon dQ modes that added in a fixed order (the library's kernel says
+# "ordered"); a run's two dQs must also agree.
 DETERMINISTIC_DQ_MODES = ("tma_ordered",)
 
 
 def _deterministic(row: dict) -> bool:
-    return (row["config"].get("dq_mode") in DETERMINISTIC_DQ_MODES
+    config = row["config"]
+    return ((config.get("ordered") or config.get("dq_mode") in DETERMINISTIC_DQ_MODES)
             and row.get("dq_run_to_run") == 0.0)
 
 
@@ -204,7 +210,7 @@ def gluon_backward(repo: Path, file: str) -> str:
             + "\n\nTime: device time (`triton.testing.do_bench` medians), each backward "
             "alone; the Gluon backwards' times include computing D, zeroing the fp32 dQ "
             f"accumulator and its final cast ({_preparation(data['rows'])}). Deterministic: "
-            f"dQ added in a fixed order ({', '.join(DETERMINISTIC_DQ_MODES)}) and two runs' "
-            "dQs equal. "
+            "dQ added in a fixed order (dQ ordered; in the study's own kernels, "
+            f"{', '.join(DETERMINISTIC_DQ_MODES)}) and two runs' dQs equal. "
             f"From `{file}` ({data.get('device')}, torch {data.get('torch')}, "
             f"Triton {data.get('triton')}; kernels of commit {data.get('commit')}).\n")

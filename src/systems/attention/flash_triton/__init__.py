@@ -8,6 +8,7 @@ import systems.triton_runtime  # noqa: F401 - sets TRITON_INTERPRET before the k
 from systems.attention.flash_triton.function import (
     FlashAttentionTriton,
     FlashAttentionTritonCompiledBackward,
+    FlashAttentionTritonGluonBackward,
     recompute_backward,
 )
 from systems.attention.flash_triton.launch import (
@@ -19,6 +20,7 @@ from systems.attention.flash_triton.launch import (
 )
 
 __all__ = [
-    "FlashAttentionTriton", "FlashAttentionTritonCompiledBackward", "FlashConfig",
+    "FlashAttentionTriton", "FlashAttentionTritonCompiledBackward",
+    "FlashAttentionTritonGluonBackward", "FlashConfig",
     "TileConfig", "default_config", "flash_backward", "flash_forward", "recompute_backward",
 ]

@@ -13,7 +13,14 @@ from systems.attention.autograd import (
 )
 from systems.attention.causal import MASKED_SCORE, causal_mask
 from systems.attention.flash_triton import replay
-from systems.attention.flash_triton.op import attention_backward, attention_forward
+from systems.attention.flash_triton.gluon_launch import (
+    unsupported_reason as gluon_unsupported_reason,
+)
+from systems.attention.flash_triton.op import (
+    attention_backward,
+    attention_backward_gluon,
+    attention_forward,
+)
 
 
 class FlashAttentionTritonFunction(torch.autograd.Function):
@@ -104,3 +111,32 @@ class FlashAttentionTritonCompiledBackward(FlashAttentionTritonFunction):
     @refuse_double_backward("FlashAttentionTritonCompiledBackward")
     def backward(ctx, do: torch.Tensor):
         return backward_from_saved(ctx, _compiled_recompute_backward, do)
+
+
+class FlashAttentionTritonGluonBackward(torch.autograd.Function):
+    """The Triton forward with the fused Gluon backward for Hopper (`gluon_launch.py`):
+    `FlashAttentionTritonGluonBackward.apply(q, k, v, is_causal, deterministic)`.
+
+    One kernel of 5 tile matmuls per tile pair, warp-specialised as FA3 is, in place of the
+    two passes' 7. It takes causal bf16 self-attention on an sm_90 GPU with head dim 64 or
+    128 and a sequence length that is a multiple of 128; forward refuses other inputs.
+    `deterministic` adds dQ in a fixed order (gradients bit-identical from run to run);
+    else in the order the shares arrive (FA3's default): faster, with dQ's last bits free
+    to differ between runs."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                deterministic: bool) -> torch.Tensor:
+        reason = gluon_unsupported_reason(q, k, v, is_causal)
+        if reason is not None:
+            raise ValueError(f"FlashAttentionTritonGluonBackward: the Gluon backward {reason}")
+        ctx.deterministic = deterministic
+        return forward_saving_lse(ctx, attention_forward, q, k, v, is_causal)
+
+    @staticmethod
+    @refuse_double_backward("FlashAttentionTritonGluonBackward")
+    def backward(ctx, do: torch.Tensor):
+        def gluon_backward(q, k, v, o, lse, do, is_causal):
+            return attention_backward_gluon(q, k, v, o, lse, do, is_causal, ctx.deterministic)
+
+        return (*backward_from_saved(ctx, gluon_backward, do), None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from systems.attention.flash_triton.gluon_launch import gluon_backward
 from systems.attention.flash_triton.launch import (
     check_triton_inputs,
     flash_backward,
@@ -26,6 +27,9 @@ _LIBRARY.define("flash_attention_forward(Tensor q, Tensor k, Tensor v, bool is_c
                 " -> (Tensor, Tensor)")
 _LIBRARY.define("flash_attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse,"
                 " Tensor do, bool is_causal) -> (Tensor, Tensor, Tensor)")
+_LIBRARY.define("flash_attention_backward_gluon(Tensor q, Tensor k, Tensor v, Tensor o,"
+                " Tensor lse, Tensor do, bool is_causal, bool deterministic)"
+                " -> (Tensor, Tensor, Tensor)")
 
 
 def _forward_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -45,13 +49,25 @@ def _backward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+def _gluon_backward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                         lse: torch.Tensor, do: torch.Tensor, is_causal: bool,
+                         deterministic: bool
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # The Gluon backward's gradients are contiguous whatever the inputs' strides.
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
 # One kernel for every backend: the launch code refuses devices it cannot run on.
 _LIBRARY.impl("flash_attention_forward", _forward_kernel, "CompositeExplicitAutograd")
 _LIBRARY.impl("flash_attention_backward", flash_backward, "CompositeExplicitAutograd")
+_LIBRARY.impl("flash_attention_backward_gluon", gluon_backward, "CompositeExplicitAutograd")
 torch.library.register_fake("systems::flash_attention_forward", _forward_fake, lib=_LIBRARY)
 torch.library.register_fake("systems::flash_attention_backward", _backward_fake, lib=_LIBRARY)
+torch.library.register_fake("systems::flash_attention_backward_gluon", _gluon_backward_fake,
+                            lib=_LIBRARY)
 flash_attention_forward = torch.ops.systems.flash_attention_forward.default
 flash_attention_backward = torch.ops.systems.flash_attention_backward.default
+flash_attention_backward_gluon = torch.ops.systems.flash_attention_backward_gluon.default
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -71,3 +87,13 @@ def attention_backward(
     if torch.compiler.is_compiling():
         return flash_attention_backward(q, k, v, o, lse, do, is_causal)
     return flash_backward(q, k, v, o, lse, do, is_causal)
+
+
+def attention_backward_gluon(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+    do: torch.Tensor, is_causal: bool, deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) from the fused Gluon backward for Hopper (`gluon_launch.py`)."""
+    if torch.compiler.is_compiling():
+        return flash_attention_backward_gluon(q, k, v, o, lse, do, is_causal, deterministic)
+    return gluon_backward(q, k, v, o, lse, do, is_causal, deterministic)

@@ -1,0 +1,206 @@
+"""Launching the fused Gluon backward (`gluon_kernels.py`) on Hopper: configs, the inputs it
+takes, descriptors, and the kernels before and after it.
+
+It takes causal self-attention in bf16 on an sm_90 GPU (H100, H200) with head dim 64 or 128
+and a sequence length that is a multiple of 128; `unsupported_reason` says why other inputs
+are refused. `deterministic=True` adds dQ in a fixed order (bit-identical from run to run),
+else in the order the shares arrive, as FA3 does by default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from systems.attention.flash_triton.gluon_kernels import (
+    BLOCK_N,
+    CONSUMER_WARPS,
+    finish_kernel,
+    gluon_backward_kernel,
+    prepare_kernel,
+)
+from systems.triton_build import build_for_hopper
+
+SM_REGISTERS = 65536
+HEAD_DIMS = (64, 128)
+PREPARE_ROWS = 64  # rows per program of the kernels before and after the backward
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    block_m: int  # query rows per tile
+    num_stages: int  # depth of the Q/dO/LSE/D ring
+    producer_warps: int
+    worker_regs: int  # registers per thread the producer and dQ writers keep
+    async_mma: bool  # overlap softmax and dS^T's store with the tensor cores
+    ordered: bool  # dQ added in a fixed order: deterministic
+    # Key blocks first to last: the first sees every query tile (causal), so the longest
+    # programs start first and the short ones fill the last wave; else the reverse.
+    longest_first: bool
+    # dQ writer warps: with 2, each owns a slot (every other tile), so that one waits for
+    # its reduction to land while the other reduces the next tile.
+    writers: int
+
+    @property
+    def max_regs(self) -> int:
+        """The launch's cap: all warps (workers rounded up to warpgroups) times it fill the
+        SM's registers; setmaxnreg then moves what the workers give up to the consumers."""
+        warps = CONSUMER_WARPS + -(-(self.producer_warps + self.writers) // 4) * 4
+        return SM_REGISTERS // (32 * warps) // 8 * 8
+
+
+def _config(head_dim: int, ordered: bool, longest_first: bool, writers: int) -> GluonConfig:
+    # Overlapped MMAs paid off at d = 64; at d = 128 they leave too few registers.
+    return GluonConfig(block_m=64, num_stages=2, producer_warps=1, worker_regs=24,
+                       async_mma=head_dim == 64, ordered=ordered,
+                       longest_first=longest_first, writers=writers)
+
+
+# The fastest config per (head dim, deterministic) in H100 runs of the study at 16 x 16384
+# (scripts/attention_gluon_backward.py; docs/attention.md, "The backward in Gluon").
+CONFIGS: dict[tuple[int, bool], GluonConfig] = {
+    (64, False): _config(64, ordered=False, longest_first=True, writers=1),
+    (64, True): _config(64, ordered=True, longest_first=False, writers=2),
+    (128, False): _config(128, ordered=False, longest_first=True, writers=2),
+    (128, True): _config(128, ordered=True, longest_first=True, writers=1),
+}
+
+
+def unsupported_setting(device: torch.device, dtype: torch.dtype, seq: int) -> str | None:
+    """Why the Gluon backward cannot run on this device, dtype and sequence length; None if
+    it can (`unsupported_reason` checks the rest)."""
+    if device.type != "cuda":
+        return f"needs a CUDA device, got {device}"
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return f"needs an sm_90 GPU (H100, H200), got {torch.cuda.get_device_name(device)}"
+    if dtype != torch.bfloat16:
+        return f"needs bf16, got {dtype}"
+    if seq == 0 or seq % BLOCK_N:
+        return f"needs a sequence length that is a positive multiple of {BLOCK_N}, got {seq}"
+    return None
+
+
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       is_causal: bool) -> str | None:
+    """Why the Gluon backward cannot take these inputs; None if it can."""
+    if not is_causal:
+        return "needs is_causal=True"
+    if q.dim() < 2 or q.shape != k.shape or q.shape != v.shape:
+        return (f"needs q, k and v of one (..., seq, d) shape, got {tuple(q.shape)}, "
+                f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if {t.dtype for t in (q, k, v)} != {q.dtype} or {t.device for t in (q, k, v)} != {q.device}:
+        return (f"needs q, k and v of one dtype on one device, got {q.dtype}, {k.dtype}, "
+                f"{v.dtype} on {q.device}, {k.device}, {v.device}")
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"needs head dim in {HEAD_DIMS}, got {q.shape[-1]}"
+    return unsupported_setting(q.device, q.dtype, q.shape[-2])
+
+
+def descriptor_specs(config: GluonConfig, head_dim: int
+                     ) -> dict[str, tuple[str, list[int], object]]:
+    """(Triton dtype, block shape, shared layout) of each descriptor parameter; the launch's
+    descriptors and the sm_90 build check's signature both come from here."""
+    block_m = config.block_m
+    specs: dict[str, tuple[str, list[int], object]] = {}
+    for name, dtype, block in (("q_desc", gl.bfloat16, [block_m, head_dim]),
+                               ("do_desc", gl.bfloat16, [block_m, head_dim]),
+                               ("k_desc", gl.bfloat16, [BLOCK_N, head_dim]),
+                               ("v_desc", gl.bfloat16, [BLOCK_N, head_dim]),
+                               ("lse_desc", gl.float32, [block_m]),
+                               ("delta_desc", gl.float32, [block_m]),
+                               # each consumer warpgroup hands over half of d
+                               ("dq_desc", gl.float32, [block_m, head_dim // 2])):
+        layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+        specs[name] = ("bf16" if dtype == gl.bfloat16 else "fp32", block, layout)
+    return specs
+
+
+def constexprs(head_dim: int, config: GluonConfig) -> dict[str, object]:
+    return {"SM_SCALE": head_dim ** -0.5, "NUM_STAGES": config.num_stages,
+            "PRODUCER_WARPS": config.producer_warps, "WORKER_REGS": config.worker_regs,
+            "ASYNC_MMA": config.async_mma, "ORDERED": config.ordered,
+            "LONGEST_FIRST": config.longest_first, "WRITERS": config.writers}
+
+
+def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                   lse: torch.Tensor, do: torch.Tensor, is_causal: bool,
+                   deterministic: bool = True, config: GluonConfig | None = None,
+                   poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) shaped like q, k, v from flash_forward's o and L (natural log, shape
+    (..., seq)); inputs of any strides (copied to contiguous rows where they are not).
+    `config` overrides the one CONFIGS holds for (d, deterministic); `poison` fills every
+    buffer the kernels write (D, the dQ accumulator, dq, dk, dv) with NaN first, so that
+    an element they skip shows."""
+    reason = unsupported_reason(q, k, v, is_causal)
+    if reason is not None:
+        raise ValueError(f"the Gluon backward {reason}")
+    seq, head_dim = q.shape[-2:]
+    config = config or CONFIGS[head_dim, deterministic]
+    if config.writers not in (1, 2) or BLOCK_N % config.block_m:
+        raise ValueError(f"{config}: writers must be 1 or 2, and {BLOCK_N} a multiple of "
+                         "block_m")
+    q2, k2, v2, o2, do2 = (_aligned_rows(t) for t in (q, k, v, o, do))
+    rows = q2.shape[0]
+
+    def new(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if poison:
+            return torch.full(like.shape, float("nan"), dtype=dtype, device=like.device)
+        return torch.empty(like.shape, dtype=dtype, device=like.device)
+
+    delta, acc = new(lse, torch.float32), new(q2, torch.float32)
+    dq, dk, dv = new(q2, q.dtype), new(k2, k.dtype), new(v2, v.dtype)
+    prepare(o2, do2, delta.view(-1), acc)
+    semaphores = torch.zeros(rows // config.block_m if config.ordered else 1,
+                             dtype=torch.int32, device=q.device)
+    flat = {"q_desc": q2, "do_desc": do2, "k_desc": k2, "v_desc": v2,
+            "lse_desc": _aligned_rows(lse[..., None]).view(-1), "delta_desc": delta.view(-1),
+            "dq_desc": acc}
+    descs = [TensorDescriptor.from_tensor(flat[name], block, layout)
+             for name, (_, block, layout) in descriptor_specs(config, head_dim).items()]
+    gluon_backward_kernel[(seq // BLOCK_N, rows // seq)](
+        *descs, dk, dv, semaphores, seq, **constexprs(head_dim, config),
+        num_warps=CONSUMER_WARPS, maxnreg=config.max_regs)
+    finish(acc, dq)
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+
+
+def _aligned_rows(t: torch.Tensor) -> torch.Tensor:
+    """t as contiguous (rows, d), copied where it is not, or where its start is not 16-byte
+    aligned (TMA descriptors need both)."""
+    rows = t.reshape(-1, t.shape[-1])
+    if rows.is_contiguous() and rows.data_ptr() % 16 == 0:
+        return rows
+    return rows.clone(memory_format=torch.contiguous_format)
+
+
+def prepare(o: torch.Tensor, do: torch.Tensor, delta: torch.Tensor, acc: torch.Tensor
+            ) -> None:
+    """D = rowsum(O * dO) into `delta` (rows,) and zeros into the fp32 dQ accumulator `acc`
+    (rows, d), from contiguous (rows, d) o and do."""
+    rows, head_dim = o.shape
+    prepare_kernel[(rows // PREPARE_ROWS,)](o, do, delta, acc, HEAD_DIM=head_dim,
+                                            ROWS=PREPARE_ROWS)
+
+
+def finish(acc: torch.Tensor, dq: torch.Tensor) -> None:
+    """dQ (rows, d) of its own dtype from the accumulator of the unscaled dS K."""
+    rows, head_dim = acc.shape
+    finish_kernel[(rows // PREPARE_ROWS,)](acc, dq, head_dim ** -0.5, HEAD_DIM=head_dim,
+                                           ROWS=PREPARE_ROWS)
+
+
+def build(head_dim: int, config: GluonConfig) -> dict[str, int | list[int]]:
+    """The backward kernel built for sm_90 as a launch specialises it, on any machine
+    (TRITON_INTERPRET=0): shared bytes per block, registers and stack bytes per thread,
+    and the register counts its partitions set (`systems.triton_build`)."""
+    values = constexprs(head_dim, config)
+    signature = {"dK": "*bf16", "dV": "*bf16", "semaphores": "*i32", "n_q": "i32"}
+    signature |= {name: "constexpr" for name in values}
+    signature |= {name: f"tensordesc<{dtype}{block},{layout!r}>"
+                  for name, (dtype, block, layout) in descriptor_specs(config,
+                                                                       head_dim).items()}
+    return build_for_hopper(gluon_backward_kernel, signature, values,
+                            num_warps=CONSUMER_WARPS, num_stages=1, maxnreg=config.max_regs)
