@@ -205,3 +205,54 @@ def attention_device_time(repo: Path, history_file: str) -> str:
     if not parts:
         raise ValueError(f"{history.label} holds no device-time attention cases")
     return "\n".join(parts)
+
+
+# Ours with each backward, timed against the same rival: the default two passes and the
+# fused Gluon backward for Hopper, ordered (deterministic) and not.
+BACKWARD_VARIANTS = ("triton", "triton_gluon_bwd", "triton_gluon_bwd_unordered")
+VARIANT_RIVAL = "sdpa_cudnn"
+VARIANT_LABELS = {"triton": "ours (two passes)", "triton_gluon_bwd": "ours + Gluon ordered",
+                  "triton_gluon_bwd_unordered": "ours + Gluon unordered",
+                  "sdpa_cudnn": "SDPA cuDNN"}
+
+
+def attention_backward_variants(repo: Path, history_file: str) -> str:
+    """Forward + backward of ours with each backward (`BACKWARD_VARIANTS`) and SDPA cuDNN,
+    per workload and kind of time: eager end-to-end medians (`test_attention`, the
+    leaderboard case), the leaderboard case's do_bench medians, and CUDA-graph replay
+    medians (`test_attention_device_time`); each variant over cuDNN."""
+    history = read_history(repo, history_file)
+    impls = (*BACKWARD_VARIANTS, VARIANT_RIVAL)
+    kinds: list[tuple[str, list[Result], Callable[[Result], float | None]]] = [
+        ("eager", [*_only(history.results, "test_attention",
+                          lambda r: r.get(keys.PASS) == "forward_backward"),
+                   *_only(history.results, "test_attention_leaderboard", lambda r: True)],
+         _median),
+        ("do_bench", _only(history.results, "test_attention_leaderboard",
+                           lambda r: isinstance(r.get(keys.DO_BENCH_MEDIAN_MS), int | float)),
+         lambda r: r.get(keys.DO_BENCH_MEDIAN_MS) / 1e3),  # type: ignore[operator]
+        ("graph replay", _only(history.results, "test_attention_device_time", lambda r: True),
+         _median),
+    ]
+    rows = []
+    for kind, results, seconds in kinds:
+        by_workload: dict[tuple, dict[str, float]] = {}
+        for r in results:
+            if (impl := str(r.get(keys.IMPLEMENTATION))) in impls:
+                by_workload.setdefault(_workload(r), {})[impl] = seconds(r)
+        for (d, batch_heads, seq, dtype, causal), times in sorted(by_workload.items()):
+            rival = times.get(VARIANT_RIVAL)
+            rows.append([f"{batch_heads}x{seq}x{d}", dtype, "causal" if causal else "full",
+                         kind, *(f"{times[i] * 1e3:.3f}" if i in times else "-" for i in impls),
+                         *(f"{times[i] / rival:.2f}" if i in times and rival else "-"
+                           for i in BACKWARD_VARIANTS)])
+    if not rows:
+        raise ValueError(f"{history.label} holds no cases of {', '.join(impls)}")
+    table = markdown_table(
+        ["batch·heads x seq x d", "dtype", "mask", "time", *(f"{VARIANT_LABELS[i]} ms"
+                                                             for i in impls),
+         *(f"{VARIANT_LABELS[i]} / cuDNN" for i in BACKWARD_VARIANTS)], rows)
+    return table + "\n" + history.source(
+        "eager: end-to-end medians (host included); do_bench: device-time medians of the "
+        "leaderboard case; graph replay: medians of a CUDA graph's replays",
+        "forward + backward, in ms")
