@@ -17,11 +17,12 @@ from hypothesis import strategies as st
 from test_flash_attention import Problem, _reference, assert_close_as_pytorch
 
 from systems.attention import get_attention, unsupported_reason
-from systems.attention.flash_triton import FlashAttentionTritonGluonBackward, flash_forward
+from systems.attention.flash_triton import FlashAttentionTritonGluonBackward, flash_forward, op
 from systems.attention.flash_triton.gluon_launch import CONFIGS, gluon_backward
 from systems.attention.flash_triton.gluon_launch import (
     unsupported_reason as gluon_unsupported_reason,
 )
+from systems.model import ModelConfig, TransformerLM
 
 GRADS = ("dq", "dk", "dv")
 
@@ -159,3 +160,55 @@ def test_registry_says_where_it_cannot_run():
         assert "multiple of 128" in unsupported_reason("triton_gluon_bwd_unordered", cuda,
                                                        torch.bfloat16, 1000)
         assert "bf16" in unsupported_reason("triton_gluon_bwd", cuda, torch.float16, 1024)
+
+
+@hopper
+@pytest.mark.parametrize("deterministic", [True, False], ids=["ordered", "unordered"])
+def test_op_passes_torch_opcheck(deterministic):
+    """What torch.compile relies on: the backward op's schema, fake kernel (shapes, dtypes,
+    strides) and real kernel agree, and no output aliases an input."""
+    problem = Problem.random(((2, 3), 256, 256, 64), torch.bfloat16, torch.device("cuda"),
+                             True)
+    q, k, v, do = problem.q, problem.k, problem.v, problem.do
+    o, lse = flash_forward(q, k, v, True)
+    torch.library.opcheck(op.flash_attention_backward_gluon,
+                          (q, k, v, o, lse, do, True, deterministic))
+
+
+@hopper
+def test_compiled_gives_what_eager_gives():
+    """Under torch.compile the forward and the Gluon backward run as custom ops in the
+    graph: the same kernels, so the ordered gradients equal eager ones bit for bit."""
+    torch._dynamo.reset()
+    problem = Problem.random(((2, 2), 512, 512, 128), torch.bfloat16, torch.device("cuda"),
+                             True, seed=4)
+
+    def attention(q, k, v, is_causal):
+        return FlashAttentionTritonGluonBackward.apply(q, k, v, is_causal, True)
+
+    eager = problem.run(attention)
+    compiled = problem.run(torch.compile(attention))
+    for name in eager:
+        assert torch.equal(compiled[name], eager[name]), name
+
+
+@hopper
+def test_model_with_it_compiles_to_one_graph_and_trains_as_with_ours():
+    """The model's backend name: its attention reads per-head views; compiled, the model is
+    one graph; its gradients are those of the two-pass backward up to bf16 rounding."""
+    config = ModelConfig(d_model=128, d_ff=384, num_layers=2, num_heads=2, vocab_size=512,
+                         max_seq_len=256)  # head dim 64
+    torch.manual_seed(5)
+    tokens = torch.randint(0, config.vocab_size, (2, 256), device="cuda")
+    grads = {}
+    for attention in ("triton_gluon_bwd", "flash_triton"):
+        torch.manual_seed(6)
+        model = TransformerLM(config, attention=attention).to("cuda", torch.bfloat16)
+        model(tokens, tokens).backward()
+        grads[attention] = [p.grad.float() for p in model.parameters()]
+    for ours, two_pass in zip(grads["triton_gluon_bwd"], grads["flash_triton"], strict=True):
+        torch.testing.assert_close(ours, two_pass, atol=2e-2, rtol=2e-2)
+    torch._dynamo.reset()
+    model = TransformerLM(config, attention="triton_gluon_bwd").to("cuda", torch.bfloat16)
+    explanation = torch._dynamo.explain(model)(tokens, tokens)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
