@@ -9,6 +9,7 @@ for sm_90 is checked on any machine (test_triton_builds.py)."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -212,3 +213,22 @@ def test_model_with_it_compiles_to_one_graph_and_trains_as_with_ours():
     model = TransformerLM(config, attention="triton_gluon_bwd").to("cuda", torch.bfloat16)
     explanation = torch._dynamo.explain(model)(tokens, tokens)
     assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+@hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_more_key_blocks_than_sms(head_dim):
+    """A matrix of more key blocks than the GPU has SMs: ordered, the library launches the
+    shortest programs first, so every wait for a turn ends; the longest first would leave
+    the waiting programs holding every SM, and is refused."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    seq = 128 * (sms + 4)
+    problem = Problem.random(((1,), seq, seq, head_dim), torch.bfloat16,
+                             torch.device("cuda"), True, seed=7)
+    ours = _check(problem, deterministic=True)
+    assert torch.equal(ours["dq"], problem.run(_attention(deterministic=True))["dq"])
+    o, lse = flash_forward(problem.q, problem.k, problem.v, True)
+    longest_first = replace(CONFIGS[head_dim, True], longest_first=True)
+    with pytest.raises(ValueError, match="would deadlock"):
+        gluon_backward(problem.q, problem.k, problem.v, o, lse, problem.do, True,
+                       config=longest_first)

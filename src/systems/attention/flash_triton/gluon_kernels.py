@@ -16,9 +16,10 @@ ORDERED adds a query tile's shares in a fixed order, key blocks last to first (t
 diagonal's block first), through one int32 semaphore per query tile: a writer waits until
 the tile's count says every later key block has added its share, waits for its own
 reductions to land in global memory, then bumps the count. dQ is then bit-for-bit the same
-from run to run. A program waits only for later key blocks of its own matrix, which the
-grid (key blocks fastest) launches with it or before it: no program waits for one that
-cannot start.
+from run to run. A program waits only for later key blocks of its own matrix; launched
+last to first (the shortest programs first), those started before it, so every wait ends.
+Launched first to last, a wait ends only if every key block of the matrix is resident at
+once, which the launch code checks (`gluon_launch._check_launch_order`).
 
 `prepare` (D = rowsum(O * dO) and the zeroed accumulator) and `finish` (dQ = acc * scale,
 cast) are plain Triton kernels launched before and after.

@@ -60,12 +60,14 @@ def _config(head_dim: int, ordered: bool, longest_first: bool, writers: int) -> 
 
 
 # The fastest config per (head dim, deterministic) in H100 runs of the study at 16 x 16384
-# (scripts/attention_gluon_backward.py; docs/attention.md, "The backward in Gluon").
+# (scripts/attention_gluon_backward.py; docs/attention.md, "The backward in Gluon"). Ordered
+# configs launch the shortest programs first, which no length can deadlock
+# (`_check_launch_order`).
 CONFIGS: dict[tuple[int, bool], GluonConfig] = {
     (64, False): _config(64, ordered=False, longest_first=True, writers=1),
     (64, True): _config(64, ordered=True, longest_first=False, writers=2),
     (128, False): _config(128, ordered=False, longest_first=True, writers=2),
-    (128, True): _config(128, ordered=True, longest_first=True, writers=1),
+    (128, True): _config(128, ordered=True, longest_first=False, writers=2),
 }
 
 
@@ -142,6 +144,7 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     if config.writers not in (1, 2) or BLOCK_N % config.block_m:
         raise ValueError(f"{config}: writers must be 1 or 2, and {BLOCK_N} a multiple of "
                          "block_m")
+    _check_launch_order(config, seq // BLOCK_N, q.device)
     q2, k2, v2, o2, do2 = (_aligned_rows(t) for t in (q, k, v, o, do))
     rows = q2.shape[0]
 
@@ -165,6 +168,19 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
         num_warps=CONSUMER_WARPS, maxnreg=config.max_regs)
     finish(acc, dq)
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+
+
+def _check_launch_order(config: GluonConfig, key_blocks: int, device: torch.device) -> None:
+    """Ordered, a key block waits for the later key blocks of its matrix. Launched last to
+    first, those started before it: it always waits on programs that run. Launched first
+    to last, they start after it, which needs every key block of a matrix resident at once
+    (one program per SM: its shared memory is over half an SM's), or the waiting programs
+    fill the GPU and the ones they wait for never start."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if config.ordered and config.longest_first and key_blocks > sms:
+        raise ValueError(f"ordered with the longest programs first needs at most one key "
+                         f"block per SM ({sms}), got {key_blocks}: it would deadlock; launch "
+                         "the shortest first")
 
 
 def _aligned_rows(t: torch.Tensor) -> torch.Tensor:
