@@ -220,8 +220,9 @@ def attempt(row: dict[str, object], work: Callable[[], dict[str, object]]) -> di
 
 def cudnn_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
               expected: list[torch.Tensor]) -> dict[str, object]:
-    """cuDNN's errors against `expected` and its forward and backward times, causal, on
-    (batch, 1, seq, d) views; its backward is the one its forward picked."""
+    """cuDNN's errors against `expected`, how far two of its backward's dQs differ, and its
+    forward and backward times, causal, on (batch, 1, seq, d) views; its backward is the
+    one its forward picked."""
     batch, seq, head_dim = q.shape
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         qc, kc, vc = (t.view(batch, 1, seq, head_dim).detach().requires_grad_()
@@ -230,7 +231,10 @@ def cudnn_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tenso
         out = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True)
         grads = torch.autograd.grad(out, (qc, kc, vc), doc, retain_graph=True)
         found: dict[str, object] = _errors([g.view(q.shape) for g in grads], expected, "vs_ref")
-        del grads
+        # Whether cuDNN's own backward adds dQ in a fixed order: a second call's dQ.
+        again = torch.autograd.grad(out, (qc, kc, vc), doc, retain_graph=True)
+        found["dq_run_to_run"] = _max_abs(grads[0], again[0])
+        del grads, again
         found["forward_ms"] = _bench(
             lambda: F.scaled_dot_product_attention(qc, kc, vc, is_causal=True))
         found["backward_ms"] = _bench(

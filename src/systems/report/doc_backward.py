@@ -195,6 +195,9 @@ def gluon_backward(repo: Path, file: str) -> str:
         configs += [[shape, _gluon_config(r),
                      f"failed: {r['error']}" if "error" in r else _ms(r, "backward_ms"),
                      _ratio(r, ours), _ratio(r, rival), _gluon_dq_column(r)] for r in gluon]
+        if "dq_run_to_run" in rival:  # runs that asked whether cuDNN's dQ is fixed too
+            configs.append([shape, "cuDNN (SDPA)", _ms(rival, "backward_ms"),
+                            _ratio(rival, ours), _ratio(rival, rival), _gluon_dq_column(rival)])
     tables = [markdown_table(["b x seq x d", "ours dQ pass ms", "ours dK/dV pass ms",
                               "ours backward (two passes) ms", "cuDNN backward ms",
                               "Gluon backward ms", "its config", "Gluon / two passes",
