@@ -26,9 +26,9 @@ Every case records the first call's time (compilation and JIT included) as
 `cold_start_s`. Profiles: `smoke` (CPU-sized); `quick`, the regression baseline (a few
 minutes on one H100): eager bf16 forward+backward at batch 1, seq 1024..65536, d 64 and
 128, ours against SDPA flash, SDPA cuDNN and compiled flex_attention; 16 x 16384 x 128 and
-the leaderboard (16 x 16384 x 64) for ours, also with the fused Gluon backward (ordered and
-not), against the two SDPA backends; and graph replay at seq 1024 and 16384 of the same
-five; `full` (every study, graph replay of those five at d = 64 and 128; select with -k).
+the leaderboard (16 x 16384 x 64) for ours against the two SDPA backends; and graph replay
+at seq 1024 and 16384; `full` (every study, and ours with the fused Gluon backward, ordered
+and not, in the 16 x 16384 cases and graph replay at d = 64 and 128; select with -k).
 
 Implementations are looked up by name in `systems.attention.registry`.
 """
@@ -65,11 +65,12 @@ QUICK_SEQS = (1024, 4096, 16384, 65536)
 # So our eager batch-1 cases on CUDA also take rounds in turn with these rivals.
 INTERLEAVED_RIVALS = ("sdpa_flash", "sdpa_cudnn")
 INTERLEAVED_ROUNDS = 30
-# Ours with the fused Gluon backward (sm_90 only), ordered (deterministic) and not.
-GLUON_BACKWARDS = ("triton_gluon_bwd", "triton_gluon_bwd_unordered")
 # At 16 x 16384 (the leaderboard's size) flex_attention is far behind: the fused SDPA
-# backends are the rivals there, of ours with each backward.
-LEADERBOARD_RIVALS = ("triton", *GLUON_BACKWARDS, "sdpa_cudnn", "sdpa_flash")
+# backends are the rivals there.
+LEADERBOARD_RIVALS = ("triton", "sdpa_cudnn", "sdpa_flash")
+# Ours with the fused Gluon backward (sm_90 only), ordered (deterministic) and not: in the
+# full profile beside our default at the leaderboard's size and d = 128, eager and replayed.
+GLUON_BACKWARDS = ("triton_gluon_bwd", "triton_gluon_bwd_unordered")
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,8 @@ def perf_cases(profile: str) -> list[AttentionCase]:
     # The leaderboard's shape one pass at a time: where the rivals gain or lose.
     leaderboard_passes = [AttentionCase(impl, (16, 1, 16384, 64), "bf16", mode, is_causal=True)
                           for impl, mode in itertools.product(RIVALS, ("forward", "backward"))]
-    cases = sweep + wide + every_seq + fp16_eager + leaderboard_passes
+    gluon_wide = [replace(wide[0], impl=impl) for impl in GLUON_BACKWARDS]
+    cases = sweep + wide + gluon_wide + every_seq + fp16_eager + leaderboard_passes
     return list({case.id: case for case in cases}.values())
 
 
@@ -204,7 +206,8 @@ def test_attention_handout_sweep(perf_case: AttentionCase, device, synced_benchm
 test_attention_handout_sweep.perf_cases = handout_cases
 
 
-LEADERBOARD_IMPLEMENTATIONS = ("triton_compiled", *LEADERBOARD_RIVALS, "flex_compiled")
+LEADERBOARD_IMPLEMENTATIONS = ("triton_compiled", *LEADERBOARD_RIVALS, *GLUON_BACKWARDS,
+                               "flex_compiled")
 
 
 def leaderboard_cases(profile: str) -> list[AttentionCase]:
