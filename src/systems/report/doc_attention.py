@@ -188,20 +188,26 @@ def attention_eager_interleaved(repo: Path, history_file: str) -> str:
         f"medians in ms of {each} rounds per implementation, taken in turn in one run")
 
 
+def _has_do_bench(r: Result) -> bool:
+    return isinstance(r.get(keys.DO_BENCH_MEDIAN_MS), int | float)
+
+
+def _do_bench_seconds(r: Result) -> float:
+    """The leaderboard case's do_bench median (saved in ms), in seconds."""
+    return r.get(keys.DO_BENCH_MEDIAN_MS) / 1e3  # type: ignore[operator]
+
+
 def attention_device_time(repo: Path, history_file: str) -> str:
     """Device time: `test_attention_device_time` (CUDA-graph replay) and the leaderboard
     case's do_bench medians, one table each."""
     history = read_history(repo, history_file)
     replay = _only(history.results, "test_attention_device_time", lambda r: True)
-    board = _only(history.results, "test_attention_leaderboard",
-                  lambda r: isinstance(r.get(keys.DO_BENCH_MEDIAN_MS), int | float))
+    board = _only(history.results, "test_attention_leaderboard", _has_do_bench)
     parts = []
     if replay:
         parts.append(_block(history, replay, _median))
     if board:
-        parts.append(_block(history, board,
-                            lambda r: r.get(keys.DO_BENCH_MEDIAN_MS) / 1e3,  # type: ignore[operator]
-                            keys.DO_BENCH_TIME))
+        parts.append(_block(history, board, _do_bench_seconds, keys.DO_BENCH_TIME))
     if not parts:
         raise ValueError(f"{history.label} holds no device-time attention cases")
     return "\n".join(parts)
@@ -228,9 +234,8 @@ def attention_backward_variants(repo: Path, history_file: str) -> str:
                           lambda r: r.get(keys.PASS) == "forward_backward"),
                    *_only(history.results, "test_attention_leaderboard", lambda r: True)],
          _median),
-        ("do_bench", _only(history.results, "test_attention_leaderboard",
-                           lambda r: isinstance(r.get(keys.DO_BENCH_MEDIAN_MS), int | float)),
-         lambda r: r.get(keys.DO_BENCH_MEDIAN_MS) / 1e3),  # type: ignore[operator]
+        ("do_bench", _only(history.results, "test_attention_leaderboard", _has_do_bench),
+         _do_bench_seconds),
         ("graph replay", _only(history.results, "test_attention_device_time", lambda r: True),
          _median),
     ]

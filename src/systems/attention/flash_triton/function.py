@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from systems.attention.autograd import (
@@ -136,7 +138,6 @@ class FlashAttentionTritonGluonBackward(torch.autograd.Function):
     @staticmethod
     @refuse_double_backward("FlashAttentionTritonGluonBackward")
     def backward(ctx, do: torch.Tensor):
-        def gluon_backward(q, k, v, o, lse, do, is_causal):
-            return attention_backward_gluon(q, k, v, o, lse, do, is_causal, ctx.deterministic)
-
+        gluon_backward = functools.partial(attention_backward_gluon,
+                                           deterministic=ctx.deterministic)
         return (*backward_from_saved(ctx, gluon_backward, do), None)

@@ -22,6 +22,7 @@ from systems.attention.flash_triton.gluon_kernels import (
     gluon_backward_kernel,
     prepare_kernel,
 )
+from systems.attention.flash_triton.launch import _sm_count
 from systems.triton_build import build_for_hopper
 
 SM_REGISTERS = 65536
@@ -176,7 +177,7 @@ def _check_launch_order(config: GluonConfig, key_blocks: int, device: torch.devi
     to last, they start after it, which needs every key block of a matrix resident at once
     (one program per SM: its shared memory is over half an SM's), or the waiting programs
     fill the GPU and the ones they wait for never start."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sm_count(device)
     if config.ordered and config.longest_first and key_blocks > sms:
         raise ValueError(f"ordered with the longest programs first needs at most one key "
                          f"block per SM ({sms}), got {key_blocks}: it would deadlock; launch "
