@@ -6,15 +6,16 @@ The kernel is the library's (`systems.attention.flash_triton.gluon_launch`): a p
 loads Q, dO, LSE and D by TMA into a ring of shared buffers, two consumer warpgroups own 64
 keys each of a 128-key block and run S^T, dP^T, dV, dK and the query tile's dQ share, and
 one or two writer warps add each warpgroup's half of the share into an fp32 accumulator by
-TMA bulk reductions, in the order the halves arrive or, `ordered`, key blocks last to first
-through a semaphore per query tile (deterministic). Its time counts, as our dQ pass and
-cuDNN's backward do, D = rowsum(O * dO) with zeroing the accumulator (one Triton kernel
-before) and dQ = acc * scale cast to bf16 (one after). Per head dim it reports each
-backward's max abs errors against an fp32 reference (attention_dq_reduce's), how far two
-runs of a config's dQ differ, and do_bench medians of our forward and two-pass backward (and
-of its dQ pass, D included, and its dK/dV pass alone: dq_pass_ms, dkdv_pass_ms), cuDNN's
-forward and backward and each config. A config that fails to build or run is recorded as an
-error row.
+TMA bulk reductions, in the order the halves arrive or, `ordered`, in a fixed order of key
+blocks through a semaphore per query tile (deterministic). The schedule sets the order
+programs launch and walk their query tiles in (`gluon_kernels`' docstring). Its time
+counts, as our dQ pass and cuDNN's backward do, D = rowsum(O * dO) with zeroing the
+accumulator (one Triton kernel before) and dQ = acc * scale cast to bf16 (one after). Per
+head dim it reports each backward's max abs errors against an fp32 reference
+(attention_dq_reduce's), how far two runs of a config's dQ differ, and do_bench medians of
+our forward and two-pass backward (and of its dQ pass, D included, and its dK/dV pass
+alone: dq_pass_ms, dkdv_pass_ms), cuDNN's forward and backward and each config. A config
+that fails to build or run is recorded as an error row.
 
 The ablations and other dQ modes of earlier runs (atomics, whole-share hand-off, discard,
 skip, half reductions, early slot release, landed without a turn) were measured by this
@@ -48,6 +49,7 @@ from systems.attention.flash_triton.gluon_kernels import BLOCK_N
 from systems.attention.flash_triton.gluon_launch import CONFIGS as LIBRARY_CONFIGS
 from systems.attention.flash_triton.gluon_launch import (
     HEAD_DIMS,
+    SCHEDULES,
     GluonConfig,
     build,
     finish,
@@ -58,11 +60,11 @@ from systems.triton_build import HOPPER_SHARED_BYTES
 
 
 def _variants(head_dim: int) -> list[GluonConfig]:
-    """The library's two configs, then the other launch orders and writer counts."""
+    """The library's two configs, then the other schedules and writer counts."""
     chosen = [LIBRARY_CONFIGS[head_dim, False], LIBRARY_CONFIGS[head_dim, True]]
-    others = [replace(chosen[ordered], ordered=bool(ordered), longest_first=longest,
+    others = [replace(chosen[ordered], ordered=bool(ordered), schedule=schedule,
                       writers=writers)
-              for ordered in (0, 1) for longest in (True, False) for writers in (1, 2)]
+              for ordered in (0, 1) for schedule in SCHEDULES for writers in (1, 2)]
     return chosen + [c for c in others if c not in chosen]
 
 
@@ -70,7 +72,7 @@ CONFIGS: dict[int, list[GluonConfig]] = {head_dim: _variants(head_dim)
                                          for head_dim in HEAD_DIMS}
 """Per head dim, the library's unordered and ordered configs (the fastest of earlier H100
 runs at 16 x 16384: overlapped MMAs at d = 64, synchronous at d = 128), then each with the
-other launch order and writer count."""
+other schedules and writer count."""
 
 
 def build_only(emit: Callable[[dict[str, object]], None]) -> None:

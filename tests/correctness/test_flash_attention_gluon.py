@@ -19,7 +19,7 @@ from test_flash_attention import Problem, _reference, assert_close_as_pytorch
 
 from systems.attention import get_attention, unsupported_reason
 from systems.attention.flash_triton import FlashAttentionTritonGluonBackward, flash_forward, op
-from systems.attention.flash_triton.gluon_launch import CONFIGS, gluon_backward
+from systems.attention.flash_triton.gluon_launch import CONFIGS, SCHEDULES, gluon_backward
 from systems.attention.flash_triton.gluon_launch import (
     unsupported_reason as gluon_unsupported_reason,
 )
@@ -72,15 +72,18 @@ def test_any_number_of_key_blocks_and_matrices(lead, blocks, d, deterministic, s
 
 
 @hopper
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("key", sorted(CONFIGS), ids=lambda k: f"d{k[0]}-{'ordered' * k[1]}")
-def test_every_buffer_is_written(key):
-    """D, the dQ accumulator and the three gradients start as NaN; none survives."""
+def test_every_buffer_is_written(key, schedule):
+    """D, the dQ accumulator and the three gradients start as NaN; none survives, in any
+    launch order and tile order (6 matrices: alternating walks odd ones down)."""
     head_dim, deterministic = key
     problem = Problem.random(((2, 3), 768, 768, head_dim), torch.bfloat16,
                              torch.device("cuda"), True, seed=1)
     o, lse = flash_forward(problem.q, problem.k, problem.v, True)
+    config = replace(CONFIGS[key], schedule=schedule)
     grads = gluon_backward(problem.q, problem.k, problem.v, o, lse, problem.do, True,
-                           deterministic, poison=True)
+                           config=config, poison=True)
     exact = problem.run(_reference, torch.float64)
     same_dtype = problem.run(_reference, torch.bfloat16)
     for name, grad in zip(GRADS, grads, strict=True):
@@ -218,17 +221,18 @@ def test_model_with_it_compiles_to_one_graph_and_trains_as_with_ours():
 @hopper
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_more_key_blocks_than_sms(head_dim):
-    """A matrix of more key blocks than the GPU has SMs: ordered, the library launches the
-    shortest programs first, so every wait for a turn ends; the longest first would leave
-    the waiting programs holding every SM, and is refused."""
+    """A matrix of more key blocks than the GPU has SMs: ordered, the library's schedule
+    has every program wait only on programs launched before it, so every wait for a turn
+    ends; the longest first would leave the waiting programs holding every SM, and is
+    refused."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     seq = 128 * (sms + 4)
-    problem = Problem.random(((1,), seq, seq, head_dim), torch.bfloat16,
+    problem = Problem.random(((2,), seq, seq, head_dim), torch.bfloat16,
                              torch.device("cuda"), True, seed=7)
     ours = _check(problem, deterministic=True)
     assert torch.equal(ours["dq"], problem.run(_attention(deterministic=True))["dq"])
     o, lse = flash_forward(problem.q, problem.k, problem.v, True)
-    longest_first = replace(CONFIGS[head_dim, True], longest_first=True)
+    longest_first = replace(CONFIGS[head_dim, True], schedule="longest_first")
     with pytest.raises(ValueError, match="would deadlock"):
         gluon_backward(problem.q, problem.k, problem.v, o, lse, problem.do, True,
                        config=longest_first)

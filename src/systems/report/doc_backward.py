@@ -120,8 +120,11 @@ def _gluon_config(row: dict) -> str:
     # own kernels named a dQ mode; those saved before a field existed ran the other order:
     # matrices fastest, and key blocks last to first (the shortest programs first).
     library = "ordered" in config
+    # Runs before the schedule field said longest_first (True or False).
+    schedule = config.get("schedule") or (
+        "longest_first" if config.get("longest_first", False) else "shortest_first")
     order = ("keys" if config.get("keys_fastest", library) else "matrices") + " fastest, " + (
-        "longest first" if config.get("longest_first", False) else "shortest first")
+        schedule.replace("_", " "))
     mma = "async" if config.get("async_mma") else "sync"
     writers = config.get("writers", 1)
     mode = ("ordered" if config["ordered"] else "any order") if library else config.get(

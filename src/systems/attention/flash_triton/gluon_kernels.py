@@ -12,14 +12,22 @@ at or below the block's diagonal, split into warp-specialised roles:
   warpgroup's half as it is handed over on the warpgroup's own named barriers and adds it
   into the fp32 dQ accumulator with a TMA bulk reduction (done by the copy engine).
 
-ORDERED adds a query tile's shares in a fixed order, key blocks last to first (the
-diagonal's block first), through one int32 semaphore per query tile: a writer waits until
-the tile's count says every later key block has added its share, waits for its own
-reductions to land in global memory, then bumps the count. dQ is then bit-for-bit the same
-from run to run. A program waits only for later key blocks of its own matrix; launched
-last to first (the shortest programs first), those started before it, so every wait ends.
-Launched first to last, a wait ends only if every key block of the matrix is resident at
-once, which the launch code checks (`gluon_launch._check_launch_order`).
+ORDERED adds a query tile's shares in a fixed order through one int32 semaphore per query
+tile: a writer waits until the tile's count says it is its key block's turn, waits for its
+own reductions to land in global memory, then bumps the count. dQ is then bit-for-bit the
+same from run to run. The order follows the SCHEDULE, so that a program waits only for key
+blocks of its matrix launched before it (every wait ends) and, when all run at once, those
+reach each query tile a step ahead of it (no wait at all):
+
+- "shortest_first": key blocks launched last to first (the shortest programs first), each
+  walking its query tiles up from the diagonal; a tile's shares added last to first.
+- "alternating": even matrices as "shortest_first"; odd matrices launch first to last
+  (the longest first), walk their query tiles down to the diagonal and add first to
+  last. The long programs of odd matrices fill the SMs the short ones of even matrices
+  free, so the last wave is not left to the longest programs.
+- "longest_first": key blocks first to last, tiles up, shares last to first: a wait ends
+  only if every key block of the matrix is resident at once, which the launch code checks
+  (`gluon_launch._check_launch_order`). Unordered, it is the best packing.
 
 `prepare` (D = rowsum(O * dO) and the zeroed accumulator) and `finish` (dQ = acc * scale,
 cast) are plain Triton kernels launched before and after.
@@ -110,6 +118,27 @@ def _pass_turn(semaphore):
         "=r,l,~{memory}", [semaphore], dtype=gl.int32, is_pure=False, pack=1)
 
 
+@gluon.jit
+def _program(BLOCK: gl.constexpr, SCHEDULE: gl.constexpr):
+    """(matrix, first key, descending) of this program. `descending` is 1 where it walks
+    its query tiles down to the diagonal: odd matrices when alternating. Those, and all
+    under "longest_first", launch key blocks first to last. Each partition asks for
+    itself rather than taking them as arguments."""
+    bh = gl.program_id(1)
+    descending = (bh % 2) * (SCHEDULE == "alternating")
+    longest = descending + (SCHEDULE == "longest_first")
+    pid = gl.program_id(0)
+    key_block = pid + (1 - longest) * (gl.num_programs(0) - 1 - 2 * pid)
+    return bh, key_block * BLOCK, descending
+
+
+@gluon.jit
+def _tile_of(step, n_tiles, descending):
+    """The query tile (from the key block's diagonal) a program takes at `step`: up from
+    the diagonal, or down to it where `descending` (0 or 1)."""
+    return step + descending * (n_tiles - 1 - 2 * step)
+
+
 @gluon.constexpr_function
 def _mma_layout(rows, cols, num_warps):
     # Warpgroups stack along rows while each keeps >= 64 of them (FA3's split of the keys
@@ -121,9 +150,10 @@ def _mma_layout(rows, cols, num_warps):
 
 
 @gluon.jit
-def _load_partition(descs, bufs, bars, bh, n_q, k_start):
+def _load_partition(descs, bufs, bars, n_q, SCHEDULE: gl.constexpr):
     """Producer: K and V once, then each query tile's Q, dO, LSE and D into the ring."""
     q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc = descs
+    bh, k_start, descending = _program(k_desc.block_type.shape[0], SCHEDULE)
     q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem = bufs
     ready, empty, kv_bar = bars
     NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
@@ -133,11 +163,12 @@ def _load_partition(descs, bufs, bars, bh, n_q, k_start):
     tma.async_copy_global_to_shared(k_desc, [row0 + k_start, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [row0 + k_start, 0], kv_bar, v_smem)
     tile_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes
-    for i in range((n_q - k_start) // BLOCK_M):
+    n_tiles = (n_q - k_start) // BLOCK_M
+    for i in range(n_tiles):
         stage = i % NUM_STAGES
         # Barriers start as if phase 1 completed: the first pass over the ring waits on nothing.
         mbarrier.wait(empty.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
-        row = row0 + k_start + i * BLOCK_M
+        row = row0 + k_start + _tile_of(i, n_tiles, descending) * BLOCK_M
         bar = ready.index(stage)
         mbarrier.expect(bar, tile_bytes)
         tma.async_copy_global_to_shared(q_desc, [row, 0], bar, q_bufs.index(stage))
@@ -147,11 +178,11 @@ def _load_partition(descs, bufs, bars, bh, n_q, k_start):
 
 
 @gluon.jit
-def _tile(i, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale,
+def _tile(i, tile, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale,
           HEAD_DIM: gl.constexpr, MASKED: gl.constexpr, ASYNC: gl.constexpr):
-    """One query tile: dV += P^T dO, dK += dS^T Q, and the tile's dQ share dS K (unscaled)
-    handed to the writers. ASYNC overlaps the softmax with dP^T and the dS^T store with dV
-    and dK."""
+    """Step i, query tile `tile` (from the diagonal): dV += P^T dO, dK += dS^T Q, and the
+    tile's dQ share dS K (unscaled) handed to the writers. ASYNC overlaps the softmax with
+    dP^T and the dS^T store with dV and dK."""
     q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem = bufs
     ready, empty, kv_bar = bars
     NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
@@ -165,7 +196,7 @@ def _tile(i, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale,
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
 
     stage = i % NUM_STAGES
-    q_start = k_start + i * BLOCK_M
+    q_start = k_start + tile * BLOCK_M
     mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
     q_s = q_bufs.index(stage)
     do_s = do_bufs.index(stage)
@@ -212,25 +243,29 @@ def _tile(i, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale,
 
 
 @gluon.jit
-def _dq_partition(dq_desc, dq_bufs, semaphores, bh, n_q, k_start, ORDERED: gl.constexpr,
-                  WRITER: gl.constexpr, WRITERS: gl.constexpr):
-    """dQ writer WRITER of WRITERS (tiles WRITER, WRITER + WRITERS, ...): each tile's two
+def _dq_partition(dq_desc, dq_bufs, semaphores, n_q, SCHEDULE: gl.constexpr,
+                  ORDERED: gl.constexpr, WRITER: gl.constexpr, WRITERS: gl.constexpr):
+    """dQ writer WRITER of WRITERS (steps WRITER, WRITER + WRITERS, ...): each tile's two
     halves reduced into the accumulator as their warpgroups hand them over; ORDERED first
-    waits for the key blocks after this one to have added theirs (`semaphores`: one per
-    query tile of every matrix, counting the key blocks done)."""
+    waits for the key blocks before this one in the tile's order to have added theirs
+    (`semaphores`: one per query tile of every matrix, counting the key blocks done)."""
     BLOCK_M: gl.constexpr = dq_bufs.type.shape[1]
     HALF: gl.constexpr = dq_desc.block_type.shape[1]
+    bh, k_start, descending = _program(KEY_BLOCK, SCHEDULE)
     row0 = bh * n_q + k_start
     n_tiles = (n_q - k_start) // BLOCK_M
     semaphores = semaphores + bh * (n_q // BLOCK_M)
+    key_block = k_start // KEY_BLOCK
     for i in range(WRITER, n_tiles, WRITERS):
-        q_start = k_start + i * BLOCK_M
-        if ORDERED:  # key blocks add last to first: the diagonal's first
+        tile = _tile_of(i, n_tiles, descending)
+        q_start = k_start + tile * BLOCK_M
+        if ORDERED:  # walking down, key blocks add first to last; up, the diagonal's first
             last_key_block = (q_start + BLOCK_M - 1) // KEY_BLOCK
-            _wait_turn(semaphores + q_start // BLOCK_M, last_key_block - k_start // KEY_BLOCK)
+            turn = last_key_block - key_block + descending * (2 * key_block - last_key_block)
+            _wait_turn(semaphores + q_start // BLOCK_M, turn)
         for half in gl.static_range(2):
             _named_sync(FULL_BARRIER + (i % 2) * 2 + half)
-            _tma_reduce_add(dq_desc, [row0 + i * BLOCK_M, half * HALF],
+            _tma_reduce_add(dq_desc, [row0 + tile * BLOCK_M, half * HALF],
                             dq_bufs.index(i % 2).slice(half * HALF, HALF, dim=1))
         tma.store_wait(0)  # both halves read: the slot may be refilled
         if i < n_tiles - 2:  # the consumers wait on a slot from their third tile on
@@ -241,10 +276,30 @@ def _dq_partition(dq_desc, dq_bufs, semaphores, bh, n_q, k_start, ORDERED: gl.co
 
 
 @gluon.jit
-def _compute_partition(bufs, bars, ds_bufs, dq_bufs, dK, dV, bh, n_q, k_start,
+def _walk(dk, dv, n_tiles, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale,
+          HEAD_DIM: gl.constexpr, ASYNC: gl.constexpr, DESCENDING: gl.constexpr):
+    """Every query tile of the key block, up from the diagonal or down to it: the
+    diagonal's tiles (masked) come first walking up, last walking down."""
+    BLOCK_M: gl.constexpr = bufs[0].type.shape[1]
+    n_diagonal: gl.constexpr = KEY_BLOCK // BLOCK_M
+    first_masked = n_tiles - n_diagonal if DESCENDING else 0
+    for i in range(first_masked):
+        dk, dv = _tile(i, _tile_of(i, n_tiles, DESCENDING), dk, dv, bufs, bars, ds_bufs,
+                       dq_bufs, keys, k_start, qk_scale, HEAD_DIM, False, ASYNC)
+    for i in range(first_masked, first_masked + n_diagonal):
+        dk, dv = _tile(i, _tile_of(i, n_tiles, DESCENDING), dk, dv, bufs, bars, ds_bufs,
+                       dq_bufs, keys, k_start, qk_scale, HEAD_DIM, True, ASYNC)
+    for i in range(first_masked + n_diagonal, n_tiles):
+        dk, dv = _tile(i, _tile_of(i, n_tiles, DESCENDING), dk, dv, bufs, bars, ds_bufs,
+                       dq_bufs, keys, k_start, qk_scale, HEAD_DIM, False, ASYNC)
+    return dk, dv
+
+
+@gluon.jit
+def _compute_partition(bufs, bars, ds_bufs, dq_bufs, dK, dV, n_q, SCHEDULE: gl.constexpr,
                        SM_SCALE: gl.constexpr, HEAD_DIM: gl.constexpr, ASYNC: gl.constexpr):
-    """Consumers (the default partition, two warpgroups): every query tile from the key
-    block's diagonal down, then dK (scaled) and dV stored as bf16."""
+    """Consumers (the default partition, two warpgroups): every query tile at or below the
+    key block's diagonal, then dK (scaled) and dV stored as bf16."""
     q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem = bufs
     ready, empty, kv_bar = bars
     BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
@@ -252,22 +307,26 @@ def _compute_partition(bufs, bars, ds_bufs, dq_bufs, dK, dV, bh, n_q, k_start,
     s_layout: gl.constexpr = _mma_layout(BLOCK_N, BLOCK_M, gl.num_warps())
     kv_layout: gl.constexpr = _mma_layout(BLOCK_N, HEAD_DIM, gl.num_warps())
     qk_scale = SM_SCALE * LOG2E
+    bh, k_start, descending = _program(BLOCK_N, SCHEDULE)
     keys = k_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, s_layout))
-    matrix = (bh * n_q).to(gl.int64) * HEAD_DIM
 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     mbarrier.wait(kv_bar, 0)
-    n_diagonal: gl.constexpr = BLOCK_N // BLOCK_M
-    for i in range(n_diagonal):
-        dk, dv = _tile(i, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale,
-                       HEAD_DIM, True, ASYNC)
-    for i in range(n_diagonal, (n_q - k_start) // BLOCK_M):
-        dk, dv = _tile(i, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale,
-                       HEAD_DIM, False, ASYNC)
+    n_tiles = (n_q - k_start) // BLOCK_M
+    # Each direction's loops built for it: one set of loops with the direction a runtime
+    # value spills more at d = 128, where dK and dV fill the registers.
+    if descending:
+        dk, dv = _walk(dk, dv, n_tiles, bufs, bars, ds_bufs, dq_bufs, keys, k_start,
+                       qk_scale, HEAD_DIM, ASYNC, True)
+    else:
+        dk, dv = _walk(dk, dv, n_tiles, bufs, bars, ds_bufs, dq_bufs, keys, k_start,
+                       qk_scale, HEAD_DIM, ASYNC, False)
 
+    bh, k_start, descending = _program(BLOCK_N, SCHEDULE)
     rows = k_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, kv_layout))
     cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, kv_layout))
+    matrix = (bh * n_q).to(gl.int64) * HEAD_DIM
     offsets = matrix + gl.expand_dims(rows, 1) * HEAD_DIM + gl.expand_dims(cols, 0)
     gl.store(dK + offsets, (dk * SM_SCALE).to(gl.bfloat16))
     gl.store(dV + offsets, dv.to(gl.bfloat16))
@@ -278,22 +337,17 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                           dK, dV, semaphores, n_q, SM_SCALE: gl.constexpr,
                           NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
                           WORKER_REGS: gl.constexpr, ASYNC_MMA: gl.constexpr,
-                          ORDERED: gl.constexpr, LONGEST_FIRST: gl.constexpr,
+                          ORDERED: gl.constexpr, SCHEDULE: gl.constexpr,
                           WRITERS: gl.constexpr):
     """Grid (key blocks, matrices); causal; rows of all matrices stacked ((bh * n_q, d)
-    descriptors, n_q a multiple of BLOCK_N). Key blocks run first to last (the longest
-    programs first) if LONGEST_FIRST, else last to first. dq_desc covers an fp32
+    descriptors, n_q a multiple of BLOCK_N). SCHEDULE ("longest_first", "shortest_first"
+    or "alternating", above) sets the order key blocks launch in, the order each walks
+    its query tiles, and, ORDERED, the order of a tile's shares. dq_desc covers an fp32
     (bh * n_q, d) accumulator, zeroed, in boxes of half of d; dK, dV are bf16; semaphores
     int32 (bh, n_q / BLOCK_M), zero (read only if ORDERED)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK: gl.constexpr = k_desc.block_type.shape[0]
-    bh = gl.program_id(1)
-    key_block = gl.program_id(0)
-    if not LONGEST_FIRST:
-        key_block = gl.num_programs(0) - 1 - key_block
-    k_start = key_block * BLOCK
-
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM],
                                        q_desc.layout)
     do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM],
@@ -324,18 +378,18 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
     # warp_specialize call per writer count.
     if WRITERS == 1:
         gl.warp_specialize([
-            (_compute_partition, (bufs, bars, ds_bufs, dq_bufs, dK, dV, bh, n_q, k_start,
+            (_compute_partition, (bufs, bars, ds_bufs, dq_bufs, dK, dV, n_q, SCHEDULE,
                                   SM_SCALE, HEAD_DIM, ASYNC_MMA)),
-            (_load_partition, (descs, bufs, bars, bh, n_q, k_start)),
-            (_dq_partition, (dq_desc, dq_bufs, semaphores, bh, n_q, k_start, ORDERED, 0, 1)),
+            (_load_partition, (descs, bufs, bars, n_q, SCHEDULE)),
+            (_dq_partition, (dq_desc, dq_bufs, semaphores, n_q, SCHEDULE, ORDERED, 0, 1)),
         ], [PRODUCER_WARPS, 1], [WORKER_REGS, WORKER_REGS])
     else:  # two writers, each on its slot
         gl.warp_specialize([
-            (_compute_partition, (bufs, bars, ds_bufs, dq_bufs, dK, dV, bh, n_q, k_start,
+            (_compute_partition, (bufs, bars, ds_bufs, dq_bufs, dK, dV, n_q, SCHEDULE,
                                   SM_SCALE, HEAD_DIM, ASYNC_MMA)),
-            (_load_partition, (descs, bufs, bars, bh, n_q, k_start)),
-            (_dq_partition, (dq_desc, dq_bufs, semaphores, bh, n_q, k_start, ORDERED, 0, 2)),
-            (_dq_partition, (dq_desc, dq_bufs, semaphores, bh, n_q, k_start, ORDERED, 1, 2)),
+            (_load_partition, (descs, bufs, bars, n_q, SCHEDULE)),
+            (_dq_partition, (dq_desc, dq_bufs, semaphores, n_q, SCHEDULE, ORDERED, 0, 2)),
+            (_dq_partition, (dq_desc, dq_bufs, semaphores, n_q, SCHEDULE, ORDERED, 1, 2)),
         ], [PRODUCER_WARPS, 1, 1], [WORKER_REGS] * 3)
 
 

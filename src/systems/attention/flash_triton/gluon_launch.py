@@ -38,9 +38,10 @@ class GluonConfig:
     worker_regs: int  # registers per thread the producer and dQ writers keep
     async_mma: bool  # overlap softmax and dS^T's store with the tensor cores
     ordered: bool  # dQ added in a fixed order: deterministic
-    # Key blocks first to last: the first sees every query tile (causal), so the longest
-    # programs start first and the short ones fill the last wave; else the reverse.
-    longest_first: bool
+    # The order programs launch and walk their query tiles in (SCHEDULES). A key block
+    # sees every query tile at or below its diagonal (causal), so the first key block's
+    # program is the longest; unordered, launching it first packs the SMs best.
+    schedule: str
     # dQ writer warps: with 2, each owns a slot (every other tile), so that one waits for
     # its reduction to land while the other reduces the next tile.
     writers: int
@@ -53,22 +54,25 @@ class GluonConfig:
         return SM_REGISTERS // (32 * warps) // 8 * 8
 
 
-def _config(head_dim: int, ordered: bool, longest_first: bool, writers: int) -> GluonConfig:
+# gluon_kernels.py's docstring says what each does.
+SCHEDULES = ("longest_first", "shortest_first", "alternating")
+
+
+def _config(head_dim: int, ordered: bool, schedule: str, writers: int) -> GluonConfig:
     # Overlapped MMAs paid off at d = 64; at d = 128 they leave too few registers.
     return GluonConfig(block_m=64, num_stages=2, producer_warps=1, worker_regs=24,
-                       async_mma=head_dim == 64, ordered=ordered,
-                       longest_first=longest_first, writers=writers)
+                       async_mma=head_dim == 64, ordered=ordered, schedule=schedule,
+                       writers=writers)
 
 
 # The fastest config per (head dim, deterministic) in H100 runs of the study at 16 x 16384
 # (scripts/attention_gluon_backward.py; docs/attention.md, "The backward in Gluon"). Ordered
-# configs launch the shortest programs first, which no length can deadlock
-# (`_check_launch_order`).
+# configs alternate, which no length can deadlock (`_check_launch_order`).
 CONFIGS: dict[tuple[int, bool], GluonConfig] = {
-    (64, False): _config(64, ordered=False, longest_first=True, writers=1),
-    (64, True): _config(64, ordered=True, longest_first=False, writers=2),
-    (128, False): _config(128, ordered=False, longest_first=True, writers=2),
-    (128, True): _config(128, ordered=True, longest_first=False, writers=2),
+    (64, False): _config(64, ordered=False, schedule="longest_first", writers=1),
+    (64, True): _config(64, ordered=True, schedule="alternating", writers=2),
+    (128, False): _config(128, ordered=False, schedule="longest_first", writers=2),
+    (128, True): _config(128, ordered=True, schedule="alternating", writers=2),
 }
 
 
@@ -125,7 +129,7 @@ def constexprs(head_dim: int, config: GluonConfig) -> dict[str, object]:
     return {"SM_SCALE": head_dim ** -0.5, "NUM_STAGES": config.num_stages,
             "PRODUCER_WARPS": config.producer_warps, "WORKER_REGS": config.worker_regs,
             "ASYNC_MMA": config.async_mma, "ORDERED": config.ordered,
-            "LONGEST_FIRST": config.longest_first, "WRITERS": config.writers}
+            "SCHEDULE": config.schedule, "WRITERS": config.writers}
 
 
 def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -142,9 +146,10 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
         raise ValueError(f"the Gluon backward {reason}")
     seq, head_dim = q.shape[-2:]
     config = config or CONFIGS[head_dim, deterministic]
-    if config.writers not in (1, 2) or BLOCK_N % config.block_m:
-        raise ValueError(f"{config}: writers must be 1 or 2, and {BLOCK_N} a multiple of "
-                         "block_m")
+    if config.writers not in (1, 2) or BLOCK_N % config.block_m or (
+            config.schedule not in SCHEDULES):
+        raise ValueError(f"{config}: writers must be 1 or 2, {BLOCK_N} a multiple of "
+                         f"block_m, and the schedule one of {SCHEDULES}")
     _check_launch_order(config, seq // BLOCK_N, q.device)
     q2, k2, v2, o2, do2 = (_aligned_rows(t) for t in (q, k, v, o, do))
     rows = q2.shape[0]
@@ -172,16 +177,16 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
 
 
 def _check_launch_order(config: GluonConfig, key_blocks: int, device: torch.device) -> None:
-    """Ordered, a key block waits for the later key blocks of its matrix. Launched last to
-    first, those started before it: it always waits on programs that run. Launched first
-    to last, they start after it, which needs every key block of a matrix resident at once
-    (one program per SM: its shared memory is over half an SM's), or the waiting programs
-    fill the GPU and the ones they wait for never start."""
+    """Ordered, a key block waits for the key blocks before it in its query tiles' order.
+    Shortest first or alternating, those started before it: it always waits on programs
+    that run. Longest first, they start after it, which needs every key block of a matrix
+    resident at once (one program per SM: its shared memory is over half an SM's), or the
+    waiting programs fill the GPU and the ones they wait for never start."""
     sms = _sm_count(device)
-    if config.ordered and config.longest_first and key_blocks > sms:
+    if config.ordered and config.schedule == "longest_first" and key_blocks > sms:
         raise ValueError(f"ordered with the longest programs first needs at most one key "
-                         f"block per SM ({sms}), got {key_blocks}: it would deadlock; launch "
-                         "the shortest first")
+                         f"block per SM ({sms}), got {key_blocks}: it would deadlock; "
+                         "alternate or launch the shortest first")
 
 
 def _aligned_rows(t: torch.Tensor) -> torch.Tensor:
