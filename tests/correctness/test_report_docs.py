@@ -131,6 +131,42 @@ def test_blocks_are_filled_from_the_history_with_medians_time_kind_file_and_comm
     assert render(out, generators(tmp_path)) == out  # rewriting is stable
 
 
+def _write_variants_run(repo: Path, name: str, medians: dict[str, float]) -> str:
+    """One run of the leaderboard case: ours with each backward and SDPA cuDNN."""
+    path = repo / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    benchmarks = [_bench(f"test_attention_leaderboard[{impl}-16x16384x64-bf16-causal-"
+                         "leaderboard]", impl, median, [1, 16, 16384, 64])
+                  for impl, median in medians.items()]
+    path.write_text(json.dumps({
+        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-24T01:02:03",
+        "commit_info": {"id": "0123456789abcdef", "dirty": False}, "benchmarks": benchmarks}))
+    return name
+
+
+def test_variants_block_takes_the_median_of_runs_and_each_runs_own_ratio(
+        tmp_path: Path) -> None:
+    """Three runs: times are the medians over runs; a ratio is the median of each run's
+    ratio (not the ratio of medians), with its lowest and highest."""
+    runs = [_write_variants_run(tmp_path, f"hist/run{n}.json",
+                                {"triton": ours, "triton_gluon_bwd": ordered,
+                                 "triton_gluon_bwd_unordered": 0.0045, "sdpa_cudnn": cudnn})
+            for n, (ours, ordered, cudnn) in enumerate([(0.0050, 0.0044, 0.0040),
+                                                        (0.0052, 0.0050, 0.0050),
+                                                        (0.0048, 0.0046, 0.0046)])]
+    block = (f"<!-- generated: attention-backward-variants {' '.join(runs)} -->\n"
+             "<!-- end generated -->\n")
+    out = render(block, generators(tmp_path))
+    # ours / cuDNN per run: 1.25, 1.04, 1.043 (the medians' ratio would be 1.09); ordered:
+    # 1.1, 1.0, 1.0; unordered: 1.125, 0.9, 0.978
+    assert ("| 16x16384x64 | bf16 | causal | eager | 5.000 | 4.600 | 4.500 | 4.600 | "
+            "1.04 (1.04–1.25) | 1.00 (1.00–1.10) | 0.98 (0.90–1.12) |") in out
+    assert "the median of 3 runs" in out and "hist/run2.json` (commit 0123456" in out
+    with pytest.raises(BlockError):
+        render("<!-- generated: attention-backward-variants -->\n<!-- end generated -->\n",
+               generators(tmp_path))
+
+
 def test_interleaved_block_shows_the_rounds_taken_in_turn(tmp_path: Path) -> None:
     history = _write_history(tmp_path)
     block = f"<!-- generated: attention-eager-interleaved {history} -->\n<!-- end generated -->\n"

@@ -9,6 +9,7 @@ speed moves between the moments two separate cases were timed.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -222,42 +223,75 @@ VARIANT_LABELS = {"triton": "ours (two passes)", "triton_gluon_bwd": "ours + Glu
                   "sdpa_cudnn": "SDPA cuDNN"}
 
 
-def attention_backward_variants(repo: Path, history_file: str) -> str:
+def attention_backward_variants(repo: Path, *history_files: str) -> str:
     """Forward + backward of ours with each backward (`BACKWARD_VARIANTS`) and SDPA cuDNN,
     per workload and kind of time: eager end-to-end medians (`test_attention`, the
     leaderboard case), the leaderboard case's do_bench medians, and CUDA-graph replay
-    medians (`test_attention_device_time`); each variant over cuDNN."""
-    history = read_history(repo, history_file)
+    medians (`test_attention_device_time`); each variant over cuDNN. From several runs of
+    the same cases (one file each), a time is the median over the runs, and a ratio the
+    median of each run's own ratio, with its lowest and highest."""
+    if not history_files:
+        raise ValueError("attention-backward-variants needs at least one history file")
+    histories = [read_history(repo, name) for name in history_files]
     impls = (*BACKWARD_VARIANTS, VARIANT_RIVAL)
-    kinds: list[tuple[str, list[Result], Callable[[Result], float | None]]] = [
-        ("eager", [*_only(history.results, "test_attention",
-                          lambda r: r.get(keys.PASS) == "forward_backward"),
-                   *_only(history.results, "test_attention_leaderboard", lambda r: True)],
-         _median),
-        ("do_bench", _only(history.results, "test_attention_leaderboard", _has_do_bench),
-         _do_bench_seconds),
-        ("graph replay", _only(history.results, "test_attention_device_time", lambda r: True),
-         _median),
-    ]
+    # (kind, workload) -> implementation -> its time in each run, and its ratio to cuDNN's
+    times: dict[tuple[str, tuple], dict[str, list[float]]] = {}
+    ratios: dict[tuple[str, tuple], dict[str, list[float]]] = {}
+    for history in histories:
+        for kind, results, seconds in _variant_kinds(history.results):
+            in_run: dict[tuple, dict[str, float]] = {}
+            for r in results:
+                if (impl := str(r.get(keys.IMPLEMENTATION))) in impls:
+                    in_run.setdefault(_workload(r), {})[impl] = seconds(r)
+            for workload, found in in_run.items():
+                rival = found.get(VARIANT_RIVAL)
+                for impl, t in found.items():
+                    times.setdefault((kind, workload), {}).setdefault(impl, []).append(t)
+                    if impl != VARIANT_RIVAL and rival:
+                        ratios.setdefault((kind, workload), {}).setdefault(impl, []).append(
+                            t / rival)
+    if not times:
+        raise ValueError(f"{', '.join(history_files)} hold no cases of {', '.join(impls)}")
+    kinds = [kind for kind, _, _ in _variant_kinds([])]
     rows = []
-    for kind, results, seconds in kinds:
-        by_workload: dict[tuple, dict[str, float]] = {}
-        for r in results:
-            if (impl := str(r.get(keys.IMPLEMENTATION))) in impls:
-                by_workload.setdefault(_workload(r), {})[impl] = seconds(r)
-        for (d, batch_heads, seq, dtype, causal), times in sorted(by_workload.items()):
-            rival = times.get(VARIANT_RIVAL)
-            rows.append([f"{batch_heads}x{seq}x{d}", dtype, "causal" if causal else "full",
-                         kind, *(f"{times[i] * 1e3:.3f}" if i in times else "-" for i in impls),
-                         *(f"{times[i] / rival:.2f}" if i in times and rival else "-"
-                           for i in BACKWARD_VARIANTS)])
-    if not rows:
-        raise ValueError(f"{history.label} holds no cases of {', '.join(impls)}")
+    for kind, workload in sorted(times, key=lambda key: (kinds.index(key[0]), key[1])):
+        d, batch_heads, seq, dtype, causal = workload
+        timed, ratio = times[kind, workload], ratios.get((kind, workload), {})
+        rows.append([f"{batch_heads}x{seq}x{d}", dtype, "causal" if causal else "full", kind,
+                     *(f"{statistics.median(timed[i]) * 1e3:.3f}" if i in timed else "-"
+                       for i in impls),
+                     *(_ratio_spread(ratio[i]) if i in ratio else "-"
+                       for i in BACKWARD_VARIANTS)])
     table = markdown_table(
         ["batch·heads x seq x d", "dtype", "mask", "time", *(f"{VARIANT_LABELS[i]} ms"
                                                              for i in impls),
          *(f"{VARIANT_LABELS[i]} / cuDNN" for i in BACKWARD_VARIANTS)], rows)
-    return table + "\n" + history.source(
-        "eager: end-to-end medians (host included); do_bench: device-time medians of the "
-        "leaderboard case; graph replay: medians of a CUDA graph's replays",
-        "forward + backward, in ms")
+    time_kind = ("eager: end-to-end medians (host included); do_bench: device-time medians of "
+                 "the leaderboard case; graph replay: medians of a CUDA graph's replays")
+    if len(histories) == 1:
+        return table + "\n" + histories[0].source(time_kind, "forward + backward, in ms")
+    sources = "; ".join(f"`{h.label}` (commit {h.commit}, recorded {h.recorded})"
+                        for h in histories)
+    return (f"{table}\nTime: {time_kind}; forward + backward, in ms, the median of "
+            f"{len(histories)} runs; a ratio is the median of the runs' own (lowest to "
+            f"highest). From {sources}.\n")
+
+
+def _variant_kinds(results: Sequence[Result]
+                   ) -> list[tuple[str, list[Result], Callable[[Result], float | None]]]:
+    """(kind of time, the cases timed that way, a case's seconds) of the variants table."""
+    return [
+        ("eager", [*_only(results, "test_attention",
+                          lambda r: r.get(keys.PASS) == "forward_backward"),
+                   *_only(results, "test_attention_leaderboard", lambda r: True)], _median),
+        ("do_bench", _only(results, "test_attention_leaderboard", _has_do_bench),
+         _do_bench_seconds),
+        ("graph replay", _only(results, "test_attention_device_time", lambda r: True),
+         _median),
+    ]
+
+
+def _ratio_spread(values: list[float]) -> str:
+    """The median ratio; from several runs, with its lowest to highest."""
+    median = f"{statistics.median(values):.2f}"
+    return median if len(values) == 1 else f"{median} ({min(values):.2f}–{max(values):.2f})"
