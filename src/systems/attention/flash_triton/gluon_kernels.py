@@ -16,8 +16,8 @@ ORDERED adds a query tile's shares in a fixed order through one int32 semaphore 
 tile: a writer waits until the tile's count says it is its key block's turn, waits for its
 own reductions to land in global memory, then bumps the count. dQ is then bit-for-bit the
 same from run to run. The order follows the SCHEDULE, so that a program waits only for key
-blocks of its matrix launched before it (every wait ends) and, when all run at once, those
-reach each query tile a step ahead of it (no wait at all):
+blocks of its matrix launched before it (every wait ends) and, started as the schedule
+starts them, those reach each query tile about a step ahead of it (little wait):
 
 - "shortest_first": key blocks launched last to first (the shortest programs first), each
   walking its query tiles up from the diagonal; a tile's shares added last to first.
@@ -323,7 +323,6 @@ def _compute_partition(bufs, bars, ds_bufs, dq_bufs, dK, dV, n_q, SCHEDULE: gl.c
         dk, dv = _walk(dk, dv, n_tiles, bufs, bars, ds_bufs, dq_bufs, keys, k_start,
                        qk_scale, HEAD_DIM, ASYNC, False)
 
-    bh, k_start, descending = _program(BLOCK_N, SCHEDULE)
     rows = k_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, kv_layout))
     cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, kv_layout))
     matrix = (bh * n_q).to(gl.int64) * HEAD_DIM
