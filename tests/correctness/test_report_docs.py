@@ -167,6 +167,41 @@ def test_variants_block_takes_the_median_of_runs_and_each_runs_own_ratio(
                generators(tmp_path))
 
 
+def test_do_bench_tables_take_many_matrix_cases_beside_the_leaderboard(tmp_path: Path) -> None:
+    """do_bench medians of forward + backward cases of 16 matrices and of the leaderboard
+    case fill the do_bench tables; a single pass's do_bench (the full profile's passes at
+    the leaderboard shape) is not a forward + backward and stays out."""
+    wide, board = [16, 1, 16384, 128], [16, 16384, 64]
+    benchmarks = [
+        _bench("test_attention[triton-16x1x16384x128]", "triton", 0.0090, wide,
+               do_bench_median_ms=7.0),
+        _bench("test_attention[sdpa_cudnn-16x1x16384x128]", "sdpa_cudnn", 0.0095, wide,
+               do_bench_median_ms=7.5),
+        _bench("test_attention[triton_gluon_bwd-16x1x16384x128]", "triton_gluon_bwd", 0.0093,
+               wide, do_bench_median_ms=7.2),
+        _bench("test_attention[triton-16x1x16384x64-forward]", "triton", 0.0012,
+               [16, 1, 16384, 64], mode="forward", do_bench_median_ms=1.2),
+        _bench("test_attention_leaderboard[triton-16x16384x64]", "triton", 0.0050, board,
+               mode="forward_backward(o.sum())", do_bench_median_ms=4.9),
+        _bench("test_attention_leaderboard[sdpa_cudnn-16x16384x64]", "sdpa_cudnn", 0.0046,
+               board, mode="forward_backward(o.sum())", do_bench_median_ms=4.5),
+    ]
+    name = "hist/do_bench.json"
+    (tmp_path / "hist").mkdir()
+    (tmp_path / name).write_text(json.dumps({
+        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-25T01:02:03",
+        "commit_info": {"id": "fedcba9876543210", "dirty": False}, "benchmarks": benchmarks}))
+    device = render(f"<!-- generated: attention-device-time {name} -->\n"
+                    "<!-- end generated -->\n", generators(tmp_path))
+    assert "| 16x16384x128 | bf16 | causal | 7.000 | 7.500 | 0.93 |" in device
+    assert "| 16x16384x64 | bf16 | causal | 4.900 | 4.500 | 1.09 |" in device
+    assert "1.200" not in device and "Time: device time (do_bench)" in device
+    variants = render(f"<!-- generated: attention-backward-variants {name} -->\n"
+                      "<!-- end generated -->\n", generators(tmp_path))
+    assert ("| 16x16384x128 | bf16 | causal | do_bench | 7.000 | 7.200 | - | 7.500 | 0.93 | "
+            "0.96 | - |") in variants
+
+
 def test_interleaved_block_shows_the_rounds_taken_in_turn(tmp_path: Path) -> None:
     history = _write_history(tmp_path)
     block = f"<!-- generated: attention-eager-interleaved {history} -->\n<!-- end generated -->\n"

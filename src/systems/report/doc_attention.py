@@ -193,22 +193,30 @@ def _has_do_bench(r: Result) -> bool:
     return isinstance(r.get(keys.DO_BENCH_MEDIAN_MS), int | float)
 
 
+def _do_bench_cases(results: Sequence[Result]) -> list[Result]:
+    """Forward + backward cases that recorded do_bench's median: the leaderboard case and
+    `test_attention`'s problems of many matrices."""
+    return [*_only(results, "test_attention",
+                   lambda r: _has_do_bench(r) and r.get(keys.PASS) == "forward_backward"),
+            *_only(results, "test_attention_leaderboard", _has_do_bench)]
+
+
 def _do_bench_seconds(r: Result) -> float:
-    """The leaderboard case's do_bench median (saved in ms), in seconds."""
+    """A case's do_bench median (saved in ms), in seconds."""
     return r.get(keys.DO_BENCH_MEDIAN_MS) / 1e3  # type: ignore[operator]
 
 
 def attention_device_time(repo: Path, history_file: str) -> str:
-    """Device time: `test_attention_device_time` (CUDA-graph replay) and the leaderboard
-    case's do_bench medians, one table each."""
+    """Device time: `test_attention_device_time` (CUDA-graph replay) and the do_bench
+    medians of the cases that record one (`_do_bench_cases`), one table each."""
     history = read_history(repo, history_file)
     replay = _only(history.results, "test_attention_device_time", lambda r: True)
-    board = _only(history.results, "test_attention_leaderboard", _has_do_bench)
+    do_bench = _do_bench_cases(history.results)
     parts = []
     if replay:
         parts.append(_block(history, replay, _median))
-    if board:
-        parts.append(_block(history, board, _do_bench_seconds, keys.DO_BENCH_TIME))
+    if do_bench:
+        parts.append(_block(history, do_bench, _do_bench_seconds, keys.DO_BENCH_TIME))
     if not parts:
         raise ValueError(f"{history.label} holds no device-time attention cases")
     return "\n".join(parts)
@@ -226,7 +234,7 @@ VARIANT_LABELS = {"triton": "ours (two passes)", "triton_gluon_bwd": "ours + Glu
 def attention_backward_variants(repo: Path, *history_files: str) -> str:
     """Forward + backward of ours with each backward (`BACKWARD_VARIANTS`) and SDPA cuDNN,
     per workload and kind of time: eager end-to-end medians (`test_attention`, the
-    leaderboard case), the leaderboard case's do_bench medians, and CUDA-graph replay
+    leaderboard case), do_bench medians (`_do_bench_cases`), and CUDA-graph replay
     medians (`test_attention_device_time`); each variant over cuDNN. From several runs of
     the same cases (one file each), a time is the median over the runs, and a ratio the
     median of each run's own ratio, with its lowest and highest."""
@@ -266,8 +274,8 @@ def attention_backward_variants(repo: Path, *history_files: str) -> str:
         ["batch·heads x seq x d", "dtype", "mask", "time", *(f"{VARIANT_LABELS[i]} ms"
                                                              for i in impls),
          *(f"{VARIANT_LABELS[i]} / cuDNN" for i in BACKWARD_VARIANTS)], rows)
-    time_kind = ("eager: end-to-end medians (host included); do_bench: device-time medians of "
-                 "the leaderboard case; graph replay: medians of a CUDA graph's replays")
+    time_kind = ("eager: end-to-end medians (host included); do_bench: device-time medians "
+                 "(triton.testing.do_bench); graph replay: medians of a CUDA graph's replays")
     if len(histories) == 1:
         return table + "\n" + histories[0].source(time_kind, "forward + backward, in ms")
     sources = "; ".join(f"`{h.label}` (commit {h.commit}, recorded {h.recorded})"
@@ -284,8 +292,7 @@ def _variant_kinds(results: Sequence[Result]
         ("eager", [*_only(results, "test_attention",
                           lambda r: r.get(keys.PASS) == "forward_backward"),
                    *_only(results, "test_attention_leaderboard", lambda r: True)], _median),
-        ("do_bench", _only(results, "test_attention_leaderboard", _has_do_bench),
-         _do_bench_seconds),
+        ("do_bench", _do_bench_cases(results), _do_bench_seconds),
         ("graph replay", _only(results, "test_attention_device_time", lambda r: True),
          _median),
     ]
