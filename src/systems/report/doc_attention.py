@@ -235,7 +235,8 @@ def attention_backward_variants(repo: Path, *history_files: str) -> str:
     """Forward + backward of ours with each backward (`BACKWARD_VARIANTS`) and SDPA cuDNN,
     per workload and kind of time: eager end-to-end medians (`test_attention`, the
     leaderboard case), do_bench medians (`_do_bench_cases`), and CUDA-graph replay
-    medians (`test_attention_device_time`); each variant over cuDNN. From several runs of
+    medians (`test_attention_device_time`); each variant over cuDNN, where a backward
+    other than the default was timed. From several runs of
     the same cases (one file each), a time is the median over the runs, and a ratio the
     median of each run's own ratio, with its lowest and highest."""
     if not history_files:
@@ -258,18 +259,21 @@ def attention_backward_variants(repo: Path, *history_files: str) -> str:
                     if impl != VARIANT_RIVAL and rival:
                         ratios.setdefault((kind, workload), {}).setdefault(impl, []).append(
                             t / rival)
-    if not times:
-        raise ValueError(f"{', '.join(history_files)} hold no cases of {', '.join(impls)}")
     kinds = [kind for kind, _, _ in _variant_kinds([])]
     rows = []
     for kind, workload in sorted(times, key=lambda key: (kinds.index(key[0]), key[1])):
         d, batch_heads, seq, dtype, causal = workload
         timed, ratio = times[kind, workload], ratios.get((kind, workload), {})
+        if not set(timed) & set(BACKWARD_VARIANTS[1:]):
+            continue  # only the default backward here: the rival tables have it
         rows.append([f"{batch_heads}x{seq}x{d}", dtype, "causal" if causal else "full", kind,
                      *(f"{statistics.median(timed[i]) * 1e3:.3f}" if i in timed else "-"
                        for i in impls),
                      *(_ratio_spread(ratio[i]) if i in ratio else "-"
                        for i in BACKWARD_VARIANTS)])
+    if not rows:
+        raise ValueError(f"{', '.join(history_files)} hold no forward + backward of "
+                         f"{', '.join(BACKWARD_VARIANTS[1:])}")
     table = markdown_table(
         ["batch·heads x seq x d", "dtype", "mask", "time", *(f"{VARIANT_LABELS[i]} ms"
                                                              for i in impls),
