@@ -409,9 +409,9 @@ class SynchronizedBenchmark:
                            rep_ms: int) -> None:
         """do_bench's device time of `fn` (median and mean, ms) beside the rounds."""
         stats = device_time(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
-        self.benchmark.extra_info.update(do_bench_median_ms=stats.median * 1e3,
-                                         do_bench_mean_ms=stats.mean * 1e3,
-                                         do_bench_timing=stats.kind)
+        self.benchmark.extra_info.update({keys.DO_BENCH_MEDIAN_MS: stats.median * 1e3,
+                                          keys.DO_BENCH_MEAN_MS: stats.mean * 1e3,
+                                          "do_bench_timing": stats.kind})
 
 
 def release_device_memory() -> None:

@@ -166,6 +166,28 @@ def test_repeats_pool_rounds_and_keep_each_runs_median() -> None:
         add_repeat(run("a", [1.0]), other_case)
 
 
+def test_repeats_pool_do_bench_readings_only_where_every_run_has_one() -> None:
+    def run(do_bench: tuple[float, float] | None) -> dict:
+        info = {} if do_bench is None else {keys.DO_BENCH_MEDIAN_MS: do_bench[0],
+                                            keys.DO_BENCH_MEAN_MS: do_bench[1]}
+        return {"commit_info": {"id": "a"}, "machine_info": {"device_name": "GPU",
+                                                             "gpu_count": 1},
+                "benchmarks": [{"name": "c", "fullname": "t.py::c", "extra_info": info,
+                                "stats": {"data": [1.0], "median": 1.0, "iterations": 1}}]}
+
+    pooled = add_repeat(run((7.0, 7.3)), run((7.6, 7.9)))
+    pooled = add_repeat(pooled, run((7.2, 7.2)))
+    (info,) = (bench["extra_info"] for bench in pooled["benchmarks"])
+    assert info[keys.DO_BENCH_RUN_MEDIANS_MS] == [7.0, 7.6, 7.2]
+    assert info[keys.DO_BENCH_MEDIAN_MS] == 7.2  # the median run's, not the first run's
+    assert info[keys.DO_BENCH_MEAN_MS] == pytest.approx((7.3 + 7.9 + 7.2) / 3)
+    # A run without a reading leaves the pooled case without one.
+    for first, second in (((7.0, 7.3), None), (None, (7.0, 7.3))):
+        (bench,) = add_repeat(run(first), run(second))["benchmarks"]
+        assert not {keys.DO_BENCH_MEDIAN_MS, keys.DO_BENCH_MEAN_MS,
+                    keys.DO_BENCH_RUN_MEDIANS_MS} & set(bench["extra_info"])
+
+
 def test_short_wall_timed_rounds_are_not_gated_but_device_timed_ones_are() -> None:
     short = Timing(0.001, 0.00001, kind="wall")
     slowed = Timing(0.0015, 0.00001, kind="wall")

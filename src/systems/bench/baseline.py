@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -177,7 +178,9 @@ def add_repeat(baseline: dict, repeat: dict) -> dict:
     """`baseline` with `repeat`, another complete run of the same commit on the same GPU
     model, pooled in: each case's rounds together (its stats recomputed over all of them)
     and each run's median kept in `extra_info["run_medians"]`, which the gate reads as the
-    case's drift between runs. The host speed probe of each run is kept in
+    case's drift between runs. A case that recorded do_bench in every run keeps each run's
+    do_bench median, and its median and mean become those over the runs (`_pooled_do_bench`).
+    The host speed probe of each run is kept in
     `machine_info["host_python_loop_ms_runs"]` while every pooled run recorded one (a run
     without it drops the probe from the pooled file, which then says nothing rather than
     something about only some of its runs). Raises ValueError when the runs do not belong
@@ -206,11 +209,30 @@ def add_repeat(baseline: dict, repeat: dict) -> dict:
             **bench,
             "stats": {**stats.as_dict(), "data": data,
                       "iterations": bench["stats"].get("iterations", 1)},
-            "extra_info": {**bench["extra_info"],
+            "extra_info": {**_pooled_do_bench(bench["extra_info"], other["extra_info"]),
                            keys.RUN_MEDIANS: [*run_medians, other["stats"]["median"]]},
         })
     return {**baseline, "machine_info": _pooled_host_probe(baseline, repeat),
             "benchmarks": pooled}
+
+
+def _pooled_do_bench(pooled: dict, repeat: dict) -> dict:
+    """A case's extra_info with the repeat's do_bench reading pooled in: each run's median
+    kept, the median of those as the case's, the mean of the runs' means. Where either side
+    lacks a reading, the pooled case has none: a reading of only some runs is not the
+    pooled case's."""
+    names = (keys.DO_BENCH_MEDIAN_MS, keys.DO_BENCH_MEAN_MS, keys.DO_BENCH_RUN_MEDIANS_MS)
+    info = {name: value for name, value in pooled.items() if name not in names}
+    if keys.DO_BENCH_MEDIAN_MS not in pooled or keys.DO_BENCH_MEDIAN_MS not in repeat:
+        return info
+    medians = [*(pooled.get(keys.DO_BENCH_RUN_MEDIANS_MS) or [pooled[keys.DO_BENCH_MEDIAN_MS]]),
+               repeat[keys.DO_BENCH_MEDIAN_MS]]
+    # The pooled mean weighs runs alike: every run's do_bench took about the same time.
+    runs_before = len(medians) - 1
+    mean = (pooled[keys.DO_BENCH_MEAN_MS] * runs_before + repeat[keys.DO_BENCH_MEAN_MS]) / (
+        runs_before + 1)
+    return {**info, keys.DO_BENCH_RUN_MEDIANS_MS: medians,
+            keys.DO_BENCH_MEDIAN_MS: statistics.median(medians), keys.DO_BENCH_MEAN_MS: mean}
 
 
 def _pooled_host_probe(baseline: dict, repeat: dict) -> dict:

@@ -67,8 +67,11 @@ WARMUP_ROUNDS = "warmup_rounds"
 # The warm-up study times end-to-end steps too; it is told apart by its test's name.
 WARMUP_STUDY_TEST = "test_warmup_study"
 
-# The leaderboard case also records triton.testing.do_bench's median (device time), ms.
+# Cases of many matrices also record triton.testing.do_bench's median and mean (device
+# time), ms; a pooled baseline keeps each run's median too (systems.bench.baseline).
 DO_BENCH_MEDIAN_MS = "do_bench_median_ms"
+DO_BENCH_MEAN_MS = "do_bench_mean_ms"
+DO_BENCH_RUN_MEDIANS_MS = "do_bench_run_medians_ms"
 # A recipe whose whole step is replayed from one CUDA graph.
 CUDA_GRAPH = "cuda_graph"
 TIMING = "timing"  # "wall" or "device": which clock the rounds read (systems.bench.timing)
