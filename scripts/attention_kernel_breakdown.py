@@ -5,10 +5,11 @@
 For each head dim (64 and 128 by default) at 16 x 16384, bf16, causal, and each
 implementation (ours with the default two-pass backward, with the Gluon backward ordered and
 unordered, and SDPA's cuDNN backend): the `test_attention` step (`torch.autograd.grad` of
-the output against a random dO) warmed up, then profiled for a few steps with
-torch.profiler. Every kernel's device time is summed per step and grouped by name; the
-steps' CUDA-event time is recorded beside it, so time outside kernels (gaps) shows as the
-difference. Writes DIR/attention_kernel_breakdown.json and .md.
+the output against a random dO) warmed up, timed by CUDA events over a few steps, then
+profiled for as many with torch.profiler. Every kernel's device time is summed per step
+and grouped by name; the events' time beside the kernels' sum shows time outside kernels
+(gaps), or how far two windows of the same steps differ. Writes
+DIR/attention_kernel_breakdown.json and .md.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -25,10 +25,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from systems.bench.attention import UnsupportedWorkload, build_attention_workload
 from systems.common.formatting import markdown_table, shorten
-from systems.profiling.kernel_summary import collect_timed_ops
 
 IMPLEMENTATIONS = ("triton", "triton_gluon_bwd", "triton_gluon_bwd_unordered", "sdpa_cudnn")
-WARMUP, STEPS = 3, 10
+WARMUP, STEPS = 3, 20
 
 
 def _event_ms(step, steps: int) -> float:
@@ -55,28 +54,21 @@ def breakdown(impl: str, head_dim: int, batch: int, seq: int) -> dict[str, objec
         for _ in range(STEPS):
             workload.step()
         torch.cuda.synchronize()
-    by_kernel: dict[str, float] = defaultdict(float)
-    for op in collect_timed_ops(prof.events(), on_gpu=True):
-        by_kernel[op.name] += op.seconds * 1e3 / STEPS
-    # Kernels no CPU op launched (none expected) would be missing from the sum: the
-    # profiler's own total over every device event is kept to compare.
-    device_total = sum(e.device_time_total for e in prof.key_averages()
-                       if str(e.device_type).endswith("CUDA")) / 1e3 / STEPS
+    # The device's own events, by name: kernels launched from C++ (our replayed forward)
+    # belong to no CPU op, so attributing kernels through their launching op would miss them.
+    by_kernel = {e.key: e.device_time_total / 1e3 / STEPS for e in prof.key_averages()
+                 if str(e.device_type).endswith("CUDA")}
     return {"implementation": impl, "head_dim": head_dim, "batch": batch, "seq": seq,
-            "event_ms_per_step": event_ms,
-            "kernel_ms_per_step": sum(by_kernel.values()),
-            "profiler_device_ms_per_step": device_total,
+            "event_ms_per_step": event_ms, "kernel_ms_per_step": sum(by_kernel.values()),
             "kernels": dict(sorted(by_kernel.items(), key=lambda item: -item[1]))}
 
 
 def markdown(rows: list[dict[str, object]], header: str) -> str:
     parts = [f"# Attention forward + backward, kernel by kernel\n\n{header}\n"]
     parts.append(markdown_table(
-        ["d", "implementation", "CUDA events ms / step", "kernels ms / step",
-         "profiler device ms / step"],
+        ["d", "implementation", "CUDA events ms / step", "kernels ms / step"],
         [[r["head_dim"], r["implementation"], f"{r['event_ms_per_step']:.3f}",
-          f"{r['kernel_ms_per_step']:.3f}", f"{r['profiler_device_ms_per_step']:.3f}"]
-         for r in rows if "kernels" in r]))
+          f"{r['kernel_ms_per_step']:.3f}"] for r in rows if "kernels" in r]))
     for r in rows:
         if "kernels" not in r:
             parts.append(f"\nd = {r['head_dim']}, {r['implementation']}: {r['error']}")
