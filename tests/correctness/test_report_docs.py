@@ -600,3 +600,41 @@ def test_gluon_block_reads_the_library_configs_and_cudnns_own_run_to_run(tmp_pat
     # The ordered config with equal dQs is the fastest deterministic one: 3.3 / 3.2.
     assert "| 3.300 | 1.03 |" in block
     assert "| 16x16384x64 | cuDNN (SDPA) | 3.200 | 0.80 | 1.00 | 2.4e-04 |" in block
+
+
+def _write_breakdown_run(repo: Path, name: str, ours_backward: float) -> str:
+    """One kernel-breakdown run at d = 64: ours with the unordered Gluon backward, cuDNN."""
+    def row(impl: str, kernels: dict[str, float], events: float) -> dict:
+        return {"implementation": impl, "head_dim": 64, "batch": 16, "seq": 16384,
+                "event_ms_per_step": events, "kernel_ms_per_step": sum(kernels.values()),
+                "kernels": kernels}
+
+    rows = [row("triton_gluon_bwd_unordered",
+                {"flash_forward_kernel": 1.0, "prepare_kernel": 0.1,
+                 "gluon_backward_kernel": ours_backward, "finish_kernel": 0.1,
+                 "vectorized_elementwise_kernel<FillFunctor>": 0.2}, 4.5),
+            row("sdpa_cudnn", {"cudnn_sm90_flash_fprop_64x128": 1.2,
+                               "cudnn::fusion::compute_dot_do_o<64>": 0.1,
+                               "cudnn_sm90_flash_bprop_64x64": 2.6,
+                               "cudnn::fusion::convert_dq_to_16bits": 0.1}, 4.0),
+            {"implementation": "triton_gluon_bwd", "head_dim": 64, "error": "unsupported"}]
+    path = repo / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"commit": "abc1234", "header": "GPU fixture.", "rows": rows}))
+    return name
+
+
+def test_kernel_breakdown_groups_kernels_by_part_and_takes_each_runs_ratio(
+        tmp_path: Path) -> None:
+    runs = [_write_breakdown_run(tmp_path, f"k/run{n}.json", backward)
+            for n, backward in enumerate((2.6, 3.0, 2.8))]
+    out = render(f"<!-- generated: attention-kernel-breakdown {' '.join(runs)} -->\n"
+                 "<!-- end generated -->\n", generators(tmp_path))
+    # ours: 1.0 + 0.1 + backward + 0.1 + 0.2 (other) against cuDNN's 4.0 in every run:
+    # ratios 1.0, 1.1, 1.05; parts are medians over the runs.
+    assert ("| 64 | ours + Gluon unordered | 1.000 | 0.100 | 2.800 | 0.100 | 0.200 | 4.200 | "
+            "4.500 | 1.05 (1.00–1.10) |") in out
+    assert ("| 64 | SDPA cuDNN | 1.200 | 0.100 | 2.600 | 0.100 | 0.000 | 4.000 | 4.000 | "
+            "1.00 (1.00–1.00) |") in out
+    assert "ordered |" not in out.replace("unordered |", "")  # the row that failed is left out
+    assert "medians over 3 run(s)" in out and "`k/run2.json` (commit abc1234)" in out

@@ -1,10 +1,12 @@
 """Generated doc blocks quoted from the backward experiments, each pass timed alone beside
 our two-pass backward and cuDNN's: `scripts/attention_dq_reduce.py` (a fused Triton
 backward whose dQ is summed by TMA bulk reductions) and `scripts/attention_gluon_backward.py`
-(the backward of 5 matmuls in Gluon with FA3's schedule, and its ablations)."""
+(the backward of 5 matmuls in Gluon with FA3's schedule, and its ablations); and the
+forward + backward kernel by kernel (`scripts/attention_kernel_breakdown.py`)."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from systems.accounting import attention_flops
@@ -220,3 +222,73 @@ def gluon_backward(repo: Path, file: str) -> str:
             f"{', '.join(DETERMINISTIC_DQ_MODES)}) and two runs' dQs equal. "
             f"From `{file}` ({data.get('device')}, torch {data.get('torch')}, "
             f"Triton {data.get('triton')}; kernels of commit {data.get('commit')}).\n")
+
+
+# Each kernel of a forward + backward, by the part of the work it does: (part, substrings of
+# the kernel names of ours and of cuDNN's); a kernel no part names is "other".
+KERNEL_PARTS = (
+    ("forward", ("flash_forward_kernel", "fprop")),
+    ("D = rowsum(O dO)", ("prepare_kernel", "dot_do_o")),
+    ("backward", ("gluon_backward_kernel", "flash_backward", "bprop")),
+    ("dQ cast", ("finish_kernel", "convert_dq")),
+)
+BREAKDOWN_LABELS = {"triton": "ours (two passes)", "triton_gluon_bwd": "ours + Gluon ordered",
+                    "triton_gluon_bwd_unordered": "ours + Gluon unordered",
+                    "sdpa_cudnn": "SDPA cuDNN"}
+BREAKDOWN_RIVAL = "sdpa_cudnn"
+
+
+def _kernel_parts(kernels: dict[str, float]) -> dict[str, float]:
+    """ms per step of each part (`KERNEL_PARTS`) and "other", from ms per kernel name."""
+    parts = dict.fromkeys([name for name, _ in KERNEL_PARTS] + ["other"], 0.0)
+    for kernel, ms in kernels.items():
+        part = next((name for name, marks in KERNEL_PARTS
+                     if any(mark in kernel for mark in marks)), "other")
+        parts[part] += ms
+    return parts
+
+
+def kernel_breakdown(repo: Path, *files: str) -> str:
+    """Per head dim and implementation, device ms per step of each part of a forward +
+    backward (kernels grouped by `KERNEL_PARTS`), their sum, and the sum over cuDNN's; the
+    median over the runs (one file each) and, from several, each run's own ratio's range."""
+    if not files:
+        raise ValueError("attention-kernel-breakdown needs at least one run file")
+    runs = [_experiment(repo, name) for name in files]
+    parts: dict[tuple[int, str], list[dict[str, float]]] = {}
+    ratios: dict[tuple[int, str], list[float]] = {}
+    for run in runs:
+        sums = {(row["head_dim"], row["implementation"]): row["kernel_ms_per_step"]
+                for row in run["rows"] if "kernels" in row}
+        for row in run["rows"]:
+            if "kernels" not in row:
+                continue
+            key = (row["head_dim"], row["implementation"])
+            parts.setdefault(key, []).append(
+                {**_kernel_parts(row["kernels"]), "all kernels": row["kernel_ms_per_step"],
+                 "CUDA events": row["event_ms_per_step"]})
+            rival = sums.get((row["head_dim"], BREAKDOWN_RIVAL))
+            if rival:
+                ratios.setdefault(key, []).append(row["kernel_ms_per_step"] / rival)
+    if not parts:
+        raise ValueError(f"{', '.join(files)} hold no timed rows")
+    columns = [name for name, _ in KERNEL_PARTS] + ["other", "all kernels", "CUDA events"]
+    order = list(BREAKDOWN_LABELS)
+    rows = []
+    for d, impl in sorted(parts, key=lambda key: (key[0], order.index(key[1])
+                                                  if key[1] in order else len(order))):
+        measured = parts[d, impl]
+        spread = ratios.get((d, impl), [])
+        ratio = "-" if not spread else f"{statistics.median(spread):.2f}" + (
+            f" ({min(spread):.2f}–{max(spread):.2f})" if len(spread) > 1 else "")
+        rows.append([d, BREAKDOWN_LABELS.get(impl, impl),
+                     *(f"{statistics.median(m[c] for m in measured):.3f}" for c in columns),
+                     ratio])
+    table = markdown_table(["d", "implementation", *(f"{c} ms" for c in columns),
+                            "all kernels / cuDNN's"], rows)
+    sources = "; ".join(f"`{name}` (commit {run.get('commit', 'not recorded')})"
+                        for name, run in zip(files, runs, strict=True))
+    return (f"{table}\n\nTime: device time per forward + backward step (torch.profiler's kernel "
+            "times, summed per part), and CUDA events around the same number of steps in "
+            f"their own window; medians over {len(runs)} run(s), a ratio the median of the "
+            f"runs' own (lowest to highest). {runs[0].get('header', '')} From {sources}.\n")
