@@ -269,7 +269,7 @@ def attention_backward_variants(repo: Path, *history_files: str) -> str:
         rows.append([f"{batch_heads}x{seq}x{d}", dtype, "causal" if causal else "full", kind,
                      *(f"{statistics.median(timed[i]) * 1e3:.3f}" if i in timed else "-"
                        for i in impls),
-                     *(_ratio_spread(ratio[i]) if i in ratio else "-"
+                     *(ratio_spread(ratio[i]) if i in ratio else "-"
                        for i in BACKWARD_VARIANTS)])
     if not rows:
         raise ValueError(f"{', '.join(history_files)} hold no forward + backward of "
@@ -302,7 +302,7 @@ def _variant_kinds(results: Sequence[Result]
     ]
 
 
-def _ratio_spread(values: list[float]) -> str:
+def ratio_spread(values: list[float]) -> str:
     """The median ratio; from several runs, with its lowest to highest."""
     median = f"{statistics.median(values):.2f}"
     return median if len(values) == 1 else f"{median} ({min(values):.2f}–{max(values):.2f})"

@@ -12,6 +12,7 @@ from pathlib import Path
 from systems.accounting import attention_flops
 from systems.common.formatting import markdown_table
 from systems.profiling.step_breakdown import DEFAULT_MATMUL_TFLOPS
+from systems.report.doc_attention import VARIANT_LABELS, VARIANT_RIVAL, ratio_spread
 from systems.report.doc_blocks import read_source
 
 # Tile matmuls per (query tile, key tile) pair: ours recomputes S and dP in its dQ pass.
@@ -232,10 +233,6 @@ KERNEL_PARTS = (
     ("backward", ("gluon_backward_kernel", "flash_backward", "bprop")),
     ("dQ cast", ("finish_kernel", "convert_dq")),
 )
-BREAKDOWN_LABELS = {"triton": "ours (two passes)", "triton_gluon_bwd": "ours + Gluon ordered",
-                    "triton_gluon_bwd_unordered": "ours + Gluon unordered",
-                    "sdpa_cudnn": "SDPA cuDNN"}
-BREAKDOWN_RIVAL = "sdpa_cudnn"
 
 
 def _kernel_parts(kernels: dict[str, float]) -> dict[str, float]:
@@ -267,21 +264,19 @@ def kernel_breakdown(repo: Path, *files: str) -> str:
             parts.setdefault(key, []).append(
                 {**_kernel_parts(row["kernels"]), "all kernels": row["kernel_ms_per_step"],
                  "CUDA events": row["event_ms_per_step"]})
-            rival = sums.get((row["head_dim"], BREAKDOWN_RIVAL))
+            rival = sums.get((row["head_dim"], VARIANT_RIVAL))
             if rival:
                 ratios.setdefault(key, []).append(row["kernel_ms_per_step"] / rival)
     if not parts:
         raise ValueError(f"{', '.join(files)} hold no timed rows")
     columns = [name for name, _ in KERNEL_PARTS] + ["other", "all kernels", "CUDA events"]
-    order = list(BREAKDOWN_LABELS)
+    order = list(VARIANT_LABELS)
     rows = []
     for d, impl in sorted(parts, key=lambda key: (key[0], order.index(key[1])
                                                   if key[1] in order else len(order))):
         measured = parts[d, impl]
-        spread = ratios.get((d, impl), [])
-        ratio = "-" if not spread else f"{statistics.median(spread):.2f}" + (
-            f" ({min(spread):.2f}–{max(spread):.2f})" if len(spread) > 1 else "")
-        rows.append([d, BREAKDOWN_LABELS.get(impl, impl),
+        ratio = ratio_spread(ratios[d, impl]) if (d, impl) in ratios else "-"
+        rows.append([d, VARIANT_LABELS.get(impl, impl),
                      *(f"{statistics.median(m[c] for m in measured):.3f}" for c in columns),
                      ratio])
     table = markdown_table(["d", "implementation", *(f"{c} ms" for c in columns),
