@@ -411,7 +411,7 @@ class SynchronizedBenchmark:
         stats = device_time(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
         self.benchmark.extra_info.update({keys.DO_BENCH_MEDIAN_MS: stats.median * 1e3,
                                           keys.DO_BENCH_MEAN_MS: stats.mean * 1e3,
-                                          "do_bench_timing": stats.kind})
+                                          keys.DO_BENCH_TIMING: stats.kind})
 
 
 def release_device_memory() -> None:

@@ -72,6 +72,7 @@ WARMUP_STUDY_TEST = "test_warmup_study"
 DO_BENCH_MEDIAN_MS = "do_bench_median_ms"
 DO_BENCH_MEAN_MS = "do_bench_mean_ms"
 DO_BENCH_RUN_MEDIANS_MS = "do_bench_run_medians_ms"
+DO_BENCH_TIMING = "do_bench_timing"  # which clock: "device" (systems.bench.timing)
 # A recipe whose whole step is replayed from one CUDA graph.
 CUDA_GRAPH = "cuda_graph"
 TIMING = "timing"  # "wall" or "device": which clock the rounds read (systems.bench.timing)
