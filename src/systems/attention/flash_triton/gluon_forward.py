@@ -1,0 +1,285 @@
+"""The causal forward for Hopper in Gluon, warp-specialised as FA3's forward is.
+
+One program per (query tile of BLOCK_M rows, matrix), last tile first (the longest first):
+
+- a producer warp loads the tile's Q once, then each key tile's K and V by TMA into a ring
+  of shared buffers guarded by mbarriers (K and V on barriers of their own, so that S can
+  start before V lands), and gives its registers up (setmaxnreg);
+- the consumer warpgroups (64 query rows each) compute S = Q K^T, the online softmax and
+  O += P V with P from registers. ASYNC overlaps the softmax of key tile j with the P V
+  matmul of tile j - 1 on the tensor cores (FA3's intra-warpgroup overlap): S_j is issued,
+  then P_{j-1} V_{j-1}, and the softmax runs once S_j is done while the other is in flight.
+
+Key tiles below the query tile's diagonal run unmasked; the BLOCK_M / BLOCK_N tiles the
+diagonal cuts are masked (`causal.MASKED_SCORE`, as the Triton forward). O = acc / l is
+stored in the inputs' dtype and L = ln(sum exp(S * scale)) in fp32, as `flash_forward`
+writes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from systems.attention import causal
+from systems.attention.flash_triton.gluon_kernels import _cta_barrier, _mma_layout
+from systems.triton_build import build_for_hopper
+
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
+MASKED_SCORE: gl.constexpr = gl.constexpr(causal.MASKED_SCORE)
+SM_REGISTERS = 65536
+
+
+@gluon.jit
+def _program(BLOCK_M: gl.constexpr):
+    """(matrix, first query row) of this program: matrices vary fastest, last tile first."""
+    return gl.program_id(0), (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK_M
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
+                    kv_empty, n_q):
+    """Producer: the query tile once, then every key tile up to its diagonal."""
+    BLOCK_M: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
+    NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
+    bh, q_start = _program(BLOCK_M)
+    row0 = bh * n_q
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [row0 + q_start, 0], q_bar, q_smem)
+    for j in range((q_start + BLOCK_M) // BLOCK_N):
+        stage = j % NUM_STAGES
+        # Barriers start as if phase 1 completed: the first pass over the ring waits on nothing.
+        mbarrier.wait(kv_empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row0 + j * BLOCK_N, 0], k_ready.index(stage),
+                                        k_bufs.index(stage))
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [row0 + j * BLOCK_N, 0], v_ready.index(stage),
+                                        v_bufs.index(stage))
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, j, rows, qk_scale, MASKED: gl.constexpr):
+    """Key tile j's scores to (P in bf16, the new max, the new sum, alpha = exp2(old max -
+    new max), by which the accumulator of the tiles before is rescaled); log2 domain."""
+    BLOCK_N: gl.constexpr = s.type.shape[1]
+    if MASKED:
+        keys = j * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s.type.layout))
+        s = gl.where(gl.expand_dims(rows, 1) >= gl.expand_dims(keys, 0), s * qk_scale,
+                     MASKED_SCORE)
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        p = gl.exp2(s - gl.expand_dims(m_new, 1))
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+    alpha = gl.exp2(m_i - m_new)
+    return p, m_new, l_i * alpha + gl.sum(p, 1), alpha
+
+
+@gluon.jit
+def _release(kv_empty, stage):
+    _cta_barrier()  # every consumer warp is past the stage's K and V
+    mbarrier.arrive(kv_empty.index(stage), count=1)
+
+
+@gluon.jit
+def _step(j, acc, m_i, l_i, p_op, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, rows,
+          qk_scale, MASKED: gl.constexpr, ASYNC: gl.constexpr):
+    """Key tile j: its scores and softmax, and P_{j-1} V_{j-1} into the accumulator
+    (rescaled by alpha_j); returns P_j as the next step's operand."""
+    NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
+    s_layout: gl.constexpr = _mma_layout(BLOCK_M, BLOCK_N, gl.num_warps())
+    o_row: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    stage = j % NUM_STAGES
+    prev = (j - 1) % NUM_STAGES
+    mbarrier.wait(k_ready.index(stage), (j // NUM_STAGES) & 1)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    s = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), zero_s, use_acc=False,
+                      is_async=ASYNC)
+    mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
+    acc = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=ASYNC)
+    if ASYNC:  # S_j done; P_{j-1} V_{j-1} may still run beside the softmax
+        s = warpgroup_mma_wait(1, deps=(s,))
+    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, j, rows, qk_scale, MASKED)
+    if ASYNC:
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+    _release(kv_empty, prev)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
+    p_op = gl.convert_layout(p.to(gl.bfloat16), p_op.type.layout)
+    return acc, m_i, l_i, p_op
+
+
+@gluon.jit
+def _compute_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, Out, L,
+                       n_q, SM_SCALE: gl.constexpr, ASYNC: gl.constexpr):
+    """Consumers (the default partition): every key tile up to the diagonal, then O and L."""
+    BLOCK_M: gl.constexpr = q_smem.type.shape[0]
+    HEAD_DIM: gl.constexpr = q_smem.type.shape[1]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
+    NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
+    s_layout: gl.constexpr = _mma_layout(BLOCK_M, BLOCK_N, gl.num_warps())
+    o_layout: gl.constexpr = _mma_layout(BLOCK_M, HEAD_DIM, gl.num_warps())
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    qk_scale = SM_SCALE * LOG2E
+    bh, q_start = _program(BLOCK_M)
+    rows = q_start + gl.arange(0, BLOCK_M, s_row)
+    n_kv = (q_start + BLOCK_M) // BLOCK_N
+    first_masked = n_kv - BLOCK_M // BLOCK_N
+
+    # Key tile 0 (masked where it is on the diagonal: the rule holds for every tile).
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, s_row)
+    p, m_i, l_i, alpha = _softmax(s, m_i, gl.zeros([BLOCK_M], gl.float32, s_row), 0, rows,
+                                  qk_scale, True)
+    p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    for j in range(1, first_masked):
+        acc, m_i, l_i, p_op = _step(j, acc, m_i, l_i, p_op, q_smem, k_bufs, v_bufs, k_ready,
+                                    v_ready, kv_empty, rows, qk_scale, False, ASYNC)
+    for j in range(gl.maximum(first_masked, 1), n_kv):
+        acc, m_i, l_i, p_op = _step(j, acc, m_i, l_i, p_op, q_smem, k_bufs, v_bufs, k_ready,
+                                    v_ready, kv_empty, rows, qk_scale, True, ASYNC)
+    last = (n_kv - 1) % NUM_STAGES
+    mbarrier.wait(v_ready.index(last), ((n_kv - 1) // NUM_STAGES) & 1)
+    acc = warpgroup_mma(p_op, v_bufs.index(last), acc)
+
+    o_rows = q_start + gl.arange(0, BLOCK_M, o_row)
+    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
+    matrix = (bh * n_q).to(gl.int64)
+    offsets = (matrix + gl.expand_dims(o_rows, 1)) * HEAD_DIM + gl.expand_dims(cols, 0)
+    l_o = gl.convert_layout(l_i, o_row)
+    gl.store(Out + offsets, (acc / gl.expand_dims(l_o, 1)).to(Out.dtype.element_ty))
+    gl.store(L + matrix + rows, (m_i + gl.log2(l_i)) * LN2)
+
+
+@gluon.jit
+def gluon_forward_kernel(q_desc, k_desc, v_desc, Out, L, n_q, SM_SCALE: gl.constexpr,
+                         NUM_STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                         ASYNC: gl.constexpr):
+    """Grid (matrices, query tiles); causal; rows of all matrices stacked ((bh * n_q, d)
+    descriptors, n_q a multiple of the query and key tiles). Out is (bh * n_q, d) in the
+    inputs' dtype, L (bh * n_q,) fp32."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM],
+                                       k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM],
+                                       v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(kv_empty.index(s), count=1)
+    gl.warp_specialize([
+        (_compute_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, Out,
+                              L, n_q, SM_SCALE, ASYNC)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready,
+                           v_ready, kv_empty, n_q)),
+    ], [1], [PRODUCER_REGS])
+
+
+@dataclass(frozen=True)
+class GluonForwardConfig:
+    block_m: int  # query rows per program: 64 per consumer warpgroup
+    block_n: int  # keys per tile
+    num_stages: int  # depth of the K/V ring
+    async_mma: bool  # overlap the softmax with the previous tile's P V
+    producer_regs: int = 24
+
+    @property
+    def consumer_warps(self) -> int:
+        return self.block_m // 16
+
+    @property
+    def max_regs(self) -> int:
+        """The launch's cap: the consumers and the producer (rounded up to a warpgroup)
+        times it fill the SM's registers; setmaxnreg moves the producer's spare ones."""
+        return SM_REGISTERS // (32 * (self.consumer_warps + 4)) // 8 * 8
+
+
+CONFIGS: dict[int, GluonForwardConfig] = {
+    64: GluonForwardConfig(block_m=128, block_n=128, num_stages=2, async_mma=True),
+    128: GluonForwardConfig(block_m=128, block_n=128, num_stages=2, async_mma=True),
+}
+
+
+def descriptor_specs(config: GluonForwardConfig, head_dim: int, dtype: torch.dtype
+                     ) -> dict[str, tuple[str, list[int], object]]:
+    """(Triton dtype, block shape, shared layout) of each descriptor parameter."""
+    element = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    name = "bf16" if dtype == torch.bfloat16 else "fp16"
+    blocks = {"q_desc": [config.block_m, head_dim], "k_desc": [config.block_n, head_dim],
+              "v_desc": [config.block_n, head_dim]}
+    return {arg: (name, block, gl.NVMMASharedLayout.get_default_for(block, element))
+            for arg, block in blocks.items()}
+
+
+def constexprs(head_dim: int, config: GluonForwardConfig) -> dict[str, object]:
+    return {"SM_SCALE": head_dim ** -0.5, "NUM_STAGES": config.num_stages,
+            "PRODUCER_REGS": config.producer_regs, "ASYNC": config.async_mma}
+
+
+def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  config: GluonForwardConfig | None = None, poison: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, L) of causal self-attention from contiguous (..., seq, d) q, k, v (half
+    precision, seq a multiple of the tiles): o like q, L (..., seq) fp32 natural log.
+    `poison` fills o and L with NaN first, so that an element the kernel skips shows."""
+    seq, head_dim = q.shape[-2:]
+    config = config or CONFIGS[head_dim]
+    if seq % config.block_m or seq % config.block_n or not all(
+            t.is_contiguous() for t in (q, k, v)):
+        raise ValueError(f"the Gluon forward needs contiguous inputs and a sequence length "
+                         f"that is a multiple of {config.block_m} and {config.block_n}")
+    rows = q.numel() // head_dim
+    fill = torch.full if poison else (lambda shape, _, **kw: torch.empty(shape, **kw))
+    o = fill(q.shape, float("nan"), dtype=q.dtype, device=q.device)
+    lse = fill(q.shape[:-1], float("nan"), dtype=torch.float32, device=q.device)
+    flat = {"q_desc": q, "k_desc": k, "v_desc": v}
+    descs = [TensorDescriptor.from_tensor(flat[arg].view(rows, head_dim), block, layout)
+             for arg, (_, block, layout) in descriptor_specs(config, head_dim,
+                                                             q.dtype).items()]
+    gluon_forward_kernel[(rows // seq, seq // config.block_m)](
+        *descs, o, lse, seq, **constexprs(head_dim, config),
+        num_warps=config.consumer_warps, maxnreg=config.max_regs)
+    return o, lse
+
+
+def build(head_dim: int, config: GluonForwardConfig, dtype: torch.dtype = torch.bfloat16
+          ) -> dict[str, int | list[int]]:
+    """The forward kernel built for sm_90 as a launch specialises it, on any machine."""
+    values = constexprs(head_dim, config)
+    element = "bf16" if dtype == torch.bfloat16 else "fp16"
+    signature = {"Out": f"*{element}", "L": "*fp32", "n_q": "i32"}
+    signature |= {name: "constexpr" for name in values}
+    signature |= {name: f"tensordesc<{kind}{block},{layout!r}>"
+                  for name, (kind, block, layout) in descriptor_specs(config, head_dim,
+                                                                      dtype).items()}
+    return build_for_hopper(gluon_forward_kernel, signature, values,
+                            num_warps=config.consumer_warps, num_stages=1,
+                            maxnreg=config.max_regs)
