@@ -39,10 +39,10 @@ CHECKED_MATRICES = 2
 
 
 def candidates(head_dim: int) -> list[GluonForwardConfig]:
-    return [CONFIGS[head_dim],
-            GluonForwardConfig(block_m=128, block_n=128, num_stages=2, async_mma=False),
-            GluonForwardConfig(block_m=128, block_n=128, num_stages=3, async_mma=True),
-            GluonForwardConfig(block_m=128, block_n=64, num_stages=3, async_mma=True)]
+    return [GluonForwardConfig(block_n=128, num_stages=stages, async_mma=overlap,
+                               pingpong=pingpong)
+            for stages in (2, 3) for overlap in (True, False) for pingpong in (True, False)
+            if head_dim == 64 or stages == 2 or overlap]
 
 
 def build_only(emit: Emit) -> None:

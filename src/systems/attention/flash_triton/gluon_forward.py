@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from systems.attention import causal
-from systems.attention.flash_triton.gluon_kernels import _cta_barrier, _mma_layout
+from systems.attention.flash_triton.gluon_kernels import _mma_layout
 from systems.triton_build import build_for_hopper
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
@@ -41,24 +41,44 @@ MASKED_SCORE: gl.constexpr = gl.constexpr(causal.MASKED_SCORE)
 SM_REGISTERS = 65536
 
 
+WG_ROWS: gl.constexpr = gl.constexpr(64)  # query rows per consumer warpgroup
+BLOCK_M = 128  # query rows per program: two consumer warpgroups
+# Named barriers of the ping-pong (ids 0 and 1 are Triton's): warpgroup w waits on
+# TURN + w for its turn at the tensor cores and passes it on TURN + 1 - w.
+TURN: gl.constexpr = gl.constexpr(8)
+
+
 @gluon.jit
-def _program(BLOCK_M: gl.constexpr):
+def _turn_sync(barrier):
+    """bar.sync on a named barrier of both consumer warpgroups (256 threads)."""
+    gl.inline_asm_elementwise("bar.sync $1, 256; mov.u32 $0, 0;", "=r,r,~{memory}", [barrier],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _turn_arrive(barrier):
+    gl.inline_asm_elementwise("bar.arrive $1, 256; mov.u32 $0, 0;", "=r,r,~{memory}",
+                              [barrier], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _program(BLOCK: gl.constexpr):
     """(matrix, first query row) of this program: matrices vary fastest, last tile first."""
-    return gl.program_id(0), (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK_M
+    return gl.program_id(0), (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK
 
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
                     kv_empty, n_q):
     """Producer: the query tile once, then every key tile up to its diagonal."""
-    BLOCK_M: gl.constexpr = q_smem.type.shape[0]
+    BLOCK: gl.constexpr = q_smem.type.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
-    bh, q_start = _program(BLOCK_M)
+    bh, q_start = _program(BLOCK)
     row0 = bh * n_q
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [row0 + q_start, 0], q_bar, q_smem)
-    for j in range((q_start + BLOCK_M) // BLOCK_N):
+    for j in range((q_start + BLOCK) // BLOCK_N):
         stage = j % NUM_STAGES
         # Barriers start as if phase 1 completed: the first pass over the ring waits on nothing.
         mbarrier.wait(kv_empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)
@@ -72,8 +92,8 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_rea
 
 @gluon.jit
 def _softmax(s, m_i, l_i, j, rows, qk_scale, MASKED: gl.constexpr):
-    """Key tile j's scores to (P in bf16, the new max, the new sum, alpha = exp2(old max -
-    new max), by which the accumulator of the tiles before is rescaled); log2 domain."""
+    """Key tile j's scores to (P, the new max, the new sum, alpha = exp2(old max - new
+    max), by which the accumulator of the tiles before is rescaled); log2 domain."""
     BLOCK_N: gl.constexpr = s.type.shape[1]
     if MASKED:
         keys = j * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s.type.layout))
@@ -89,35 +109,44 @@ def _softmax(s, m_i, l_i, j, rows, qk_scale, MASKED: gl.constexpr):
 
 
 @gluon.jit
-def _release(kv_empty, stage):
-    _cta_barrier()  # every consumer warp is past the stage's K and V
-    mbarrier.arrive(kv_empty.index(stage), count=1)
+def _take_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        _turn_sync(TURN + WG)
 
 
 @gluon.jit
-def _step(j, acc, m_i, l_i, p_op, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, rows,
-          qk_scale, MASKED: gl.constexpr, ASYNC: gl.constexpr):
+def _pass_turn(WG: gl.constexpr, PINGPONG: gl.constexpr, LAST: gl.constexpr):
+    # The second warpgroup passes no turn after its last matmuls: every wait is matched.
+    if PINGPONG and (WG == 0 or not LAST):
+        _turn_arrive(TURN + 1 - WG)
+
+
+@gluon.jit
+def _step(j, acc, m_i, l_i, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, kv_empty, rows,
+          qk_scale, MASKED: gl.constexpr, ASYNC: gl.constexpr, WG: gl.constexpr,
+          PINGPONG: gl.constexpr):
     """Key tile j: its scores and softmax, and P_{j-1} V_{j-1} into the accumulator
     (rescaled by alpha_j); returns P_j as the next step's operand."""
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
-    BLOCK_M: gl.constexpr = q_smem.type.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
-    s_layout: gl.constexpr = _mma_layout(BLOCK_M, BLOCK_N, gl.num_warps())
+    s_layout: gl.constexpr = _mma_layout(WG_ROWS, BLOCK_N, gl.num_warps())
     o_row: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     stage = j % NUM_STAGES
     prev = (j - 1) % NUM_STAGES
     mbarrier.wait(k_ready.index(stage), (j // NUM_STAGES) & 1)
-    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    s = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), zero_s, use_acc=False,
-                      is_async=ASYNC)
     mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
+    _take_turn(WG, PINGPONG)
+    zero_s = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout)
+    s = warpgroup_mma(q_s, k_bufs.index(stage).permute((1, 0)), zero_s, use_acc=False,
+                      is_async=ASYNC)
     acc = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=ASYNC)
+    _pass_turn(WG, PINGPONG, False)
     if ASYNC:  # S_j done; P_{j-1} V_{j-1} may still run beside the softmax
         s = warpgroup_mma_wait(1, deps=(s,))
     p, m_i, l_i, alpha = _softmax(s, m_i, l_i, j, rows, qk_scale, MASKED)
     if ASYNC:
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-    _release(kv_empty, prev)
+    mbarrier.arrive(kv_empty.index(prev), count=1)  # this warpgroup is done with the stage
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
     p_op = gl.convert_layout(p.to(gl.bfloat16), p_op.type.layout)
     return acc, m_i, l_i, p_op
@@ -125,44 +154,58 @@ def _step(j, acc, m_i, l_i, p_op, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_e
 
 @gluon.jit
 def _compute_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, Out, L,
-                       n_q, SM_SCALE: gl.constexpr, ASYNC: gl.constexpr):
-    """Consumers (the default partition): every key tile up to the diagonal, then O and L."""
-    BLOCK_M: gl.constexpr = q_smem.type.shape[0]
+                       n_q, SM_SCALE: gl.constexpr, ASYNC: gl.constexpr, WG: gl.constexpr,
+                       PINGPONG: gl.constexpr):
+    """Consumer warpgroup WG (rows [64 WG, 64 WG + 64) of the query tile): every key tile
+    up to the diagonal, then its rows of O and L."""
+    BLOCK: gl.constexpr = q_smem.type.shape[0]
     HEAD_DIM: gl.constexpr = q_smem.type.shape[1]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
-    s_layout: gl.constexpr = _mma_layout(BLOCK_M, BLOCK_N, gl.num_warps())
-    o_layout: gl.constexpr = _mma_layout(BLOCK_M, HEAD_DIM, gl.num_warps())
+    s_layout: gl.constexpr = _mma_layout(WG_ROWS, BLOCK_N, gl.num_warps())
+    o_layout: gl.constexpr = _mma_layout(WG_ROWS, HEAD_DIM, gl.num_warps())
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
     qk_scale = SM_SCALE * LOG2E
-    bh, q_start = _program(BLOCK_M)
-    rows = q_start + gl.arange(0, BLOCK_M, s_row)
-    n_kv = (q_start + BLOCK_M) // BLOCK_N
-    first_masked = n_kv - BLOCK_M // BLOCK_N
+    bh, q_start = _program(BLOCK)
+    rows = q_start + WG * WG_ROWS + gl.arange(0, WG_ROWS, s_row)
+    n_kv = (q_start + BLOCK) // BLOCK_N
+    first_masked = n_kv - BLOCK // BLOCK_N
+    q_s = q_smem.slice(WG * WG_ROWS, WG_ROWS, dim=0)
+    if PINGPONG and WG == 1:  # the first warpgroup goes first
+        _turn_arrive(TURN)
 
     # Key tile 0 (masked where it is on the diagonal: the rule holds for every tile).
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_ready.index(0), 0)
-    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, s_row)
-    p, m_i, l_i, alpha = _softmax(s, m_i, gl.zeros([BLOCK_M], gl.float32, s_row), 0, rows,
+    _take_turn(WG, PINGPONG)
+    zero_s = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout)
+    s = warpgroup_mma(q_s, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False,
+                      is_async=True)
+    _pass_turn(WG, PINGPONG, False)
+    s = warpgroup_mma_wait(0, deps=(s,))
+    m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, s_row)
+    p, m_i, l_i, alpha = _softmax(s, m_i, gl.zeros([WG_ROWS], gl.float32, s_row), 0, rows,
                                   qk_scale, True)
     p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    acc = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, o_layout)
     for j in range(1, first_masked):
-        acc, m_i, l_i, p_op = _step(j, acc, m_i, l_i, p_op, q_smem, k_bufs, v_bufs, k_ready,
-                                    v_ready, kv_empty, rows, qk_scale, False, ASYNC)
+        acc, m_i, l_i, p_op = _step(j, acc, m_i, l_i, p_op, q_s, k_bufs, v_bufs, k_ready,
+                                    v_ready, kv_empty, rows, qk_scale, False, ASYNC, WG,
+                                    PINGPONG)
     for j in range(gl.maximum(first_masked, 1), n_kv):
-        acc, m_i, l_i, p_op = _step(j, acc, m_i, l_i, p_op, q_smem, k_bufs, v_bufs, k_ready,
-                                    v_ready, kv_empty, rows, qk_scale, True, ASYNC)
+        acc, m_i, l_i, p_op = _step(j, acc, m_i, l_i, p_op, q_s, k_bufs, v_bufs, k_ready,
+                                    v_ready, kv_empty, rows, qk_scale, True, ASYNC, WG,
+                                    PINGPONG)
     last = (n_kv - 1) % NUM_STAGES
     mbarrier.wait(v_ready.index(last), ((n_kv - 1) // NUM_STAGES) & 1)
-    acc = warpgroup_mma(p_op, v_bufs.index(last), acc)
+    _take_turn(WG, PINGPONG)
+    acc = warpgroup_mma(p_op, v_bufs.index(last), acc, is_async=True)
+    _pass_turn(WG, PINGPONG, True)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
 
-    o_rows = q_start + gl.arange(0, BLOCK_M, o_row)
+    o_rows = q_start + WG * WG_ROWS + gl.arange(0, WG_ROWS, o_row)
     cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
     matrix = (bh * n_q).to(gl.int64)
     offsets = (matrix + gl.expand_dims(o_rows, 1)) * HEAD_DIM + gl.expand_dims(cols, 0)
@@ -173,15 +216,17 @@ def _compute_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty
 
 @gluon.jit
 def gluon_forward_kernel(q_desc, k_desc, v_desc, Out, L, n_q, SM_SCALE: gl.constexpr,
-                         NUM_STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                         ASYNC: gl.constexpr):
+                         NUM_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                         PRODUCER_REGS: gl.constexpr, ASYNC: gl.constexpr,
+                         PINGPONG: gl.constexpr):
     """Grid (matrices, query tiles); causal; rows of all matrices stacked ((bh * n_q, d)
     descriptors, n_q a multiple of the query and key tiles). Out is (bh * n_q, d) in the
-    inputs' dtype, L (bh * n_q,) fp32."""
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    inputs' dtype, L (bh * n_q,) fp32. The launch runs 4 warps: the first consumer
+    warpgroup; the second and the producer are workers."""
+    BLOCK: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK, HEAD_DIM], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM],
                                        k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM],
@@ -194,37 +239,35 @@ def gluon_forward_kernel(q_desc, k_desc, v_desc, Out, L, n_q, SM_SCALE: gl.const
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(kv_empty.index(s), count=1)
+        mbarrier.init(kv_empty.index(s), count=2)  # one arrival per consumer warpgroup
+    # Gluon's partition arguments are flat tuples (no unpacking).
     gl.warp_specialize([
         (_compute_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, Out,
-                              L, n_q, SM_SCALE, ASYNC)),
+                              L, n_q, SM_SCALE, ASYNC, 0, PINGPONG)),
+        (_compute_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, Out,
+                              L, n_q, SM_SCALE, ASYNC, 1, PINGPONG)),
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready,
                            v_ready, kv_empty, n_q)),
-    ], [1], [PRODUCER_REGS])
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 @dataclass(frozen=True)
 class GluonForwardConfig:
-    block_m: int  # query rows per program: 64 per consumer warpgroup
     block_n: int  # keys per tile
     num_stages: int  # depth of the K/V ring
     async_mma: bool  # overlap the softmax with the previous tile's P V
+    pingpong: bool  # the warpgroups take turns at the tensor cores (FA3's ping-pong)
+    consumer_regs: int = 240
     producer_regs: int = 24
 
-    @property
-    def consumer_warps(self) -> int:
-        return self.block_m // 16
-
-    @property
-    def max_regs(self) -> int:
-        """The launch's cap: the consumers and the producer (rounded up to a warpgroup)
-        times it fill the SM's registers; setmaxnreg moves the producer's spare ones."""
-        return SM_REGISTERS // (32 * (self.consumer_warps + 4)) // 8 * 8
+    # The launch's cap: 12 warps (two consumer warpgroups, the producer rounded up to a
+    # warpgroup) times it fill the SM's registers; setmaxnreg moves the producer's spare.
+    max_regs = SM_REGISTERS // (32 * 12) // 8 * 8
 
 
 CONFIGS: dict[int, GluonForwardConfig] = {
-    64: GluonForwardConfig(block_m=128, block_n=128, num_stages=2, async_mma=True),
-    128: GluonForwardConfig(block_m=128, block_n=128, num_stages=2, async_mma=True),
+    64: GluonForwardConfig(block_n=128, num_stages=2, async_mma=True, pingpong=True),
+    128: GluonForwardConfig(block_n=128, num_stages=2, async_mma=True, pingpong=True),
 }
 
 
@@ -233,7 +276,7 @@ def descriptor_specs(config: GluonForwardConfig, head_dim: int, dtype: torch.dty
     """(Triton dtype, block shape, shared layout) of each descriptor parameter."""
     element = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
     name = "bf16" if dtype == torch.bfloat16 else "fp16"
-    blocks = {"q_desc": [config.block_m, head_dim], "k_desc": [config.block_n, head_dim],
+    blocks = {"q_desc": [BLOCK_M, head_dim], "k_desc": [config.block_n, head_dim],
               "v_desc": [config.block_n, head_dim]}
     return {arg: (name, block, gl.NVMMASharedLayout.get_default_for(block, element))
             for arg, block in blocks.items()}
@@ -241,7 +284,8 @@ def descriptor_specs(config: GluonForwardConfig, head_dim: int, dtype: torch.dty
 
 def constexprs(head_dim: int, config: GluonForwardConfig) -> dict[str, object]:
     return {"SM_SCALE": head_dim ** -0.5, "NUM_STAGES": config.num_stages,
-            "PRODUCER_REGS": config.producer_regs, "ASYNC": config.async_mma}
+            "CONSUMER_REGS": config.consumer_regs, "PRODUCER_REGS": config.producer_regs,
+            "ASYNC": config.async_mma, "PINGPONG": config.pingpong}
 
 
 def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -252,10 +296,10 @@ def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     `poison` fills o and L with NaN first, so that an element the kernel skips shows."""
     seq, head_dim = q.shape[-2:]
     config = config or CONFIGS[head_dim]
-    if seq % config.block_m or seq % config.block_n or not all(
+    if seq % BLOCK_M or seq % config.block_n or not all(
             t.is_contiguous() for t in (q, k, v)):
         raise ValueError(f"the Gluon forward needs contiguous inputs and a sequence length "
-                         f"that is a multiple of {config.block_m} and {config.block_n}")
+                         f"that is a multiple of {BLOCK_M} and {config.block_n}")
     rows = q.numel() // head_dim
     fill = torch.full if poison else (lambda shape, _, **kw: torch.empty(shape, **kw))
     o = fill(q.shape, float("nan"), dtype=q.dtype, device=q.device)
@@ -264,9 +308,9 @@ def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     descs = [TensorDescriptor.from_tensor(flat[arg].view(rows, head_dim), block, layout)
              for arg, (_, block, layout) in descriptor_specs(config, head_dim,
                                                              q.dtype).items()]
-    gluon_forward_kernel[(rows // seq, seq // config.block_m)](
+    gluon_forward_kernel[(rows // seq, seq // BLOCK_M)](
         *descs, o, lse, seq, **constexprs(head_dim, config),
-        num_warps=config.consumer_warps, maxnreg=config.max_regs)
+        num_warps=4, maxnreg=config.max_regs)
     return o, lse
 
 
@@ -281,5 +325,5 @@ def build(head_dim: int, config: GluonForwardConfig, dtype: torch.dtype = torch.
                   for name, (kind, block, layout) in descriptor_specs(config, head_dim,
                                                                       dtype).items()}
     return build_for_hopper(gluon_forward_kernel, signature, values,
-                            num_warps=config.consumer_warps, num_stages=1,
+                            num_warps=4, num_stages=1,
                             maxnreg=config.max_regs)
