@@ -39,10 +39,13 @@ CHECKED_MATRICES = 2
 
 
 def candidates(head_dim: int) -> list[GluonForwardConfig]:
-    return [GluonForwardConfig(block_n=128, num_stages=stages, async_mma=overlap,
-                               pingpong=pingpong)
-            for stages in (2, 3) for overlap in (True, False) for pingpong in (True, False)
-            if head_dim == 64 or stages == 2 or overlap]
+    """The library's config first, then each other ring depth that fits in shared memory
+    (at d = 64 a fourth stage does), each with and without the overlap and the ping-pong."""
+    others = [GluonForwardConfig(block_n=128, num_stages=stages, async_mma=overlap,
+                                 pingpong=pingpong)
+              for stages in ((2, 3, 4) if head_dim == 64 else (2, 3))
+              for overlap in (True, False) for pingpong in (True, False)]
+    return [CONFIGS[head_dim], *(c for c in others if c != CONFIGS[head_dim])]
 
 
 def build_only(emit: Emit) -> None:
@@ -100,16 +103,16 @@ def measure(batch: int, seq: int, head_dim: int, emit: Emit) -> None:
 
     for config in candidates(head_dim):
         def row(c: GluonForwardConfig = config) -> dict[str, object]:
-            o, lse = gluon_forward(q, k, v, c, poison=True)
+            o, lse = gluon_forward(q, k, v, True, c, poison=True)
             found = _errors(o, lse, expected)
             found["o_vs_triton"] = _max_abs(o, o_t)
             found["lse_vs_triton"] = _max_abs(lse, lse_t)
-            found["ms"] = _bench(lambda: gluon_forward(q, k, v, c))
+            found["ms"] = _bench(lambda: gluon_forward(q, k, v, True, c))
             return found
         emit(attempt({**base, "kind": "gluon_forward", **asdict(config)}, row))
 
     forwards = {"triton": lambda: launch.flash_forward(q, k, v, True),
-                "gluon": lambda: gluon_forward(q, k, v)}
+                "gluon": lambda: gluon_forward(q, k, v, True)}
     for name, forward in forwards.items():
         for deterministic in (False, True):
             def step(f: Callable = forward, det: bool = deterministic) -> None:

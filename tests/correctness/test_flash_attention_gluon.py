@@ -1,7 +1,8 @@
-"""The fused Gluon backward for Hopper (`FlashAttentionTritonGluonBackward`) against a float64
-reference, as the two-pass backward is judged (test_flash_attention.py): at most twice
-PyTorch's own error in bf16, plus a few ulps. Ordered, its gradients are bit-identical from
-run to run. Inputs it cannot take are refused with the reason, before any kernel runs.
+"""The Gluon kernels for Hopper (`FlashAttentionTritonGluonBackward`: the warp-specialised
+forward and the fused backward) against a float64 reference, as the Triton kernels are
+judged (test_flash_attention.py): at most twice PyTorch's own error in bf16, plus a few
+ulps. Ordered, the gradients are bit-identical from run to run. Inputs they cannot take
+are refused with the reason, before any kernel runs.
 
 The kernels run on an sm_90 GPU only (the refusals are checked anywhere); that they build
 for sm_90 is checked on any machine (test_triton_builds.py)."""
@@ -15,10 +16,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_flash_attention import Problem, _reference, assert_close_as_pytorch
+from test_flash_attention import Problem, _logsumexp, _reference, assert_close_as_pytorch
 
 from systems.attention import get_attention, unsupported_reason
 from systems.attention.flash_triton import FlashAttentionTritonGluonBackward, flash_forward, op
+from systems.attention.flash_triton.gluon_forward import GluonForwardConfig, gluon_forward
 from systems.attention.flash_triton.gluon_launch import CONFIGS, SCHEDULES, gluon_backward
 from systems.attention.flash_triton.gluon_launch import (
     unsupported_reason as gluon_unsupported_reason,
@@ -69,6 +71,42 @@ def test_any_number_of_key_blocks_and_matrices(lead, blocks, d, deterministic, s
     shape = (lead, 128 * blocks, 128 * blocks, d)
     _check(Problem.random(shape, torch.bfloat16, torch.device("cuda"), True, seed),
            deterministic)
+
+
+# Every forward schedule the study sweeps (scripts/attention_gluon_forward.py): ring depth,
+# the softmax overlapped with P V or not, the warpgroups' ping-pong or not.
+FORWARD_CONFIGS = [GluonForwardConfig(block_n=128, num_stages=stages, async_mma=overlap,
+                                      pingpong=pingpong)
+                   for stages in (2, 3) for overlap in (True, False)
+                   for pingpong in (True, False)]
+
+
+@hopper
+@settings(max_examples=24, deadline=None)
+@given(lead=st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple),
+       blocks=st.integers(1, 12), d=st.sampled_from([64, 128]),
+       config=st.sampled_from(FORWARD_CONFIGS), seed=st.integers(0, 2**16))
+def test_forward_any_number_of_tiles_in_every_schedule(lead, blocks, d, config, seed):
+    """o within twice PyTorch's bf16 error of the float64 answer and L within 1e-4 of it
+    (fp32 sums of exact products), both poisoned with NaN first, for 1 to 12 query tiles
+    (one tile: the diagonal alone) and 1 to 9 matrices."""
+    problem = Problem.random((lead, 128 * blocks, 128 * blocks, d), torch.bfloat16,
+                             torch.device("cuda"), True, seed)
+    q, k, v = problem.q, problem.k, problem.v
+    o, lse = gluon_forward(q, k, v, True, config, poison=True)
+    exact = _reference(q.double(), k.double(), v.double(), True)
+    assert_close_as_pytorch(o, _reference(q, k, v, True), exact, "o")
+    torch.testing.assert_close(lse.double(), _logsumexp(q.double(), k.double(), True),
+                               atol=1e-4, rtol=0)
+
+
+@hopper
+def test_forward_op_passes_torch_opcheck():
+    """The forward op's schema, fake kernel (a contiguous o whatever q's strides) and real
+    kernel agree, on per-head views of (batch, seq, heads, d) projections."""
+    q, k, v = (torch.randn(2, 256, 3, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+               for _ in range(3))
+    torch.library.opcheck(op.flash_attention_forward_gluon, (q, k, v, True))
 
 
 @hopper

@@ -22,6 +22,7 @@ from systems.attention.flash_triton.op import (
     attention_backward,
     attention_backward_gluon,
     attention_forward,
+    attention_forward_gluon,
 )
 
 
@@ -116,10 +117,11 @@ class FlashAttentionTritonCompiledBackward(FlashAttentionTritonFunction):
 
 
 class FlashAttentionTritonGluonBackward(torch.autograd.Function):
-    """The Triton forward with the fused Gluon backward for Hopper (`gluon_launch.py`):
-    `FlashAttentionTritonGluonBackward.apply(q, k, v, is_causal, deterministic)`.
+    """The Gluon kernels for Hopper: `FlashAttentionTritonGluonBackward.apply(q, k, v,
+    is_causal, deterministic)`.
 
-    One kernel of 5 tile matmuls per tile pair, warp-specialised as FA3 is, in place of the
+    The forward is warp-specialised as FA3's is (`gluon_forward.py`); the fused backward
+    (`gluon_launch.py`) runs one kernel of 5 tile matmuls per tile pair in place of the
     two passes' 7. It takes causal bf16 self-attention on an sm_90 GPU with head dim 64 or
     128 and a sequence length that is a multiple of 128; forward refuses other inputs.
     `deterministic` adds dQ in a fixed order (gradients bit-identical from run to run);
@@ -133,7 +135,7 @@ class FlashAttentionTritonGluonBackward(torch.autograd.Function):
         if reason is not None:
             raise ValueError(f"FlashAttentionTritonGluonBackward: the Gluon backward {reason}")
         ctx.deterministic = deterministic
-        return forward_saving_lse(ctx, attention_forward, q, k, v, is_causal)
+        return forward_saving_lse(ctx, attention_forward_gluon, q, k, v, is_causal)
 
     @staticmethod
     @refuse_double_backward("FlashAttentionTritonGluonBackward")

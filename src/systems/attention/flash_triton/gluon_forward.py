@@ -5,15 +5,19 @@ One program per (query tile of BLOCK_M rows, matrix), last tile first (the longe
 - a producer warp loads the tile's Q once, then each key tile's K and V by TMA into a ring
   of shared buffers guarded by mbarriers (K and V on barriers of their own, so that S can
   start before V lands), and gives its registers up (setmaxnreg);
-- the consumer warpgroups (64 query rows each) compute S = Q K^T, the online softmax and
-  O += P V with P from registers. ASYNC overlaps the softmax of key tile j with the P V
+- two consumer warpgroups, each a partition of its own owning 64 of the 128 query rows,
+  compute S = Q K^T, the online softmax and O += P V with P from registers, and each
+  frees a K/V stage on its own. ASYNC overlaps the softmax of key tile j with the P V
   matmul of tile j - 1 on the tensor cores (FA3's intra-warpgroup overlap): S_j is issued,
   then P_{j-1} V_{j-1}, and the softmax runs once S_j is done while the other is in flight.
+  PINGPONG has the warpgroups take turns issuing their matmuls (FA3's inter-warpgroup
+  schedule, on two named barriers), so that one's softmax runs while the other's
+  matmuls hold the tensor cores.
 
 Key tiles below the query tile's diagonal run unmasked; the BLOCK_M / BLOCK_N tiles the
 diagonal cuts are masked (`causal.MASKED_SCORE`, as the Triton forward). O = acc / l is
-stored in the inputs' dtype and L = ln(sum exp(S * scale)) in fp32, as `flash_forward`
-writes them.
+stored in bf16 and L = ln(sum exp(S * scale)) in fp32, as `flash_forward` writes them.
+It takes what the Gluon backward takes (`gluon_launch.unsupported_reason`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from systems.attention import causal
-from systems.attention.flash_triton.gluon_kernels import _mma_layout
+from systems.attention.flash_triton.gluon_kernels import mma_layout, named_arrive, named_sync
+from systems.attention.flash_triton.gluon_launch import aligned_rows, unsupported_reason
 from systems.triton_build import build_for_hopper
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
@@ -43,22 +48,10 @@ SM_REGISTERS = 65536
 
 WG_ROWS: gl.constexpr = gl.constexpr(64)  # query rows per consumer warpgroup
 BLOCK_M = 128  # query rows per program: two consumer warpgroups
-# Named barriers of the ping-pong (ids 0 and 1 are Triton's): warpgroup w waits on
-# TURN + w for its turn at the tensor cores and passes it on TURN + 1 - w.
+# Named barriers of the ping-pong, of both consumer warpgroups (ids 0 and 1 are Triton's):
+# warpgroup w waits on TURN + w for its turn at the tensor cores and passes it on TURN + 1 - w.
 TURN: gl.constexpr = gl.constexpr(8)
-
-
-@gluon.jit
-def _turn_sync(barrier):
-    """bar.sync on a named barrier of both consumer warpgroups (256 threads)."""
-    gl.inline_asm_elementwise("bar.sync $1, 256; mov.u32 $0, 0;", "=r,r,~{memory}", [barrier],
-                              dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _turn_arrive(barrier):
-    gl.inline_asm_elementwise("bar.arrive $1, 256; mov.u32 $0, 0;", "=r,r,~{memory}",
-                              [barrier], dtype=gl.int32, is_pure=False, pack=1)
+TURN_THREADS: gl.constexpr = gl.constexpr(256)
 
 
 @gluon.jit
@@ -111,14 +104,14 @@ def _softmax(s, m_i, l_i, j, rows, qk_scale, MASKED: gl.constexpr):
 @gluon.jit
 def _take_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
     if PINGPONG:
-        _turn_sync(TURN + WG)
+        named_sync(TURN + WG, TURN_THREADS)
 
 
 @gluon.jit
 def _pass_turn(WG: gl.constexpr, PINGPONG: gl.constexpr, LAST: gl.constexpr):
     # The second warpgroup passes no turn after its last matmuls: every wait is matched.
     if PINGPONG and (WG == 0 or not LAST):
-        _turn_arrive(TURN + 1 - WG)
+        named_arrive(TURN + 1 - WG, TURN_THREADS)
 
 
 @gluon.jit
@@ -129,7 +122,7 @@ def _step(j, acc, m_i, l_i, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, kv_empt
     (rescaled by alpha_j); returns P_j as the next step's operand."""
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
-    s_layout: gl.constexpr = _mma_layout(WG_ROWS, BLOCK_N, gl.num_warps())
+    s_layout: gl.constexpr = mma_layout(WG_ROWS, BLOCK_N, gl.num_warps())
     o_row: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     stage = j % NUM_STAGES
     prev = (j - 1) % NUM_STAGES
@@ -162,8 +155,8 @@ def _compute_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty
     HEAD_DIM: gl.constexpr = q_smem.type.shape[1]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
-    s_layout: gl.constexpr = _mma_layout(WG_ROWS, BLOCK_N, gl.num_warps())
-    o_layout: gl.constexpr = _mma_layout(WG_ROWS, HEAD_DIM, gl.num_warps())
+    s_layout: gl.constexpr = mma_layout(WG_ROWS, BLOCK_N, gl.num_warps())
+    o_layout: gl.constexpr = mma_layout(WG_ROWS, HEAD_DIM, gl.num_warps())
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -174,7 +167,7 @@ def _compute_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty
     first_masked = n_kv - BLOCK // BLOCK_N
     q_s = q_smem.slice(WG * WG_ROWS, WG_ROWS, dim=0)
     if PINGPONG and WG == 1:  # the first warpgroup goes first
-        _turn_arrive(TURN)
+        named_arrive(TURN, TURN_THREADS)
 
     # Key tile 0 (masked where it is on the diagonal: the rule holds for every tile).
     mbarrier.wait(q_bar, 0)
@@ -265,20 +258,21 @@ class GluonForwardConfig:
     max_regs = SM_REGISTERS // (32 * 12) // 8 * 8
 
 
+# The fastest config per head dim in H100 runs of scripts/attention_gluon_forward.py at
+# 16 x 16384 (docs/attention.md, "A forward in Gluon").
 CONFIGS: dict[int, GluonForwardConfig] = {
-    64: GluonForwardConfig(block_n=128, num_stages=2, async_mma=True, pingpong=True),
-    128: GluonForwardConfig(block_n=128, num_stages=2, async_mma=True, pingpong=True),
+    64: GluonForwardConfig(block_n=128, num_stages=3, async_mma=True, pingpong=True),
+    128: GluonForwardConfig(block_n=128, num_stages=3, async_mma=True, pingpong=True),
 }
 
 
-def descriptor_specs(config: GluonForwardConfig, head_dim: int, dtype: torch.dtype
+def descriptor_specs(config: GluonForwardConfig, head_dim: int
                      ) -> dict[str, tuple[str, list[int], object]]:
-    """(Triton dtype, block shape, shared layout) of each descriptor parameter."""
-    element = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
-    name = "bf16" if dtype == torch.bfloat16 else "fp16"
+    """(Triton dtype, block shape, shared layout) of each descriptor parameter; the launch's
+    descriptors and the sm_90 build check's signature both come from here."""
     blocks = {"q_desc": [BLOCK_M, head_dim], "k_desc": [config.block_n, head_dim],
               "v_desc": [config.block_n, head_dim]}
-    return {arg: (name, block, gl.NVMMASharedLayout.get_default_for(block, element))
+    return {arg: ("bf16", block, gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16))
             for arg, block in blocks.items()}
 
 
@@ -288,42 +282,41 @@ def constexprs(head_dim: int, config: GluonForwardConfig) -> dict[str, object]:
             "ASYNC": config.async_mma, "PINGPONG": config.pingpong}
 
 
-def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
                   config: GluonForwardConfig | None = None, poison: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, L) of causal self-attention from contiguous (..., seq, d) q, k, v (half
-    precision, seq a multiple of the tiles): o like q, L (..., seq) fp32 natural log.
-    `poison` fills o and L with NaN first, so that an element the kernel skips shows."""
+    """(o, L) as `flash_forward` returns them, for what the Gluon backward takes
+    (`gluon_launch.unsupported_reason`): o contiguous, shaped like q; L (..., seq) fp32,
+    natural log. Inputs of any strides (copied to contiguous rows where they are not).
+    `config` overrides CONFIGS[d]; `poison` fills o and L with NaN first, so that an
+    element the kernel skips shows."""
+    reason = unsupported_reason(q, k, v, is_causal)
+    if reason is not None:
+        raise ValueError(f"the Gluon forward {reason}")
     seq, head_dim = q.shape[-2:]
     config = config or CONFIGS[head_dim]
-    if seq % BLOCK_M or seq % config.block_n or not all(
-            t.is_contiguous() for t in (q, k, v)):
-        raise ValueError(f"the Gluon forward needs contiguous inputs and a sequence length "
-                         f"that is a multiple of {BLOCK_M} and {config.block_n}")
-    rows = q.numel() // head_dim
+    q2, k2, v2 = (aligned_rows(t) for t in (q, k, v))
     fill = torch.full if poison else (lambda shape, _, **kw: torch.empty(shape, **kw))
     o = fill(q.shape, float("nan"), dtype=q.dtype, device=q.device)
     lse = fill(q.shape[:-1], float("nan"), dtype=torch.float32, device=q.device)
-    flat = {"q_desc": q, "k_desc": k, "v_desc": v}
-    descs = [TensorDescriptor.from_tensor(flat[arg].view(rows, head_dim), block, layout)
-             for arg, (_, block, layout) in descriptor_specs(config, head_dim,
-                                                             q.dtype).items()]
-    gluon_forward_kernel[(rows // seq, seq // BLOCK_M)](
-        *descs, o, lse, seq, **constexprs(head_dim, config),
-        num_warps=4, maxnreg=config.max_regs)
+    flat = {"q_desc": q2, "k_desc": k2, "v_desc": v2}
+    descs = [TensorDescriptor.from_tensor(flat[arg], block, layout)
+             for arg, (_, block, layout) in descriptor_specs(config, head_dim).items()]
+    gluon_forward_kernel[(q2.shape[0] // seq, seq // BLOCK_M)](
+        *descs, o, lse, seq, **constexprs(head_dim, config), num_warps=4,
+        maxnreg=config.max_regs)
     return o, lse
 
 
-def build(head_dim: int, config: GluonForwardConfig, dtype: torch.dtype = torch.bfloat16
-          ) -> dict[str, int | list[int]]:
-    """The forward kernel built for sm_90 as a launch specialises it, on any machine."""
+def build(head_dim: int, config: GluonForwardConfig) -> dict[str, int | list[int]]:
+    """The forward kernel built for sm_90 as a launch specialises it, on any machine
+    (TRITON_INTERPRET=0): shared bytes per block, registers and stack bytes per thread,
+    and the register counts its partitions set (`systems.triton_build`)."""
     values = constexprs(head_dim, config)
-    element = "bf16" if dtype == torch.bfloat16 else "fp16"
-    signature = {"Out": f"*{element}", "L": "*fp32", "n_q": "i32"}
+    signature = {"Out": "*bf16", "L": "*fp32", "n_q": "i32"}
     signature |= {name: "constexpr" for name in values}
     signature |= {name: f"tensordesc<{kind}{block},{layout!r}>"
-                  for name, (kind, block, layout) in descriptor_specs(config, head_dim,
-                                                                      dtype).items()}
-    return build_for_hopper(gluon_forward_kernel, signature, values,
-                            num_warps=4, num_stages=1,
-                            maxnreg=config.max_regs)
+                  for name, (kind, block, layout) in descriptor_specs(config,
+                                                                      head_dim).items()}
+    return build_for_hopper(gluon_forward_kernel, signature, values, num_warps=4,
+                            num_stages=1, maxnreg=config.max_regs)

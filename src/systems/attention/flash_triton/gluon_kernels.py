@@ -58,6 +58,7 @@ KEY_BLOCK: gl.constexpr = gl.constexpr(BLOCK_N)
 # Named barriers of the half hand-off, of 160 threads each (a consumer warpgroup and the
 # writer warp; ids 0 and 1 are Triton's): the writer waits on FULL + 2 * slot + warpgroup
 # for a half, the warpgroup on EMPTY + 2 * slot + itself for the slot to be free again.
+HANDOFF_THREADS: gl.constexpr = gl.constexpr(160)
 FULL_BARRIER: gl.constexpr = gl.constexpr(8)
 EMPTY_BARRIER: gl.constexpr = gl.constexpr(12)
 # Triton 3.6 names the CTA-wide barrier `thread_barrier`, later releases `barrier`.
@@ -83,17 +84,18 @@ def _thread_index():
 
 
 @gluon.jit
-def _named_sync(barrier):
-    """bar.sync on a named barrier of 160 threads: waits for the others."""
-    gl.inline_asm_elementwise("bar.sync $1, 160; mov.u32 $0, 0;", "=r,r,~{memory}", [barrier],
-                              dtype=gl.int32, is_pure=False, pack=1)
+def named_sync(barrier, threads):
+    """bar.sync on a named barrier of `threads` threads (a multiple of 32): waits for the
+    others."""
+    gl.inline_asm_elementwise("bar.sync $1, $2; mov.u32 $0, 0;", "=r,r,r,~{memory}",
+                              [barrier, threads], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
-def _named_arrive(barrier):
-    """bar.arrive on a named barrier of 160 threads: signals, never waits."""
-    gl.inline_asm_elementwise("bar.arrive $1, 160; mov.u32 $0, 0;", "=r,r,~{memory}",
-                              [barrier], dtype=gl.int32, is_pure=False, pack=1)
+def named_arrive(barrier, threads):
+    """bar.arrive on a named barrier of `threads` threads: signals, never waits."""
+    gl.inline_asm_elementwise("bar.arrive $1, $2; mov.u32 $0, 0;", "=r,r,r,~{memory}",
+                              [barrier, threads], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -140,7 +142,7 @@ def _tile_of(step, n_tiles, descending):
 
 
 @gluon.constexpr_function
-def _mma_layout(rows, cols, num_warps):
+def mma_layout(rows, cols, num_warps):
     # Warpgroups stack along rows while each keeps >= 64 of them (FA3's split of the keys
     # for S^T, dK, dV), then split the columns (dQ of a 64-row tile: half of d each).
     along_rows = min(num_warps, max(4, rows // 16))
@@ -188,9 +190,9 @@ def _tile(i, tile, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale
     NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
     BLOCK_N: gl.constexpr = k_smem.type.shape[0]
-    s_layout: gl.constexpr = _mma_layout(BLOCK_N, BLOCK_M, gl.num_warps())
-    kv_layout: gl.constexpr = _mma_layout(BLOCK_N, HEAD_DIM, gl.num_warps())
-    dq_layout: gl.constexpr = _mma_layout(BLOCK_M, HEAD_DIM, gl.num_warps())
+    s_layout: gl.constexpr = mma_layout(BLOCK_N, BLOCK_M, gl.num_warps())
+    kv_layout: gl.constexpr = mma_layout(BLOCK_N, HEAD_DIM, gl.num_warps())
+    dq_layout: gl.constexpr = mma_layout(BLOCK_M, HEAD_DIM, gl.num_warps())
     # P^T and dS^T feed the dV and dK matmuls from registers, as FA3 does.
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -235,10 +237,10 @@ def _tile(i, tile, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale
     # Warpgroup w holds columns [w * d/2, (w + 1) * d/2) of dq and hands them over alone.
     own = (i % 2) * 2 + _thread_index() // 128
     if i >= 2:  # the slot's share of two tiles ago is reduced
-        _named_sync(EMPTY_BARRIER + own)
+        named_sync(EMPTY_BARRIER + own, HANDOFF_THREADS)
     dq_bufs.index(i % 2).store(dq)
     fence_async_shared()
-    _named_arrive(FULL_BARRIER + own)
+    named_arrive(FULL_BARRIER + own, HANDOFF_THREADS)
     return dk, dv
 
 
@@ -264,13 +266,13 @@ def _dq_partition(dq_desc, dq_bufs, semaphores, n_q, SCHEDULE: gl.constexpr,
             turn = last_key_block - key_block + descending * (2 * key_block - last_key_block)
             _wait_turn(semaphores + q_start // BLOCK_M, turn)
         for half in gl.static_range(2):
-            _named_sync(FULL_BARRIER + (i % 2) * 2 + half)
+            named_sync(FULL_BARRIER + (i % 2) * 2 + half, HANDOFF_THREADS)
             _tma_reduce_add(dq_desc, [row0 + tile * BLOCK_M, half * HALF],
                             dq_bufs.index(i % 2).slice(half * HALF, HALF, dim=1))
         tma.store_wait(0)  # both halves read: the slot may be refilled
         if i < n_tiles - 2:  # the consumers wait on a slot from their third tile on
             for half in gl.static_range(2):
-                _named_arrive(EMPTY_BARRIER + (i % 2) * 2 + half)
+                named_arrive(EMPTY_BARRIER + (i % 2) * 2 + half, HANDOFF_THREADS)
         if ORDERED:
             _pass_turn(semaphores + q_start // BLOCK_M)
 
@@ -304,8 +306,8 @@ def _compute_partition(bufs, bars, ds_bufs, dq_bufs, dK, dV, n_q, SCHEDULE: gl.c
     ready, empty, kv_bar = bars
     BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
     BLOCK_N: gl.constexpr = k_smem.type.shape[0]
-    s_layout: gl.constexpr = _mma_layout(BLOCK_N, BLOCK_M, gl.num_warps())
-    kv_layout: gl.constexpr = _mma_layout(BLOCK_N, HEAD_DIM, gl.num_warps())
+    s_layout: gl.constexpr = mma_layout(BLOCK_N, BLOCK_M, gl.num_warps())
+    kv_layout: gl.constexpr = mma_layout(BLOCK_N, HEAD_DIM, gl.num_warps())
     qk_scale = SM_SCALE * LOG2E
     bh, k_start, descending = _program(BLOCK_N, SCHEDULE)
     keys = k_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, s_layout))

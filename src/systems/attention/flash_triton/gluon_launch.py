@@ -151,7 +151,7 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
         raise ValueError(f"{config}: writers must be 1 or 2, {BLOCK_N} a multiple of "
                          f"block_m, and the schedule one of {SCHEDULES}")
     _check_launch_order(config, seq // BLOCK_N, q.device)
-    q2, k2, v2, o2, do2 = (_aligned_rows(t) for t in (q, k, v, o, do))
+    q2, k2, v2, o2, do2 = (aligned_rows(t) for t in (q, k, v, o, do))
     rows = q2.shape[0]
 
     def new(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -165,7 +165,7 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     semaphores = torch.zeros(rows // config.block_m if config.ordered else 1,
                              dtype=torch.int32, device=q.device)
     flat = {"q_desc": q2, "do_desc": do2, "k_desc": k2, "v_desc": v2,
-            "lse_desc": _aligned_rows(lse[..., None]).view(-1), "delta_desc": delta.view(-1),
+            "lse_desc": aligned_rows(lse[..., None]).view(-1), "delta_desc": delta.view(-1),
             "dq_desc": acc}
     descs = [TensorDescriptor.from_tensor(flat[name], block, layout)
              for name, (_, block, layout) in descriptor_specs(config, head_dim).items()]
@@ -189,7 +189,7 @@ def _check_launch_order(config: GluonConfig, key_blocks: int, device: torch.devi
                          "alternate or launch the shortest first")
 
 
-def _aligned_rows(t: torch.Tensor) -> torch.Tensor:
+def aligned_rows(t: torch.Tensor) -> torch.Tensor:
     """t as contiguous (rows, d), copied where it is not, or where its start is not 16-byte
     aligned (TMA descriptors need both)."""
     rows = t.reshape(-1, t.shape[-1])

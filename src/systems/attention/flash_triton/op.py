@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from systems.attention.flash_triton.gluon_forward import gluon_forward
 from systems.attention.flash_triton.gluon_launch import gluon_backward
 from systems.attention.flash_triton.launch import (
     check_triton_inputs,
@@ -27,6 +28,8 @@ _LIBRARY.define("flash_attention_forward(Tensor q, Tensor k, Tensor v, bool is_c
                 " -> (Tensor, Tensor)")
 _LIBRARY.define("flash_attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse,"
                 " Tensor do, bool is_causal) -> (Tensor, Tensor, Tensor)")
+_LIBRARY.define("flash_attention_forward_gluon(Tensor q, Tensor k, Tensor v, bool is_causal)"
+                " -> (Tensor, Tensor)")
 _LIBRARY.define("flash_attention_backward_gluon(Tensor q, Tensor k, Tensor v, Tensor o,"
                 " Tensor lse, Tensor do, bool is_causal, bool deterministic)"
                 " -> (Tensor, Tensor, Tensor)")
@@ -41,6 +44,12 @@ def _forward_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def _forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _gluon_forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    # The Gluon forward's o is contiguous whatever q's strides.
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 def _backward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -60,13 +69,17 @@ def _gluon_backward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
 # One kernel for every backend: the launch code refuses devices it cannot run on.
 _LIBRARY.impl("flash_attention_forward", _forward_kernel, "CompositeExplicitAutograd")
 _LIBRARY.impl("flash_attention_backward", flash_backward, "CompositeExplicitAutograd")
+_LIBRARY.impl("flash_attention_forward_gluon", gluon_forward, "CompositeExplicitAutograd")
 _LIBRARY.impl("flash_attention_backward_gluon", gluon_backward, "CompositeExplicitAutograd")
 torch.library.register_fake("systems::flash_attention_forward", _forward_fake, lib=_LIBRARY)
 torch.library.register_fake("systems::flash_attention_backward", _backward_fake, lib=_LIBRARY)
+torch.library.register_fake("systems::flash_attention_forward_gluon", _gluon_forward_fake,
+                            lib=_LIBRARY)
 torch.library.register_fake("systems::flash_attention_backward_gluon", _gluon_backward_fake,
                             lib=_LIBRARY)
 flash_attention_forward = torch.ops.systems.flash_attention_forward.default
 flash_attention_backward = torch.ops.systems.flash_attention_backward.default
+flash_attention_forward_gluon = torch.ops.systems.flash_attention_forward_gluon.default
 flash_attention_backward_gluon = torch.ops.systems.flash_attention_backward_gluon.default
 
 
@@ -77,6 +90,14 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return flash_attention_forward(q, k, v, is_causal)
     check_triton_inputs(q, k, v)
     return flash_forward(q, k, v, is_causal)
+
+
+def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, L) from the Gluon forward for Hopper (`gluon_forward.py`)."""
+    if torch.compiler.is_compiling():
+        return flash_attention_forward_gluon(q, k, v, is_causal)
+    return gluon_forward(q, k, v, is_causal)
 
 
 def attention_backward(
