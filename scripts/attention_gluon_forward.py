@@ -1,12 +1,13 @@
 """Whether a warp-specialised forward in Gluon (`gluon_forward.py`: a producer warp, two
-consumer warpgroups, FA3's overlap of the softmax with the previous tile's P V) beats our
-Triton forward and cuDNN's, per config (one sm_90 GPU, bf16, causal).
+consumer warpgroups, FA3's overlap of the softmax with the previous tile's P V and its
+ping-pong) beats our Triton forward and cuDNN's, per config (one sm_90 GPU, bf16, causal).
 
 Per head dim: each forward's max abs errors in O and L against an fp32 reference on the
-first matrices (the Gluon forward's outputs poisoned with NaN first), and do_bench medians
-of our Triton forward, cuDNN's (LSE kept, as training runs it) and each Gluon config;
-then forward + backward with the Gluon backward (ordered and unordered) behind either of
-our forwards, beside cuDNN's forward + backward, all in one process.
+first matrices (the Gluon forward's outputs poisoned with NaN first), a do_bench median of
+our Triton forward and of each Gluon config; then rounds (`emit_rounds`) timing in turn
+the Triton forward, one Gluon forward, either before the unordered Gluon backward, and the
+perf cases' forward + backward steps of cuDNN and of ours (two passes, Gluon ordered and
+unordered), all in one process.
 
 Usage: PYTHONPATH=src python scripts/attention_gluon_forward.py --out DIR --commit HASH
        TRITON_INTERPRET=0 PYTHONPATH=src python scripts/attention_gluon_forward.py --build-only
@@ -15,13 +16,12 @@ Usage: PYTHONPATH=src python scripts/attention_gluon_forward.py --out DIR --comm
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict
 
 import torch
-import torch.nn.functional as F
 from attention_dq_reduce import _bench, _max_abs, attempt, run_study
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from systems.attention.causal import causal_mask
 from systems.attention.flash_triton import launch
@@ -31,25 +31,34 @@ from systems.attention.flash_triton.gluon_forward import (
     build,
     gluon_forward,
 )
-from systems.attention.flash_triton.gluon_launch import gluon_backward
+from systems.attention.flash_triton.gluon_launch import HEAD_DIMS, gluon_backward
+from systems.bench.attention import build_attention_workload
 from systems.triton_build import HOPPER_SHARED_BYTES
 
 Emit = Callable[[dict[str, object]], None]
 CHECKED_MATRICES = 2
+ROUNDS = 5
+STEP_IMPLEMENTATIONS = ("sdpa_cudnn", "triton_gluon_bwd_unordered", "triton_gluon_bwd",
+                        "triton")
+# The Gluon forward the rounds time at each head dim: the library's where it has one.
+ROUND_CONFIGS = {64: GluonForwardConfig(block_n=128, num_stages=4, async_mma=False,
+                                        pingpong=False),
+                 **CONFIGS}
 
 
 def candidates(head_dim: int) -> list[GluonForwardConfig]:
-    """The library's config first, then each other ring depth that fits in shared memory
-    (at d = 64 a fourth stage does), each with and without the overlap and the ping-pong."""
+    """The rounds' config first, then each ring depth that fits in shared memory (at
+    d = 64 a fourth stage does), each with and without the overlap and the ping-pong."""
     others = [GluonForwardConfig(block_n=128, num_stages=stages, async_mma=overlap,
                                  pingpong=pingpong)
               for stages in ((2, 3, 4) if head_dim == 64 else (2, 3))
               for overlap in (True, False) for pingpong in (True, False)]
-    return [CONFIGS[head_dim], *(c for c in others if c != CONFIGS[head_dim])]
+    first = ROUND_CONFIGS[head_dim]
+    return [first, *(c for c in others if c != first)]
 
 
 def build_only(emit: Emit) -> None:
-    for head_dim in CONFIGS:
+    for head_dim in HEAD_DIMS:
         for config in candidates(head_dim):
             row = attempt({"kind": "build", "head_dim": head_dim, **asdict(config)},
                           lambda h=head_dim, c=config: build(h, c))
@@ -87,20 +96,6 @@ def measure(batch: int, seq: int, head_dim: int, emit: Emit) -> None:
     o_t, lse_t = launch.flash_forward(q, k, v, True)
     emit({**base, "kind": "triton_forward", **_errors(o_t, lse_t, expected),
           "ms": _bench(lambda: launch.flash_forward(q, k, v, True))})
-
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        qc, kc, vc = (t.view(batch, 1, seq, head_dim).detach().requires_grad_()
-                      for t in (q, k, v))
-        doc = do.view(batch, 1, seq, head_dim)
-
-        def cudnn_step() -> None:
-            out = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True)
-            torch.autograd.grad(out, (qc, kc, vc), doc)
-
-        cudnn_fwd = _bench(lambda: F.scaled_dot_product_attention(qc, kc, vc, is_causal=True))
-        cudnn_total = _bench(cudnn_step)
-    emit({**base, "kind": "cudnn", "forward_ms": cudnn_fwd, "total_ms": cudnn_total})
-
     for config in candidates(head_dim):
         def row(c: GluonForwardConfig = config) -> dict[str, object]:
             o, lse = gluon_forward(q, k, v, True, c, poison=True)
@@ -110,21 +105,55 @@ def measure(batch: int, seq: int, head_dim: int, emit: Emit) -> None:
             found["ms"] = _bench(lambda: gluon_forward(q, k, v, True, c))
             return found
         emit(attempt({**base, "kind": "gluon_forward", **asdict(config)}, row))
+    emit_rounds(base, _round_timers(q, k, v, do, batch, seq, head_dim), emit)
 
+
+def _round_timers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                  batch: int, seq: int, head_dim: int) -> dict[str, Callable[[], object]]:
+    """What the rounds time: each forward alone, either before the unordered Gluon
+    backward (direct calls), and the forward + backward step of the perf cases (the
+    registry's implementations through autograd, `build_attention_workload`)."""
     forwards = {"triton": lambda: launch.flash_forward(q, k, v, True),
-                "gluon": lambda: gluon_forward(q, k, v, True)}
+                "gluon": lambda: gluon_forward(q, k, v, True, ROUND_CONFIGS[head_dim])}
+    timers: dict[str, Callable[[], object]] = {f"forward {name}": forward
+                                               for name, forward in forwards.items()}
     for name, forward in forwards.items():
-        for deterministic in (False, True):
-            def step(f: Callable = forward, det: bool = deterministic) -> None:
-                o, lse = f()
-                gluon_backward(q, k, v, o, lse, do, True, det)
-            ms = _bench(step)
-            emit({**base, "kind": "forward_backward", "forward": name,
-                  "deterministic": deterministic, "ms": ms, "over_cudnn": ms / cudnn_total})
+        def step(f: Callable = forward) -> None:
+            o, lse = f()
+            gluon_backward(q, k, v, o, lse, do, True, False)
+        timers[f"forward {name} + gluon backward unordered"] = step
+    for impl in STEP_IMPLEMENTATIONS:
+        workload = build_attention_workload(impl, shape=(batch, 1, seq, head_dim),
+                                            dtype=torch.bfloat16, mode="forward_backward",
+                                            is_causal=True, device=torch.device("cuda"))
+        timers[f"step {impl}"] = workload.step
+    return timers
+
+
+def emit_rounds(base: dict[str, object], timers: dict[str, Callable[[], object]],
+                emit: Emit) -> None:
+    """ROUNDS rounds, each timing every entry once in turn (do_bench medians), so that a
+    GPU warming over the run weighs on all alike; then each entry's median over rounds and,
+    for the steps, the median and range of their per-round ratios to cuDNN's step."""
+    times: dict[str, list[float]] = {name: [] for name in timers}
+    for round_index in range(ROUNDS):
+        for name, timer in timers.items():
+            times[name].append(_bench(timer))
+        emit({**base, "kind": "round", "round": round_index,
+              "ms": {name: runs[-1] for name, runs in times.items()}})
+    rival = times["step sdpa_cudnn"]
+    for name, runs in times.items():
+        row = {**base, "kind": "rounds", "name": name, "ms_per_round": runs,
+               "median_ms": statistics.median(runs)}
+        if name.startswith("step"):
+            ratios = [ours / theirs for ours, theirs in zip(runs, rival, strict=True)]
+            row["over_cudnn_median"] = statistics.median(ratios)
+            row["over_cudnn_range"] = [min(ratios), max(ratios)]
+        emit(row)
 
 
 def main() -> int:
-    return run_study("attention_gluon_forward", __doc__.split("\n\n")[0], list(CONFIGS),
+    return run_study("attention_gluon_forward", __doc__.split("\n\n")[0], list(HEAD_DIMS),
                      build_only, measure, seq_multiple=128)
 
 

@@ -77,7 +77,7 @@ def test_fused_adamw_kernel_builds_for_hopper():
 
 
 @pytest.mark.parametrize(("module", "configs", "stack_bytes"),
-                         [("gluon_launch", 4, 8), ("gluon_forward", 2, 0)],
+                         [("gluon_launch", 4, 8), ("gluon_forward", 1, 0)],
                          ids=["backward", "forward"])
 def test_gluon_kernels_build_for_hopper_and_fit_their_shared_memory(module, configs,
                                                                     stack_bytes):

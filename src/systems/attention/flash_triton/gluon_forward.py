@@ -258,10 +258,10 @@ class GluonForwardConfig:
     max_regs = SM_REGISTERS // (32 * 12) // 8 * 8
 
 
-# The fastest config per head dim in H100 runs of scripts/attention_gluon_forward.py at
-# 16 x 16384 (docs/attention.md, "A forward in Gluon").
+# The fastest config in H100 runs of scripts/attention_gluon_forward.py at 16 x 16384, at
+# the head dims where it beat the Triton forward (docs/attention.md, "A forward in Gluon");
+# at d = 64 none did, and the Gluon variants run the Triton forward there.
 CONFIGS: dict[int, GluonForwardConfig] = {
-    64: GluonForwardConfig(block_n=128, num_stages=3, async_mma=True, pingpong=True),
     128: GluonForwardConfig(block_n=128, num_stages=3, async_mma=True, pingpong=True),
 }
 
@@ -288,8 +288,8 @@ def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     """(o, L) as `flash_forward` returns them, for what the Gluon backward takes
     (`gluon_launch.unsupported_reason`): o contiguous, shaped like q; L (..., seq) fp32,
     natural log. Inputs of any strides (copied to contiguous rows where they are not).
-    `config` overrides CONFIGS[d]; `poison` fills o and L with NaN first, so that an
-    element the kernel skips shows."""
+    `config` overrides CONFIGS[d] (and is needed where it has none); `poison` fills o
+    and L with NaN first, so that an element the kernel skips shows."""
     reason = unsupported_reason(q, k, v, is_causal)
     if reason is not None:
         raise ValueError(f"the Gluon forward {reason}")

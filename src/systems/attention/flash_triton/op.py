@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from systems.attention.flash_triton.gluon_forward import CONFIGS as GLUON_FORWARD_CONFIGS
 from systems.attention.flash_triton.gluon_forward import gluon_forward
 from systems.attention.flash_triton.gluon_launch import gluon_backward
 from systems.attention.flash_triton.launch import (
@@ -94,7 +95,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, L) from the Gluon forward for Hopper (`gluon_forward.py`)."""
+    """(o, L) from the Gluon forward for Hopper (`gluon_forward.py`) at the head dims where
+    it is the faster forward, else from the Triton forward."""
+    if q.shape[-1] not in GLUON_FORWARD_CONFIGS:
+        return attention_forward(q, k, v, is_causal)
     if torch.compiler.is_compiling():
         return flash_attention_forward_gluon(q, k, v, is_causal)
     return gluon_forward(q, k, v, is_causal)
