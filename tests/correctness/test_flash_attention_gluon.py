@@ -20,6 +20,7 @@ from test_flash_attention import Problem, _logsumexp, _reference, assert_close_a
 
 from systems.attention import get_attention, unsupported_reason
 from systems.attention.flash_triton import FlashAttentionTritonGluonBackward, flash_forward, op
+from systems.attention.flash_triton.gluon_forward import CONFIGS as GLUON_FORWARD_CONFIGS
 from systems.attention.flash_triton.gluon_forward import GluonForwardConfig, gluon_forward
 from systems.attention.flash_triton.gluon_launch import CONFIGS, SCHEDULES, gluon_backward
 from systems.attention.flash_triton.gluon_launch import (
@@ -104,9 +105,23 @@ def test_forward_any_number_of_tiles_in_every_schedule(lead, blocks, d, config, 
 def test_forward_op_passes_torch_opcheck():
     """The forward op's schema, fake kernel (a contiguous o whatever q's strides) and real
     kernel agree, on per-head views of (batch, seq, heads, d) projections."""
-    q, k, v = (torch.randn(2, 256, 3, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-               for _ in range(3))
+    q, k, v = (torch.randn(2, 256, 3, 128, device="cuda", dtype=torch.bfloat16)
+               .transpose(1, 2) for _ in range(3))
     torch.library.opcheck(op.flash_attention_forward_gluon, (q, k, v, True))
+
+
+def test_forward_without_a_config_for_the_head_dim_says_so():
+    """The library runs the Gluon forward only at head dims with a tuned config; asked
+    for another without one, it says so (before any kernel runs)."""
+    missing = next(d for d in (64, 128) if d not in GLUON_FORWARD_CONFIGS)
+    q = torch.randn(1, 128, missing, dtype=torch.bfloat16,
+                    device="cuda" if _on_hopper() else "cpu")
+    if not _on_hopper():
+        with pytest.raises(ValueError, match="needs a CUDA device|needs an sm_90"):
+            gluon_forward(q, q, q, True)
+        return
+    with pytest.raises(ValueError, match=f"not {missing}: pass one"):
+        gluon_forward(q, q, q, True)
 
 
 @hopper

@@ -294,6 +294,9 @@ def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     if reason is not None:
         raise ValueError(f"the Gluon forward {reason}")
     seq, head_dim = q.shape[-2:]
+    if config is None and head_dim not in CONFIGS:
+        raise ValueError(f"the Gluon forward has a tuned config for head dims "
+                         f"{sorted(CONFIGS)}, not {head_dim}: pass one")
     config = config or CONFIGS[head_dim]
     q2, k2, v2 = (aligned_rows(t) for t in (q, k, v))
     fill = torch.full if poison else (lambda shape, _, **kw: torch.empty(shape, **kw))
