@@ -638,3 +638,30 @@ def test_kernel_breakdown_groups_kernels_by_part_and_takes_each_runs_ratio(
             "1.00 (1.00–1.00) |") in out
     assert "ordered |" not in out.replace("unordered |", "")  # the row that failed is left out
     assert "medians over 3 run(s)" in out and "`k/run2.json` (commit abc1234)" in out
+
+
+def test_gluon_forward_block_divides_by_the_triton_forward_and_cudnns_step_per_round(
+        tmp_path: Path) -> None:
+    base = {"batch": 16, "seq": 16384, "head_dim": 128}
+    rows = [{**base, "kind": "triton_forward", "ms": 2.0, "o_vs_ref": 0.01, "lse_vs_ref": 2e-6},
+            {**base, "kind": "gluon_forward", "num_stages": 3, "async_mma": True,
+             "pingpong": True, "ms": 1.8, "o_vs_ref": 0.01, "lse_vs_ref": 2e-6},
+            {**base, "kind": "gluon_forward", "num_stages": 2, "async_mma": False,
+             "pingpong": False, "error": "OutOfResources"},
+            {**base, "kind": "rounds", "name": "step sdpa_cudnn", "ms_per_round": [7.0, 8.0, 7.2],
+             "median_ms": 7.2, "over_cudnn_median": 1.0, "over_cudnn_range": [1.0, 1.0]},
+            {**base, "kind": "rounds", "name": "step triton_gluon_bwd_unordered",
+             "ms_per_round": [7.1, 7.2, 7.0], "median_ms": 7.1, "over_cudnn_median": 0.986,
+             "over_cudnn_range": [0.9, 1.014]},
+            {**base, "kind": "rounds", "name": "forward gluon", "ms_per_round": [1.8, 1.9, 1.7],
+             "median_ms": 1.8}]
+    (tmp_path / "f.json").write_text(json.dumps({"commit": "abc1234", "device": "GPU",
+                                                 "rows": rows}))
+    out = render("<!-- generated: attention-gluon-forward f.json -->\n<!-- end generated -->\n",
+                 generators(tmp_path))
+    assert "| 128 | Gluon: 3 stages, softmax overlapped, ping-pong | 1.800 | 0.90 |" in out
+    assert "| 128 | Gluon: 2 stages, no overlap, no ping-pong | failed: OutOfResources |" in out
+    assert ("| 128 | step triton_gluon_bwd_unordered | 7.100 | 7.000–7.200 | "
+            "0.986 (0.900–1.014) |") in out
+    assert "| 128 | forward gluon | 1.800 | 1.700–1.900 | - |" in out
+    assert "3 rounds" in out and "commit abc1234" in out

@@ -1,7 +1,8 @@
 """Generated doc blocks quoted from the backward experiments, each pass timed alone beside
 our two-pass backward and cuDNN's: `scripts/attention_dq_reduce.py` (a fused Triton
 backward whose dQ is summed by TMA bulk reductions) and `scripts/attention_gluon_backward.py`
-(the backward of 5 matmuls in Gluon with FA3's schedule, and its ablations); and the
+(the backward of 5 matmuls in Gluon with FA3's schedule, and its ablations); the forward
+in Gluon beside ours and cuDNN's (`scripts/attention_gluon_forward.py`); and the
 forward + backward kernel by kernel (`scripts/attention_kernel_breakdown.py`)."""
 
 from __future__ import annotations
@@ -228,7 +229,7 @@ def gluon_backward(repo: Path, file: str) -> str:
 # Each kernel of a forward + backward, by the part of the work it does: (part, substrings of
 # the kernel names of ours and of cuDNN's); a kernel no part names is "other".
 KERNEL_PARTS = (
-    ("forward", ("flash_forward_kernel", "fprop")),
+    ("forward", ("flash_forward_kernel", "gluon_forward_kernel", "fprop")),
     ("D = rowsum(O dO)", ("prepare_kernel", "dot_do_o")),
     ("backward", ("gluon_backward_kernel", "flash_backward", "bprop")),
     ("dQ cast", ("finish_kernel", "convert_dq")),
@@ -287,3 +288,56 @@ def kernel_breakdown(repo: Path, *files: str) -> str:
             "times, summed per part), and CUDA events around the same number of steps in "
             f"their own window; medians over {len(runs)} run(s), a ratio the median of the "
             f"runs' own (lowest to highest). {runs[0].get('header', '')} From {sources}.\n")
+
+
+def _forward_config(row: dict) -> str:
+    return (f"Gluon: {row['num_stages']} stages, "
+            f"{'softmax overlapped' if row['async_mma'] else 'no overlap'}, "
+            f"{'ping-pong' if row['pingpong'] else 'no ping-pong'}")
+
+
+def gluon_forward(repo: Path, file: str) -> str:
+    """The Gluon forward study: per head dim each forward's do_bench median beside the
+    Triton forward's, with its errors against fp32; then its rounds (every entry timed
+    once per round, in turn): median ms over the rounds, and for the perf cases' steps
+    the median and range of their per-round ratios to cuDNN's step."""
+    data = _experiment(repo, file)
+    rows = data["rows"]
+    forwards = [r for r in rows if r.get("kind") in ("triton_forward", "gluon_forward")]
+    triton = {r["head_dim"]: r["ms"] for r in forwards if r["kind"] == "triton_forward"}
+    configs = []
+    for r in forwards:
+        label = "ours, Triton" if r["kind"] == "triton_forward" else _forward_config(r)
+        if "error" in r:
+            configs.append([r["head_dim"], label, f"failed: {r['error']}", "-", "-", "-"])
+            continue
+        configs.append([r["head_dim"], label, f"{r['ms']:.3f}",
+                        f"{r['ms'] / triton[r['head_dim']]:.2f}" if r["head_dim"] in triton
+                        else "-", f"{r['o_vs_ref']:.1e}", f"{r['lse_vs_ref']:.1e}"])
+    rounds = [r for r in rows if r.get("kind") == "rounds"]
+    if not configs or not rounds:
+        raise ValueError(f"{file}: no forward rows or no rounds")
+    timed = [[r["head_dim"], r["name"], f"{r['median_ms']:.3f}",
+              f"{min(r['ms_per_round']):.3f}–{max(r['ms_per_round']):.3f}",
+              _ratio_to_cudnn(r)] for r in rounds]
+    count = len(rounds[0]["ms_per_round"])
+    return (markdown_table(["d", "forward", "ms", "/ Triton forward", "O max error",
+                            "L max error"], configs)
+            + "\n\n" + markdown_table(["d", "timed", "median ms", "range ms",
+                                        "/ cuDNN's step"], timed)
+            + "\n\nTime: device time (`triton.testing.do_bench` medians), 16 matrices x "
+            "16384, bf16, causal. First table: each forward alone, errors against an fp32 "
+            "reference on two matrices. Second: "
+            f"{count} rounds, each timing every entry once in turn; a step's ratio is the "
+            "median of its per-round ratios to cuDNN's step of the same round (lowest to "
+            "highest). \"step\" rows are the perf cases' forward + backward through "
+            "autograd; the others call the kernels directly. "
+            f"From `{file}` ({data.get('device')}, torch {data.get('torch')}, Triton "
+            f"{data.get('triton')}, cuDNN {data.get('cudnn')}; commit {data.get('commit')}).\n")
+
+
+def _ratio_to_cudnn(row: dict) -> str:
+    if "over_cudnn_median" not in row:
+        return "-"
+    low, high = row["over_cudnn_range"]
+    return f"{row['over_cudnn_median']:.3f} ({low:.3f}–{high:.3f})"

@@ -24,6 +24,7 @@ def generators(repo: Path) -> dict[str, Generator]:
         "attention-host-timings": partial(doc_profiles.host_timings, repo),
         "attention-backward-passes": partial(doc_backward.backward_passes, repo),
         "attention-gluon-backward": partial(doc_backward.gluon_backward, repo),
+        "attention-gluon-forward": partial(doc_backward.gluon_forward, repo),
         "attention-kernel-breakdown": partial(doc_backward.kernel_breakdown, repo),
         "gate-constants": doc_gate.gate_constants,
         "gate-tallies": partial(doc_gate.gate_tallies, repo),
