@@ -33,19 +33,26 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from systems.attention import causal
-from systems.attention.flash_triton.gluon_kernels import mma_layout, named_arrive, named_sync
-from systems.attention.flash_triton.gluon_launch import aligned_rows, unsupported_reason
+from systems.attention.flash_triton.gluon_kernels import (
+    LOG2E,
+    mma_layout,
+    named_arrive,
+    named_sync,
+)
+from systems.attention.flash_triton.gluon_launch import (
+    aligned_rows,
+    descriptor_signature,
+    descriptors,
+    output_buffer,
+    register_cap,
+    unsupported_reason,
+)
 from systems.triton_build import build_for_hopper
 
-LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 MASKED_SCORE: gl.constexpr = gl.constexpr(causal.MASKED_SCORE)
-SM_REGISTERS = 65536
-
-
 WG_ROWS: gl.constexpr = gl.constexpr(64)  # query rows per consumer warpgroup
 BLOCK_M = 128  # query rows per program: two consumer warpgroups
 # Named barriers of the ping-pong, of both consumer warpgroups (ids 0 and 1 are Triton's):
@@ -255,7 +262,7 @@ class GluonForwardConfig:
 
     # The launch's cap: 12 warps (two consumer warpgroups, the producer rounded up to a
     # warpgroup) times it fill the SM's registers; setmaxnreg moves the producer's spare.
-    max_regs = SM_REGISTERS // (32 * 12) // 8 * 8
+    max_regs = register_cap(12)
 
 
 # The fastest config in H100 runs of scripts/attention_gluon_forward.py at 16 x 16384, at
@@ -299,12 +306,10 @@ def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
                          f"{sorted(CONFIGS)}, not {head_dim}: pass one")
     config = config or CONFIGS[head_dim]
     q2, k2, v2 = (aligned_rows(t) for t in (q, k, v))
-    fill = torch.full if poison else (lambda shape, _, **kw: torch.empty(shape, **kw))
-    o = fill(q.shape, float("nan"), dtype=q.dtype, device=q.device)
-    lse = fill(q.shape[:-1], float("nan"), dtype=torch.float32, device=q.device)
-    flat = {"q_desc": q2, "k_desc": k2, "v_desc": v2}
-    descs = [TensorDescriptor.from_tensor(flat[arg], block, layout)
-             for arg, (_, block, layout) in descriptor_specs(config, head_dim).items()]
+    o = output_buffer(q.shape, q.dtype, q.device, poison)
+    lse = output_buffer(q.shape[:-1], torch.float32, q.device, poison)
+    descs = descriptors(descriptor_specs(config, head_dim),
+                        {"q_desc": q2, "k_desc": k2, "v_desc": v2})
     gluon_forward_kernel[(q2.shape[0] // seq, seq // BLOCK_M)](
         *descs, o, lse, seq, **constexprs(head_dim, config), num_warps=4,
         maxnreg=config.max_regs)
@@ -318,8 +323,6 @@ def build(head_dim: int, config: GluonForwardConfig) -> dict[str, int | list[int
     values = constexprs(head_dim, config)
     signature = {"Out": "*bf16", "L": "*fp32", "n_q": "i32"}
     signature |= {name: "constexpr" for name in values}
-    signature |= {name: f"tensordesc<{kind}{block},{layout!r}>"
-                  for name, (kind, block, layout) in descriptor_specs(config,
-                                                                      head_dim).items()}
+    signature |= descriptor_signature(descriptor_specs(config, head_dim))
     return build_for_hopper(gluon_forward_kernel, signature, values, num_warps=4,
                             num_stages=1, maxnreg=config.max_regs)

@@ -50,8 +50,14 @@ class GluonConfig:
     def max_regs(self) -> int:
         """The launch's cap: all warps (workers rounded up to warpgroups) times it fill the
         SM's registers; setmaxnreg then moves what the workers give up to the consumers."""
-        warps = CONSUMER_WARPS + -(-(self.producer_warps + self.writers) // 4) * 4
-        return SM_REGISTERS // (32 * warps) // 8 * 8
+        return register_cap(CONSUMER_WARPS + -(-(self.producer_warps + self.writers) // 4) * 4)
+
+
+def register_cap(warps: int) -> int:
+    """Registers per thread (a multiple of 8) at which `warps` warps fill an SM's registers:
+    a warp-specialised launch's maxnreg, from which setmaxnreg moves the workers' spare
+    registers to the consumers."""
+    return SM_REGISTERS // (32 * warps) // 8 * 8
 
 
 # gluon_kernels.py's docstring says what each does.
@@ -155,9 +161,7 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     rows = q2.shape[0]
 
     def new(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        if poison:
-            return torch.full(like.shape, float("nan"), dtype=dtype, device=like.device)
-        return torch.empty(like.shape, dtype=dtype, device=like.device)
+        return output_buffer(like.shape, dtype, like.device, poison)
 
     delta, acc = new(lse, torch.float32), new(q2, torch.float32)
     dq, dk, dv = new(q2, q.dtype), new(k2, k.dtype), new(v2, v.dtype)
@@ -167,13 +171,33 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     flat = {"q_desc": q2, "do_desc": do2, "k_desc": k2, "v_desc": v2,
             "lse_desc": aligned_rows(lse[..., None]).view(-1), "delta_desc": delta.view(-1),
             "dq_desc": acc}
-    descs = [TensorDescriptor.from_tensor(flat[name], block, layout)
-             for name, (_, block, layout) in descriptor_specs(config, head_dim).items()]
+    descs = descriptors(descriptor_specs(config, head_dim), flat)
     gluon_backward_kernel[(seq // BLOCK_N, rows // seq)](
         *descs, dk, dv, semaphores, seq, **constexprs(head_dim, config),
         num_warps=CONSUMER_WARPS, maxnreg=config.max_regs)
     finish(acc, dq)
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+
+
+def output_buffer(shape: torch.Size | tuple[int, ...], dtype: torch.dtype,
+                  device: torch.device, poison: bool) -> torch.Tensor:
+    """A buffer a kernel writes whole: empty, or, `poison`, NaN (an element it skips shows)."""
+    if poison:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def descriptors(specs: dict[str, tuple[str, list[int], object]],
+                tensors: dict[str, torch.Tensor]) -> list[TensorDescriptor]:
+    """A TMA descriptor per `descriptor_specs` entry, in its order, over `tensors[name]`."""
+    return [TensorDescriptor.from_tensor(tensors[name], block, layout)
+            for name, (_, block, layout) in specs.items()]
+
+
+def descriptor_signature(specs: dict[str, tuple[str, list[int], object]]) -> dict[str, str]:
+    """Triton's type of each descriptor parameter, for a build without a launch."""
+    return {name: f"tensordesc<{dtype}{block},{layout!r}>"
+            for name, (dtype, block, layout) in specs.items()}
 
 
 def _check_launch_order(config: GluonConfig, key_blocks: int, device: torch.device) -> None:
@@ -221,8 +245,6 @@ def build(head_dim: int, config: GluonConfig) -> dict[str, int | list[int]]:
     values = constexprs(head_dim, config)
     signature = {"dK": "*bf16", "dV": "*bf16", "semaphores": "*i32", "n_q": "i32"}
     signature |= {name: "constexpr" for name in values}
-    signature |= {name: f"tensordesc<{dtype}{block},{layout!r}>"
-                  for name, (dtype, block, layout) in descriptor_specs(config,
-                                                                       head_dim).items()}
+    signature |= descriptor_signature(descriptor_specs(config, head_dim))
     return build_for_hopper(gluon_backward_kernel, signature, values,
                             num_warps=CONSUMER_WARPS, num_stages=1, maxnreg=config.max_regs)
