@@ -188,6 +188,25 @@ def test_repeats_pool_do_bench_readings_only_where_every_run_has_one() -> None:
                     keys.DO_BENCH_RUN_MEDIANS_MS} & set(bench["extra_info"])
 
 
+def test_repeats_pool_rounds_taken_in_turn_run_after_run() -> None:
+    def run(rounds: dict | None) -> dict:
+        info = {} if rounds is None else {keys.INTERLEAVED_DEVICE_MS: rounds}
+        return {"commit_info": {"id": "a"}, "machine_info": {"device_name": "GPU",
+                                                             "gpu_count": 1},
+                "benchmarks": [{"name": "c", "fullname": "t.py::c", "extra_info": info,
+                                "stats": {"data": [1.0], "median": 1.0, "iterations": 1}}]}
+
+    first = {"triton": [7.0, 7.1], "sdpa_cudnn": [7.2, 7.3]}
+    second = {"triton": [6.9], "sdpa_cudnn": [7.4]}
+    (bench,) = add_repeat(run(first), run(second))["benchmarks"]
+    assert bench["extra_info"][keys.INTERLEAVED_DEVICE_MS] == {
+        "triton": [7.0, 7.1, 6.9], "sdpa_cudnn": [7.2, 7.3, 7.4]}
+    # Rounds of only one run, or of other implementations, are not the pooled case's.
+    for other in (None, {"triton": [6.9]}):
+        (bench,) = add_repeat(run(first), run(other))["benchmarks"]
+        assert keys.INTERLEAVED_DEVICE_MS not in bench["extra_info"]
+
+
 def test_short_wall_timed_rounds_are_not_gated_but_device_timed_ones_are() -> None:
     short = Timing(0.001, 0.00001, kind="wall")
     slowed = Timing(0.0015, 0.00001, kind="wall")

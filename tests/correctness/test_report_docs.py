@@ -217,6 +217,40 @@ def test_interleaved_block_shows_the_rounds_taken_in_turn(tmp_path: Path) -> Non
         render(block.replace(history, "other.json"), generators(tmp_path))
 
 
+def test_device_rounds_in_turn_show_each_rounds_ratio_not_the_medians_ratio(
+        tmp_path: Path) -> None:
+    """Ours over cuDNN is the median of the per-round ratios (with their range), which can
+    differ from the ratio of the two medians; a leaderboard case is named as such."""
+    def case(test: str, impl: str, shape: list[int], rounds: dict) -> dict:
+        return _bench(f"{test}[{impl}]", impl, 0.007, shape, interleaved_device_ms=rounds)
+
+    name = "hist/GPU/in_turn.json"
+    (tmp_path / name).parent.mkdir(parents=True)
+    (tmp_path / name).write_text(json.dumps({
+        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-22T01:02:03",
+        "commit_info": {"id": "abcdef0123456789"}, "benchmarks": [
+            # Per round 0.9, 1.0, 1.2: median 1.0; the medians' ratio 7.2 / 7.0 is not it.
+            case("test_attention", "triton_gluon_bwd", [16, 1, 16384, 128],
+                 {"triton_gluon_bwd": [6.3, 7.2, 8.4], "sdpa_cudnn": [7.0, 7.2, 7.0],
+                  "sdpa_flash": [9.0, 9.6, 12.0]}),
+            case("test_attention_leaderboard", "triton", [16, 16384, 64],
+                 {"triton": [4.4, 4.5], "sdpa_cudnn": [4.6, 4.5]}),
+            case("test_attention", "sdpa_cudnn", [16, 1, 16384, 128], {})]}))
+    block = f"<!-- generated: attention-device-in-turn {name} -->\n<!-- end generated -->\n"
+    out = render(block, generators(tmp_path))
+    assert ("| 16x16384x128 | bf16 | forward + backward | ours + Gluon ordered | 7.200 | "
+            "7.000 | 9.600 | 1.000 (0.900–1.200) | 0.700 (0.700–0.750) |") in out
+    assert ("| 16x16384x64 | bf16 | leaderboard: o.sum(), backward | ours (two passes) | "
+            "4.450 | 4.550 | - | 0.978 (0.957–1.000) | - |") in out
+    assert ("SDPA cuDNN: ours + Gluon ordered at 16x16384x128, ours (two passes) at "
+            "16x16384x64; SDPA flash: ours + Gluon ordered at 16x16384x128.") in out
+    assert "over 2 or 3 rounds taken in turn" in out and "Time: device time (do_bench)" in out
+    (tmp_path / "none.json").write_text((tmp_path / name).read_text().replace(
+        "interleaved_device_ms", "something_else"))
+    with pytest.raises(BlockError, match="no device-time rounds taken in turn"):
+        render(block.replace(name, "none.json"), generators(tmp_path))
+
+
 def test_a_ratio_of_a_host_bound_case_is_marked_and_claims_no_win(tmp_path: Path) -> None:
     """Medians of host-bound eager cases time the host at two moments: their ratio is shown
     marked, and is not listed as a win, whichever side was host-bound."""

@@ -20,6 +20,7 @@ from systems.bench.timing import (
     RoundTimer,
     TimingStats,
     device_time,
+    interleaved_device_time,
     interleaved_rounds,
     time_steps,
 )
@@ -226,6 +227,32 @@ def test_device_time_is_do_bench_samples_in_seconds(monkeypatch) -> None:
     assert asked == {"fn": step, "warmup": 100, "rep": 300, "return_mode": "all"}
     assert stats.kind == DEVICE and stats.times == (1e-3, 2e-3, 6e-3)
     assert stats.median == pytest.approx(2e-3) and stats.mean == pytest.approx(3e-3)
+
+
+def test_interleaved_device_time_alternates_and_keeps_each_rounds_median(monkeypatch) -> None:
+    """Rounds of do_bench taken in turn (A B, B A, ...): each function keeps its own
+    per-round medians, in order, in seconds."""
+    import triton.testing
+
+    calls: list[str] = []
+    samples_ms = {"a": iter([[1.0, 3.0, 2.0], [4.0], [5.0, 7.0]]),
+                  "b": iter([[10.0], [20.0, 40.0, 30.0], [60.0]])}
+
+    def fake_do_bench(fn, *, warmup, rep, return_mode):
+        assert (warmup, rep, return_mode) == (50, 200, "all")
+        return next(samples_ms[fn()])
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
+    fns = {name: (lambda name=name: (calls.append(name), name)[1]) for name in "ab"}
+    medians = interleaved_device_time(fns, rounds=3, warmup_ms=50, rep_ms=200)
+    assert calls == [*"ab", *"ba", *"ab"]
+    assert medians == {"a": pytest.approx([2e-3, 4e-3, 6e-3]),
+                       "b": pytest.approx([10e-3, 30e-3, 60e-3])}
+    with pytest.raises(ValueError, match="at least one function"):
+        interleaved_device_time({}, rounds=1)
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        interleaved_device_time(fns, rounds=0)
 
 
 class FakeEvent:

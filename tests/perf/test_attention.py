@@ -8,7 +8,9 @@ Four studies:
   with a compiled PyTorch backward or their own). Ours at batch 1 (forward+backward, CUDA)
   also records medians of rounds taken in turn with SDPA's flash and cuDNN backends in
   `extra_info["interleaved_medians_s"]`: the same-run eager comparison. Cases of many
-  matrices (16 x 16384) also record do_bench's device time, as the leaderboard case does.
+  matrices (16 x 16384) also record do_bench's device time, as the leaderboard case does,
+  and ours there do_bench rounds taken in turn with the two SDPA backends
+  (`extra_info["interleaved_device_ms"]`): the same-run device-time comparison.
   The full profile adds every handout shape (seq 128..65536, d 16..128) in fp32 and bf16
   for every implementation, and ours in fp16 with its rounds taken in turn.
 - `test_attention_handout_sweep`: batch 8, no heads, not causal, fp32, d 16..128 and
@@ -17,7 +19,7 @@ Four studies:
   o.sum().backward() through `torch.compile(FlashAttentionTriton.apply)`, with SDPA and
   flex_attention on the same shape; the device time of `triton.testing.do_bench` (median
   and mean, through `systems.bench.timing.device_time`) goes into extra_info beside
-  pytest-benchmark's own numbers.
+  pytest-benchmark's own numbers, with ours in do_bench rounds taken in turn as above.
 - `test_attention_device_time`: the batch-1 forward + backward of the rivals (SDPA flash and
   cuDNN, compiled flex_attention, the Triton kernels) captured in a CUDA graph and timed by
   replay. Up to seq 8192 the eager rounds above time the host queuing kernels; replay
@@ -38,6 +40,7 @@ Implementations are looked up by name in `systems.attention.registry`.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import pytest
@@ -51,7 +54,7 @@ from systems.bench.attention import (
 )
 from systems.bench.cuda_graph import CapturedStep
 from systems.bench.metrics import is_out_of_memory, out_of_memory_reason
-from systems.bench.timing import interleaved_rounds
+from systems.bench.timing import interleaved_device_time, interleaved_rounds
 from systems.report import keys
 
 SWEEP_IMPLEMENTATIONS = ("reference", "reference_compiled", "sdpa_flash", "sdpa_cudnn",
@@ -75,6 +78,11 @@ LEADERBOARD_RIVALS = ("triton", "sdpa_cudnn", "sdpa_flash")
 GLUON_BACKWARDS = ("triton_gluon_bwd", "triton_gluon_bwd_unordered")
 # do_bench's warm-up and timed spans (ms) wherever a case records device time beside its rounds.
 DO_BENCH_SPANS_MS = {"warmup_ms": 1000, "rep_ms": 3000}
+# Ours and a rival a few hundredths apart differ by less than the GPU's drift between two
+# cases timed minutes apart (up to a tenth at 16 x 16384): where a case records device
+# time, ours also takes do_bench rounds in turn with the SDPA backends, each round short.
+DEVICE_ROUNDS = 7
+DEVICE_ROUND_SPANS_MS = {"warmup_ms": 100, "rep_ms": 500}
 
 
 @dataclass(frozen=True)
@@ -158,6 +166,9 @@ def run_attention_case(case: AttentionCase, device: torch.device, synced_benchma
     )
     if _records_device_time(case, device) and not synced_benchmark.benchmark.disabled:
         synced_benchmark.record_device_time(workload.step, **DO_BENCH_SPANS_MS)
+        if _is_ours(case.impl):
+            record_device_time_in_turn(synced_benchmark, case.impl, workload.step,
+                                       _rival_steps(case, device))
     if _interleaves(case, device) and not synced_benchmark.benchmark.disabled:
         synced_benchmark.benchmark.extra_info.update(
             {keys.INTERLEAVED_MEDIANS_S: _interleaved_medians(case, device, workload),
@@ -175,18 +186,38 @@ def _interleaves(case: AttentionCase, device: torch.device) -> bool:
             and case.shape[:-2] == (1, 1))
 
 
-def _interleaved_medians(case: AttentionCase, device: torch.device,
-                         ours: AttentionWorkload) -> dict[str, float]:
-    """Median seconds of ours and each rival that runs this case, rounds taken in turn."""
-    steps = {case.impl: ours.step}
+def _is_ours(impl: str) -> bool:
+    return impl.startswith("triton")
+
+
+def _rival_steps(case: AttentionCase, device: torch.device) -> dict[str, Callable[[], object]]:
+    """The case's step for each of INTERLEAVED_RIVALS that runs it."""
+    steps = {}
     for rival in INTERLEAVED_RIVALS:
         try:
             steps[rival] = _attention_workload(replace(case, impl=rival), device).step
         except UnsupportedWorkload:
             continue
-    stats = interleaved_rounds(steps, warmup=case.warmup, rounds=INTERLEAVED_ROUNDS,
-                               device=device)
+    return steps
+
+
+def _interleaved_medians(case: AttentionCase, device: torch.device,
+                         ours: AttentionWorkload) -> dict[str, float]:
+    """Median seconds of ours and each rival that runs this case, rounds taken in turn."""
+    stats = interleaved_rounds({case.impl: ours.step, **_rival_steps(case, device)},
+                               warmup=case.warmup, rounds=INTERLEAVED_ROUNDS, device=device)
     return {name: timing.median for name, timing in stats.items()}
+
+
+def record_device_time_in_turn(synced_benchmark, impl: str, step: Callable[[], object],
+                               rival_steps: dict[str, Callable[[], object]]) -> None:
+    """Ours and the rivals' device time in DEVICE_ROUNDS do_bench rounds taken in turn:
+    each one's median per round, in ms, into extra_info; a ratio is then read round by
+    round."""
+    medians = interleaved_device_time({impl: step, **rival_steps}, rounds=DEVICE_ROUNDS,
+                                      **DEVICE_ROUND_SPANS_MS)
+    synced_benchmark.benchmark.extra_info[keys.INTERLEAVED_DEVICE_MS] = {
+        name: [seconds * 1e3 for seconds in per_round] for name, per_round in medians.items()}
 
 
 def test_attention(perf_case: AttentionCase, device, synced_benchmark) -> None:
@@ -221,12 +252,15 @@ LEADERBOARD_IMPLEMENTATIONS = ("triton_compiled", *LEADERBOARD_RIVALS, *GLUON_BA
                                "flex_compiled")
 
 
+def leaderboard_shape(impl: str) -> tuple[int, ...]:
+    # SDPA's fused backends and flex_attention want (batch, heads, seq, d).
+    return (16, 16384, 64) if _is_ours(impl) else (16, 1, 16384, 64)
+
+
 def leaderboard_cases(profile: str) -> list[AttentionCase]:
     def case(impl: str) -> AttentionCase:
-        # SDPA's fused backends and flex_attention want (batch, heads, seq, d).
-        shape = (16, 16384, 64) if impl.startswith("triton") else (16, 1, 16384, 64)
-        return AttentionCase(impl, shape, "bf16", "leaderboard", is_causal=True, warmup=5,
-                             rounds=20)
+        return AttentionCase(impl, leaderboard_shape(impl), "bf16", "leaderboard",
+                             is_causal=True, warmup=5, rounds=20)
 
     if profile == "quick":
         return [case(impl) for impl in (*LEADERBOARD_RIVALS, *GLUON_BACKWARDS)]
@@ -237,20 +271,12 @@ def leaderboard_cases(profile: str) -> list[AttentionCase]:
 def test_attention_leaderboard(perf_case: AttentionCase, device, synced_benchmark) -> None:
     """Forward, o.sum(), backward, as the CS336 2025 leaderboard times it."""
     from systems.accounting import attention_flops
-    from systems.bench.attention import attention_function
 
     synced_benchmark.benchmark.group = "leaderboard-16x16384x64-bf16-causal"
     try:
-        attend = attention_function(perf_case.impl, is_causal=True, device=device,
-                                    dtype=torch.bfloat16, n_q=16384, n_k=16384)
+        forward_backward = leaderboard_step(perf_case.impl, device)
     except UnsupportedWorkload as reason:
         pytest.skip(f"unsupported: {reason}")
-    q, k, v = (torch.randn(perf_case.shape, device=device, dtype=torch.bfloat16,
-                           requires_grad=True) for _ in range(3))
-
-    def forward_backward() -> None:
-        attend(q, k, v).sum().backward()
-
     flops = attention_flops(16, 16384, 16384, 64, True, "forward_backward")
     synced_benchmark(
         forward_backward, warmup=perf_case.warmup, rounds=perf_case.rounds, precision="bf16",
@@ -259,6 +285,30 @@ def test_attention_leaderboard(perf_case: AttentionCase, device, synced_benchmar
               "dtype": "bfloat16", "causal": True, "mode": "forward_backward(o.sum())"},
     )
     synced_benchmark.record_device_time(forward_backward, **DO_BENCH_SPANS_MS)
+    if _is_ours(perf_case.impl) and not synced_benchmark.benchmark.disabled:
+        rivals = {}
+        for rival in INTERLEAVED_RIVALS:
+            try:
+                rivals[rival] = leaderboard_step(rival, device)
+            except UnsupportedWorkload:
+                continue
+        record_device_time_in_turn(synced_benchmark, perf_case.impl, forward_backward, rivals)
+
+
+def leaderboard_step(impl: str, device: torch.device) -> Callable[[], None]:
+    """The leaderboard's forward, o.sum(), backward of `impl` on fresh random q, k, v;
+    UnsupportedWorkload where it cannot run here."""
+    from systems.bench.attention import attention_function
+
+    attend = attention_function(impl, is_causal=True, device=device, dtype=torch.bfloat16,
+                                n_q=16384, n_k=16384)
+    q, k, v = (torch.randn(leaderboard_shape(impl), device=device, dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+
+    def forward_backward() -> None:
+        attend(q, k, v).sum().backward()
+
+    return forward_backward
 
 
 test_attention_leaderboard.perf_cases = leaderboard_cases

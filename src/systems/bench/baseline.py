@@ -209,7 +209,9 @@ def add_repeat(baseline: dict, repeat: dict) -> dict:
             **bench,
             "stats": {**stats.as_dict(), "data": data,
                       "iterations": bench["stats"].get("iterations", 1)},
-            "extra_info": {**_pooled_do_bench(bench["extra_info"], other["extra_info"]),
+            "extra_info": {**_pooled_device_rounds(
+                               _pooled_do_bench(bench["extra_info"], other["extra_info"]),
+                               other["extra_info"]),
                            keys.RUN_MEDIANS: [*run_medians, other["stats"]["median"]]},
         })
     return {**baseline, "machine_info": _pooled_host_probe(baseline, repeat),
@@ -233,6 +235,18 @@ def _pooled_do_bench(pooled: dict, repeat: dict) -> dict:
         runs_before + 1)
     return {**info, keys.DO_BENCH_RUN_MEDIANS_MS: medians,
             keys.DO_BENCH_MEDIAN_MS: statistics.median(medians), keys.DO_BENCH_MEAN_MS: mean}
+
+
+def _pooled_device_rounds(pooled: dict, repeat: dict) -> dict:
+    """A case's extra_info with the repeat's rounds taken in turn
+    (`keys.INTERLEAVED_DEVICE_MS`) after its own, where both runs took them with the same
+    implementations; else without any (rounds of only some runs are not the pooled case's)."""
+    info = {name: value for name, value in pooled.items() if name != keys.INTERLEAVED_DEVICE_MS}
+    ours, theirs = pooled.get(keys.INTERLEAVED_DEVICE_MS), repeat.get(keys.INTERLEAVED_DEVICE_MS)
+    if not isinstance(ours, dict) or not isinstance(theirs, dict) or set(ours) != set(theirs):
+        return info
+    return {**info, keys.INTERLEAVED_DEVICE_MS: {impl: [*ours[impl], *theirs[impl]]
+                                                 for impl in ours}}
 
 
 def _pooled_host_probe(baseline: dict, repeat: dict) -> dict:

@@ -232,6 +232,24 @@ def device_time(fn: Callable[[], object], *, warmup_ms: int = 25,
     return TimingStats(tuple(ms / 1e3 for ms in per_call_ms), kind=DEVICE)
 
 
+def interleaved_device_time(fns: Mapping[str, Callable[[], object]], *, rounds: int,
+                            warmup_ms: int = 25, rep_ms: int = 100) -> dict[str, list[float]]:
+    """Each function's device time (`device_time`'s median, seconds) in each of `rounds`
+    rounds taken in turn, the order reversed every other round: a clock or thermal drift of
+    the GPU falls on all of them alike, so the per-round ratio of two functions compares
+    them at one moment. {name: [round 0's median, round 1's, ...]}."""
+    _check_rounds(0, rounds)
+    if not fns:
+        raise ValueError("interleaved_device_time needs at least one function")
+    medians: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns)
+    for index in range(rounds):
+        for name in order if index % 2 == 0 else reversed(order):
+            medians[name].append(device_time(fns[name], warmup_ms=warmup_ms,
+                                             rep_ms=rep_ms).median)
+    return medians
+
+
 # A test-only switch: proves that the regression gate catches a slowdown. Never set it for
 # a run whose numbers anyone will read (the perf session refuses to record a baseline then).
 SLOWDOWN_ENV = "SYSTEMS_PERF_INJECT_SLOWDOWN"

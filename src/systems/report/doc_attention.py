@@ -289,6 +289,64 @@ def attention_backward_variants(repo: Path, *history_files: str) -> str:
             f"highest). From {sources}.\n")
 
 
+IN_TURN_RIVALS = ("sdpa_cudnn", "sdpa_flash")
+IN_TURN_STEPS = {"test_attention": "forward + backward",
+                 "test_attention_leaderboard": "leaderboard: o.sum(), backward"}
+
+
+def attention_device_in_turn(repo: Path, history_file: str) -> str:
+    """Device time of ours (each implementation with the record) and the SDPA backends in
+    do_bench rounds taken in turn (`extra_info["interleaved_device_ms"]`): per case the
+    medians over the rounds and, for each rival, the median of the per-round ratios with
+    their lowest and highest. A round's ratio compares two times taken moments apart, so it
+    does not carry the GPU's drift between cases timed minutes apart."""
+    history = read_history(repo, history_file)
+    rows, at_or_below, counts = [], {rival: [] for rival in IN_TURN_RIVALS}, set()
+    for test, step in IN_TURN_STEPS.items():
+        for r in _only(history.results, test, lambda r: _rounds_in_turn(r) is not None):
+            impl, rounds = str(r.get(keys.IMPLEMENTATION)), _rounds_in_turn(r)
+            counts.add(len(rounds[impl]))
+            d, batch_heads, seq, dtype, _ = _workload(r)
+            shape = f"{batch_heads}x{seq}x{d}"
+            ratios = []
+            for rival in IN_TURN_RIVALS:
+                if rival not in rounds:
+                    ratios.append("-")
+                    continue
+                per_round = [o / t for o, t in zip(rounds[impl], rounds[rival], strict=True)]
+                ratios.append(_median_and_range(per_round))
+                if statistics.median(per_round) <= 1:
+                    at_or_below[rival].append(f"{VARIANT_LABELS.get(impl, impl)} at {shape}")
+            rows.append([shape, dtype, step, VARIANT_LABELS.get(impl, impl),
+                         *(f"{statistics.median(rounds[i]):.3f}" if i in rounds else "-"
+                           for i in (impl, *IN_TURN_RIVALS)), *ratios])
+    if not rows:
+        raise ValueError(f"{history.label} holds no device-time rounds taken in turn")
+    table = markdown_table(["batch·heads x seq x d", "dtype", "step", "ours", "ours ms",
+                            *(f"{LABELS[i]} ms" for i in IN_TURN_RIVALS),
+                            *(f"ours / {LABELS[i]}" for i in IN_TURN_RIVALS)], rows)
+    lines = "; ".join(f"{LABELS[rival]}: {', '.join(cases) or 'none'}"
+                      for rival, cases in at_or_below.items())
+    each = " or ".join(str(n) for n in sorted(counts))
+    return (f"{table}\n\nAt or below the rival (median of the per-round ratios at most 1): "
+            f"{lines}.\n\n" + history.source(
+                keys.DO_BENCH_TIME, f"medians in ms over {each} rounds taken in turn in one "
+                "run (one do_bench per implementation per round); a ratio is the median of "
+                "the rounds' own ratios (lowest to highest)"))
+
+
+def _rounds_in_turn(r: Result) -> dict[str, list[float]] | None:
+    """{implementation: ms per round} of a case that took rounds in turn with its own."""
+    rounds = r.get(keys.INTERLEAVED_DEVICE_MS)
+    if not isinstance(rounds, dict) or str(r.get(keys.IMPLEMENTATION)) not in rounds:
+        return None
+    return {str(name): [float(ms) for ms in per_round] for name, per_round in rounds.items()}
+
+
+def _median_and_range(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} ({min(values):.3f}–{max(values):.3f})"
+
+
 def _variant_kinds(results: Sequence[Result]
                    ) -> list[tuple[str, list[Result], Callable[[Result], float | None]]]:
     """(kind of time, the cases timed that way, a case's seconds) of the variants table."""

@@ -18,6 +18,7 @@ def generators(repo: Path) -> dict[str, Generator]:
         "attention-eager": partial(doc_attention.attention_eager, repo),
         "attention-eager-interleaved": partial(doc_attention.attention_eager_interleaved, repo),
         "attention-device-time": partial(doc_attention.attention_device_time, repo),
+        "attention-device-in-turn": partial(doc_attention.attention_device_in_turn, repo),
         "attention-backward-variants": partial(doc_attention.attention_backward_variants,
                                                repo),
         "attention-host-profile": partial(doc_profiles.host_profile, repo),

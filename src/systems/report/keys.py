@@ -73,6 +73,10 @@ DO_BENCH_MEDIAN_MS = "do_bench_median_ms"
 DO_BENCH_MEAN_MS = "do_bench_mean_ms"
 DO_BENCH_RUN_MEDIANS_MS = "do_bench_run_medians_ms"
 DO_BENCH_TIMING = "do_bench_timing"  # which clock: "device" (systems.bench.timing)
+# Ours there also holds {implementation: [do_bench median of each round, ms]} of rounds taken
+# in turn with the SDPA backends (`systems.bench.timing.interleaved_device_time`); round i of
+# every list was timed together. A pooled baseline holds every run's rounds, run after run.
+INTERLEAVED_DEVICE_MS = "interleaved_device_ms"
 # A recipe whose whole step is replayed from one CUDA graph.
 CUDA_GRAPH = "cuda_graph"
 TIMING = "timing"  # "wall" or "device": which clock the rounds read (systems.bench.timing)
