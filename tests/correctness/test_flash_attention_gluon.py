@@ -22,7 +22,12 @@ from systems.attention import get_attention, unsupported_reason
 from systems.attention.flash_triton import FlashAttentionTritonGluonBackward, flash_forward, op
 from systems.attention.flash_triton.gluon_forward import CONFIGS as GLUON_FORWARD_CONFIGS
 from systems.attention.flash_triton.gluon_forward import GluonForwardConfig, gluon_forward
-from systems.attention.flash_triton.gluon_launch import CONFIGS, SCHEDULES, gluon_backward
+from systems.attention.flash_triton.gluon_launch import (
+    CONFIGS,
+    SCHEDULES,
+    GluonConfig,
+    gluon_backward,
+)
 from systems.attention.flash_triton.gluon_launch import (
     unsupported_reason as gluon_unsupported_reason,
 )
@@ -124,23 +129,51 @@ def test_forward_without_a_config_for_the_head_dim_says_so():
         gluon_forward(q, q, q, True)
 
 
-@hopper
-@pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("key", sorted(CONFIGS), ids=lambda k: f"d{k[0]}-{'ordered' * k[1]}")
-def test_every_buffer_is_written(key, schedule):
-    """D, the dQ accumulator and the three gradients start as NaN; none survives, in any
-    launch order and tile order (6 matrices: alternating walks odd ones down)."""
-    head_dim, deterministic = key
-    problem = Problem.random(((2, 3), 768, 768, head_dim), torch.bfloat16,
-                             torch.device("cuda"), True, seed=1)
+def _check_poisoned(problem: Problem, config: GluonConfig) -> tuple[torch.Tensor, ...]:
+    """The backward at `config`, every buffer it writes NaN first, against the float64
+    reference; returns (dq, dk, dv)."""
     o, lse = flash_forward(problem.q, problem.k, problem.v, True)
-    config = replace(CONFIGS[key], schedule=schedule)
     grads = gluon_backward(problem.q, problem.k, problem.v, o, lse, problem.do, True,
                            config=config, poison=True)
     exact = problem.run(_reference, torch.float64)
     same_dtype = problem.run(_reference, torch.bfloat16)
     for name, grad in zip(GRADS, grads, strict=True):
         assert_close_as_pytorch(grad, same_dtype[name], exact[name], name)
+    return grads
+
+
+@hopper
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("key", sorted(CONFIGS), ids=lambda k: f"d{k[0]}-{'ordered' * k[1]}")
+def test_every_buffer_is_written(key, schedule):
+    """D, the dQ accumulator and the three gradients start as NaN; none survives, in any
+    launch order and tile order (6 matrices: alternating walks odd ones down)."""
+    problem = Problem.random(((2, 3), 768, 768, key[0]), torch.bfloat16,
+                             torch.device("cuda"), True, seed=1)
+    _check_poisoned(problem, replace(CONFIGS[key], schedule=schedule))
+
+
+@hopper
+@pytest.mark.parametrize("async_mma", [True, False], ids=["async", "sync"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+@pytest.mark.parametrize("shape", [((1,), 128), ((3,), 256), ((2, 3), 768), ((2,), 1664)],
+                         ids=lambda s: f"{'x'.join(map(str, s[0]))}-seq{s[1]}")
+def test_query_tiles_of_128_rows(shape, ordered, schedule, async_mma):
+    """The d = 64 configs with tiles of 128 query rows (the study times them): one diagonal
+    tile per key block, dQ handed over by row halves. Every buffer poisoned, for 1 to 13
+    key blocks and 1 to 6 matrices; ordered, the gradients are bit-identical between
+    calls."""
+    lead, seq = shape
+    config = replace(CONFIGS[64, ordered], block_m=128, schedule=schedule,
+                     async_mma=async_mma)
+    problem = Problem.random((lead, seq, seq, 64), torch.bfloat16, torch.device("cuda"),
+                             True, seed=seq)
+    first = _check_poisoned(problem, config)
+    if ordered:
+        again = _check_poisoned(problem, config)
+        for name, a, b in zip(GRADS, first, again, strict=True):
+            assert torch.equal(a, b), name
 
 
 @hopper

@@ -7,7 +7,8 @@ at or below the block's diagonal, split into warp-specialised roles:
   ring of shared buffers guarded by mbarriers, and gives its registers up (setmaxnreg);
 - two consumer warpgroups, each owning 64 of the 128 keys, compute S^T, P^T, dP^T, dS^T and
   accumulate dV and dK in registers; they swap dS^T through shared memory and multiply the
-  query tile's dQ share, each warpgroup half of its columns;
+  query tile's dQ share, each warpgroup half of it: half of its columns for a tile of 64
+  query rows, 64 of its rows for a tile of 128 (`warpgroup_block`);
 - a dQ writer warp (or two, each owning one of the ring's two slots) takes each
   warpgroup's half as it is handed over on the warpgroup's own named barriers and adds it
   into the fp32 dQ accumulator with a TMA bulk reduction (done by the copy engine).
@@ -144,11 +145,20 @@ def _tile_of(step, n_tiles, descending):
 @gluon.constexpr_function
 def mma_layout(rows, cols, num_warps):
     # Warpgroups stack along rows while each keeps >= 64 of them (FA3's split of the keys
-    # for S^T, dK, dV), then split the columns (dQ of a 64-row tile: half of d each).
+    # for S^T, dK, dV; dQ of a 128-row tile), then split the columns (dQ of a 64-row tile:
+    # half of d each).
     along_rows = min(num_warps, max(4, rows // 16))
     along_cols = num_warps // along_rows
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[along_rows, along_cols],
                                      instr_shape=[16, cols // along_cols, 16])
+
+
+@gluon.constexpr_function
+def warpgroup_block(rows, cols, num_warps):
+    """[rows, cols] of the block of a rows x cols `mma_layout` tile that one warpgroup
+    holds: the part of a dQ share each consumer warpgroup hands over (dq_desc's box)."""
+    along_rows, along_cols = mma_layout(rows, cols, num_warps).warps_per_cta
+    return [rows * 4 // along_rows, cols // along_cols]
 
 
 @gluon.jit
@@ -202,15 +212,28 @@ def _tile(i, tile, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale
     mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
     q_s = q_bufs.index(stage)
     do_s = do_bufs.index(stage)
-    lse2 = gl.expand_dims(lse_bufs.index(stage).load(row_layout) * LOG2E, 0)
-    delta = gl.expand_dims(delta_bufs.index(stage).load(row_layout), 0)
+    # LSE and D are rows of BLOCK_M / 4 registers a thread each. For 64 query rows both are
+    # loaded as the tile starts (the build the library's configs were timed with). For 128
+    # that spills, so D seeds dP^T's accumulator instead (the tensor cores give dP^T - D,
+    # and D's registers are free before the softmax) and LSE is loaded where the softmax
+    # takes it.
+    SEED_DP: gl.constexpr = BLOCK_M >= 128
+    if not SEED_DP:
+        lse2 = gl.expand_dims(lse_bufs.index(stage).load(row_layout) * LOG2E, 0)
+        delta = gl.expand_dims(delta_bufs.index(stage).load(row_layout), 0)
 
     zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     s_t = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_s, use_acc=False, is_async=ASYNC)
-    dp_t = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_s, use_acc=False,
-                         is_async=ASYNC)
+    if SEED_DP:
+        minus_delta = zero_s - gl.expand_dims(delta_bufs.index(stage).load(row_layout), 0)
+        dp_t = warpgroup_mma(v_smem, do_s.permute((1, 0)), minus_delta, is_async=ASYNC)
+    else:
+        dp_t = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_s, use_acc=False,
+                             is_async=ASYNC)
     if ASYNC:  # the softmax runs while dP^T is in flight
         s_t = warpgroup_mma_wait(1, deps=(s_t,))
+    if SEED_DP:
+        lse2 = gl.expand_dims(lse_bufs.index(stage).load(row_layout) * LOG2E, 0)
     p_t = gl.exp2(s_t * qk_scale - lse2)
     if MASKED:  # the key block's diagonal tiles
         rows = q_start + gl.arange(0, BLOCK_M, row_layout)
@@ -219,7 +242,9 @@ def _tile(i, tile, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale
     if ASYNC:
         dp_t = warpgroup_mma_wait(0, deps=(dp_t,))
     dv = warpgroup_mma(p_op, do_s, dv, is_async=ASYNC)
-    ds_t = (p_t * (dp_t - delta)).to(gl.bfloat16)
+    if not SEED_DP:
+        dp_t = dp_t - delta
+    ds_t = (p_t * dp_t).to(gl.bfloat16)
     ds_op = gl.convert_layout(ds_t, a_layout)
     dk = warpgroup_mma(ds_op, q_s, dk, is_async=ASYNC)
 
@@ -234,7 +259,7 @@ def _tile(i, tile, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale
     mbarrier.arrive(empty.index(stage), count=1)  # dQ's matmul reads only dS^T and K
     zero_q = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
     dq = warpgroup_mma(ds_s.permute((1, 0)), k_smem, zero_q, use_acc=False)
-    # Warpgroup w holds columns [w * d/2, (w + 1) * d/2) of dq and hands them over alone.
+    # Warpgroup w holds its block of dq (`warpgroup_block`) and hands it over alone.
     own = (i % 2) * 2 + _thread_index() // 128
     if i >= 2:  # the slot's share of two tiles ago is reduced
         named_sync(EMPTY_BARRIER + own, HANDOFF_THREADS)
@@ -252,7 +277,9 @@ def _dq_partition(dq_desc, dq_bufs, semaphores, n_q, SCHEDULE: gl.constexpr,
     waits for the key blocks before this one in the tile's order to have added theirs
     (`semaphores`: one per query tile of every matrix, counting the key blocks done)."""
     BLOCK_M: gl.constexpr = dq_bufs.type.shape[1]
-    HALF: gl.constexpr = dq_desc.block_type.shape[1]
+    # A warpgroup's block (dq_desc's box): 64 of the share's rows, or half of its columns.
+    ROWS: gl.constexpr = dq_desc.block_type.shape[0]
+    COLS: gl.constexpr = dq_desc.block_type.shape[1]
     bh, k_start, descending = _program(KEY_BLOCK, SCHEDULE)
     row0 = bh * n_q + k_start
     n_tiles = (n_q - k_start) // BLOCK_M
@@ -267,8 +294,12 @@ def _dq_partition(dq_desc, dq_bufs, semaphores, n_q, SCHEDULE: gl.constexpr,
             _wait_turn(semaphores + q_start // BLOCK_M, turn)
         for half in gl.static_range(2):
             named_sync(FULL_BARRIER + (i % 2) * 2 + half, HANDOFF_THREADS)
-            _tma_reduce_add(dq_desc, [row0 + tile * BLOCK_M, half * HALF],
-                            dq_bufs.index(i % 2).slice(half * HALF, HALF, dim=1))
+            if ROWS < BLOCK_M:
+                _tma_reduce_add(dq_desc, [row0 + tile * BLOCK_M + half * ROWS, 0],
+                                dq_bufs.index(i % 2).slice(half * ROWS, ROWS, dim=0))
+            else:
+                _tma_reduce_add(dq_desc, [row0 + tile * BLOCK_M, half * COLS],
+                                dq_bufs.index(i % 2).slice(half * COLS, COLS, dim=1))
         tma.store_wait(0)  # both halves read: the slot may be refilled
         if i < n_tiles - 2:  # the consumers wait on a slot from their third tile on
             for half in gl.static_range(2):
@@ -344,8 +375,9 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
     descriptors, n_q a multiple of BLOCK_N). SCHEDULE ("longest_first", "shortest_first"
     or "alternating", above) sets the order key blocks launch in, the order each walks
     its query tiles, and, ORDERED, the order of a tile's shares. dq_desc covers an fp32
-    (bh * n_q, d) accumulator, zeroed, in boxes of half of d; dK, dV are bf16; semaphores
-    int32 (bh, n_q / BLOCK_M), zero (read only if ORDERED)."""
+    (bh * n_q, d) accumulator, zeroed, in boxes of the block of a query tile's share that
+    a warpgroup holds (`warpgroup_block`); dK, dV are bf16; semaphores int32
+    (bh, n_q / BLOCK_M), zero (read only if ORDERED)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK: gl.constexpr = k_desc.block_type.shape[0]

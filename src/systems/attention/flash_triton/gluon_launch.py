@@ -21,6 +21,7 @@ from systems.attention.flash_triton.gluon_kernels import (
     finish_kernel,
     gluon_backward_kernel,
     prepare_kernel,
+    warpgroup_block,
 )
 from systems.attention.flash_triton.launch import _sm_count
 from systems.triton_build import build_for_hopper
@@ -32,7 +33,9 @@ PREPARE_ROWS = 64  # rows per program of the kernels before and after the backwa
 
 @dataclass(frozen=True)
 class GluonConfig:
-    block_m: int  # query rows per tile
+    # Query rows per tile: 64, or 128 (FA3's at d = 64; at d = 128 the buffers of 128-row
+    # tiles outgrow shared memory).
+    block_m: int
     num_stages: int  # depth of the Q/dO/LSE/D ring
     producer_warps: int
     worker_regs: int  # registers per thread the producer and dQ writers keep
@@ -124,8 +127,10 @@ def descriptor_specs(config: GluonConfig, head_dim: int
                                ("v_desc", gl.bfloat16, [BLOCK_N, head_dim]),
                                ("lse_desc", gl.float32, [block_m]),
                                ("delta_desc", gl.float32, [block_m]),
-                               # each consumer warpgroup hands over half of d
-                               ("dq_desc", gl.float32, [block_m, head_dim // 2])):
+                               # each consumer warpgroup hands over its block of dQ:
+                               # half of d of 64 rows, or 64 rows of 128
+                               ("dq_desc", gl.float32,
+                                warpgroup_block(block_m, head_dim, CONSUMER_WARPS))):
         layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
         specs[name] = ("bf16" if dtype == gl.bfloat16 else "fp32", block, layout)
     return specs
@@ -152,10 +157,10 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
         raise ValueError(f"the Gluon backward {reason}")
     seq, head_dim = q.shape[-2:]
     config = config or CONFIGS[head_dim, deterministic]
-    if config.writers not in (1, 2) or BLOCK_N % config.block_m or (
+    if config.writers not in (1, 2) or config.block_m not in (64, 128) or (
             config.schedule not in SCHEDULES):
-        raise ValueError(f"{config}: writers must be 1 or 2, {BLOCK_N} a multiple of "
-                         f"block_m, and the schedule one of {SCHEDULES}")
+        raise ValueError(f"{config}: writers must be 1 or 2, block_m 64 or 128, and the "
+                         f"schedule one of {SCHEDULES}")
     _check_launch_order(config, seq // BLOCK_N, q.device)
     q2, k2, v2, o2, do2 = (aligned_rows(t) for t in (q, k, v, o, do))
     rows = q2.shape[0]
