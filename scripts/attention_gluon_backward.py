@@ -61,22 +61,22 @@ from systems.triton_build import HOPPER_SHARED_BYTES
 
 def _variants(head_dim: int) -> list[GluonConfig]:
     """The library's two configs, then the other schedules and writer counts, then at
-    d = 64 the two with tiles of 128 query rows (FA3's at d = 64: half the tiles per key
-    block), overlapped MMAs or not (both fit the consumers' registers)."""
+    d = 64 the two with the other tile height (64 or 128 query rows), overlapped MMAs or
+    not (both fit the consumers' registers)."""
     chosen = [LIBRARY_CONFIGS[head_dim, False], LIBRARY_CONFIGS[head_dim, True]]
     others = [replace(chosen[ordered], ordered=bool(ordered), schedule=schedule,
                       writers=writers)
               for ordered in (0, 1) for schedule in SCHEDULES for writers in (1, 2)]
-    tall = [replace(config, block_m=128, async_mma=overlap)
-            for config in chosen for overlap in (True, False)] if head_dim == 64 else []
-    return chosen + [c for c in others if c not in chosen] + tall
+    heights = [replace(config, block_m={64: 128, 128: 64}[config.block_m], async_mma=overlap)
+               for config in chosen for overlap in (True, False)] if head_dim == 64 else []
+    return chosen + [c for c in others + heights if c not in chosen]
 
 
 CONFIGS: dict[int, list[GluonConfig]] = {head_dim: _variants(head_dim)
                                          for head_dim in HEAD_DIMS}
 """Per head dim, the library's unordered and ordered configs (the fastest of earlier H100
-runs at 16 x 16384: overlapped MMAs at d = 64, synchronous at d = 128), then each with the
-other schedules and writer count, and at d = 64 each with 128-row query tiles."""
+runs at 16 x 16384), then each with the other schedules and writer count, and at d = 64
+each with the other tile height."""
 
 
 def build_only(emit: Callable[[dict[str, object]], None]) -> None:

@@ -67,21 +67,26 @@ def register_cap(warps: int) -> int:
 SCHEDULES = ("longest_first", "shortest_first", "alternating")
 
 
-def _config(head_dim: int, ordered: bool, schedule: str, writers: int) -> GluonConfig:
-    # Overlapped MMAs paid off at d = 64; at d = 128 they leave too few registers.
-    return GluonConfig(block_m=64, num_stages=2, producer_warps=1, worker_regs=24,
-                       async_mma=head_dim == 64, ordered=ordered, schedule=schedule,
+def _config(block_m: int, async_mma: bool, ordered: bool, schedule: str,
+            writers: int) -> GluonConfig:
+    return GluonConfig(block_m=block_m, num_stages=2, producer_warps=1, worker_regs=24,
+                       async_mma=async_mma, ordered=ordered, schedule=schedule,
                        writers=writers)
 
 
 # The fastest config per (head dim, deterministic) in H100 runs of the study at 16 x 16384
-# (scripts/attention_gluon_backward.py; docs/attention.md, "The backward in Gluon"). Ordered
-# configs alternate, which no length can deadlock (`_check_launch_order`).
+# (scripts/attention_gluon_backward.py; docs/attention.md, "The backward in Gluon" and
+# "Query tiles of 128 rows"). At d = 64 FA3's tiles of 128 query rows halve the tiles per
+# key block; at d = 128 their buffers outgrow shared memory. Overlapped MMAs leave too few
+# registers at d = 128. Ordered configs alternate, which no length can deadlock
+# (`_check_launch_order`).
 CONFIGS: dict[tuple[int, bool], GluonConfig] = {
-    (64, False): _config(64, ordered=False, schedule="longest_first", writers=1),
-    (64, True): _config(64, ordered=True, schedule="alternating", writers=2),
-    (128, False): _config(128, ordered=False, schedule="longest_first", writers=2),
-    (128, True): _config(128, ordered=True, schedule="alternating", writers=2),
+    (64, False): _config(128, async_mma=True, ordered=False, schedule="longest_first",
+                         writers=1),
+    (64, True): _config(128, async_mma=False, ordered=True, schedule="alternating", writers=2),
+    (128, False): _config(64, async_mma=False, ordered=False, schedule="longest_first",
+                          writers=2),
+    (128, True): _config(64, async_mma=False, ordered=True, schedule="alternating", writers=2),
 }
 
 
