@@ -618,19 +618,23 @@ def test_gluon_block_reads_the_library_configs_and_cudnns_own_run_to_run(tmp_pat
     a cuDNN row that recorded two of its dQs gets a row of its own."""
     shape = {"batch": 16, "seq": 16384, "head_dim": 64, "dtype": "bf16", "causal": True}
 
-    def library(ordered: bool, ms: float, run_to_run: float) -> dict:
+    def library(ordered: bool, ms: float, run_to_run: float, **tiles: int) -> dict:
         return {**shape, "kind": "gluon", "backward_ms": ms, "dq_run_to_run": run_to_run,
                 "config": {"async_mma": True, "ordered": ordered, "longest_first": not ordered,
-                           "writers": 2 if ordered else 1}}
+                           "writers": 2 if ordered else 1, **tiles}}
 
     rows = [{**shape, "kind": "two_pass", "forward_ms": 1.0, "backward_ms": 4.0,
              "dq_pass_ms": 1.5, "dkdv_pass_ms": 2.5},
             {**shape, "kind": "cudnn", "forward_ms": 1.0, "backward_ms": 3.2,
              "dq_run_to_run": 2.4e-4},
-            library(False, 3.1, 4.9e-4), library(True, 3.3, 0.0)]
+            library(False, 3.1, 4.9e-4, block_m=64), library(True, 3.3, 0.0),
+            library(False, 3.15, 4.9e-4, block_m=128)]
     _write_experiment(tmp_path / "run.json", rows)
     block = doc_backward.gluon_backward(tmp_path, "run.json")
     assert "| async, dQ any order, keys fastest, longest first | 3.100 |" in block
+    # The tile height is named where it is not the 64 rows of the runs before it.
+    assert ("| async, dQ any order, keys fastest, longest first, 128-row query tiles | 3.150 |"
+            in block)
     # The ordered config with equal dQs is the fastest deterministic one: 3.3 / 3.2.
     assert "| 3.300 | 1.03 |" in block
     assert "| 16x16384x64 | cuDNN (SDPA) | 3.200 | 0.80 | 1.00 | 2.4e-04 |" in block

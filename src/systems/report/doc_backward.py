@@ -133,8 +133,11 @@ def _gluon_config(row: dict) -> str:
     writers = config.get("writers", 1)
     mode = ("ordered" if config["ordered"] else "any order") if library else config.get(
         "dq_mode")
+    # Every run before tiles of 128 query rows existed used 64.
+    block_m = config.get("block_m", 64)
     return (f"{mma}, dQ {mode}, {order}"
-            + (f", {writers} writers" if writers != 1 else ""))
+            + (f", {writers} writers" if writers != 1 else "")
+            + (f", {block_m}-row query tiles" if block_m != 64 else ""))
 
 
 # The study's Gluon dQ modes that added in a fixed order (the library's kernel says
