@@ -64,6 +64,28 @@ def test_device_time_claims_come_from_replay_and_do_bench() -> None:
                      ("G/0022.json", keys.DO_BENCH_TIME): pytest.approx(0.5)}
 
 
+def test_rounds_taken_in_turn_claim_the_median_of_the_rounds_ratios() -> None:
+    """Ours' device-time rounds in turn with the rivals: one claim per rival from the
+    case's newest run, its ratio the median of the rounds' own (here 0.9, 1.0, 1.2: 1.0,
+    where the medians' ratio would be 7.2 / 7.0); a variant of ours counts as ours."""
+    rounds = {"triton_gluon_bwd": [6.3, 7.2, 8.4], "sdpa_cudnn": [7.0, 7.2, 7.0],
+              "sdpa_flash": [9.0, 9.6, 12.0]}
+    old = _attention("triton_gluon_bwd", 7e-3, "G/0001_a.json", shape=(16, 1, 16384, 128),
+                     when="2026-01-01", interleaved_device_ms={
+                         "triton_gluon_bwd": [9.0], "sdpa_cudnn": [7.0]})
+    new = _attention("triton_gluon_bwd", 7e-3, "G/0002_b.json", shape=(16, 1, 16384, 128),
+                     when="2026-02-01", interleaved_device_ms=rounds)
+    claims = {c.rival.name: c for c in all_claims([old, new])}
+    assert set(claims) == {"sdpa_cudnn", "sdpa_flash"}
+    cudnn, flash = claims["sdpa_cudnn"], claims["sdpa_flash"]
+    assert cudnn.ratio == pytest.approx(1.0) and flash.ratio == pytest.approx(0.7)
+    assert cudnn.file == "G/0002_b.json" and cudnn.ours.time_kind == keys.IN_TURN_TIME
+    assert cudnn.ours.seconds == pytest.approx(7.2e-3)
+    assert cudnn.rival.seconds == pytest.approx(7.0e-3)
+    assert ("| 7.200 | 7.000 | 1.00 | device time (do_bench rounds taken in turn) | "
+            "G/0002_b.json |") in claims_table([cudnn])
+
+
 def test_recipe_and_ddp_claims_name_both_time_kinds() -> None:
     def recipe(name: str, median: float, graph: bool) -> Result:
         return _result(f"test_training_recipe[2.7b-{name}]", median, "G/0012.json",

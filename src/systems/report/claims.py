@@ -2,11 +2,14 @@
 
 A ratio is only formed between two results measured in one run of one history file (these
 machines move 5-10% between runs), and only between times of the same kind (eager
-end-to-end vs device time); each claim names both.
+end-to-end vs device time); each claim names both. Where ours took device-time rounds in
+turn with its rivals (`keys.INTERLEAVED_DEVICE_MS`), the claim's ratio is the median of the
+rounds' own ratios, each of two times taken moments apart.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -40,9 +43,13 @@ class Claim:
     rival: Side
     file: str
     run: str
+    # Where the two were timed in rounds taken in turn: the median of the rounds' ratios.
+    paired_ratio: float | None = None
 
     @property
     def ratio(self) -> float:
+        if self.paired_ratio is not None:
+            return self.paired_ratio
         return self.ours.seconds / self.rival.seconds
 
 
@@ -104,6 +111,38 @@ def attention_claims(results: Sequence[Result]) -> list[Claim]:
     return claims
 
 
+def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
+    """Per case of ours that took device-time rounds in turn (any of our implementations),
+    from its newest run: ours / each rival timed in those rounds."""
+    newest: dict[tuple, Result] = {}
+    for r in results:
+        rounds = r.get(keys.INTERLEAVED_DEVICE_MS)
+        if r.kind != "attention" or not isinstance(rounds, dict) or (
+                str(r.get(keys.IMPLEMENTATION)) not in rounds):
+            continue
+        key = (r.name, r.get(keys.BATCH_HEADS), r.get(keys.SEQ_LEN), r.get(keys.HEAD_DIM))
+        if key not in newest or (r.datetime, r.file) > (newest[key].datetime,
+                                                         newest[key].file):
+            newest[key] = r
+    claims = []
+    for r in newest.values():
+        impl = str(r.get(keys.IMPLEMENTATION))
+        rounds = {str(name): [float(ms) for ms in per_round]
+                  for name, per_round in r.get(keys.INTERLEAVED_DEVICE_MS).items()}
+        label = (f"attention {r.get(keys.BATCH_HEADS)}x{r.get(keys.SEQ_LEN)}x"
+                 f"{r.get(keys.HEAD_DIM)} {r.get(keys.DTYPE)}"
+                 f"{' causal' if r.get(keys.CAUSAL) else ''}, {r.get(keys.PASS)}")
+        for rival in RIVAL_ATTENTION:
+            if rival not in rounds:
+                continue
+            per_round = [o / t for o, t in zip(rounds[impl], rounds[rival], strict=True)]
+            claims.append(Claim(
+                label, Side(impl, statistics.median(rounds[impl]) / 1e3, keys.IN_TURN_TIME),
+                Side(rival, statistics.median(rounds[rival]) / 1e3, keys.IN_TURN_TIME),
+                *r.measured_in, paired_ratio=statistics.median(per_round)))
+    return claims
+
+
 def recipe_claims(results: Sequence[Result]) -> list[Claim]:
     """Per model size and context: our recipe / the PyTorch-only baseline's train step."""
     def workload(r: Result) -> tuple:
@@ -162,4 +201,5 @@ def claims_table(claims: Sequence[Claim]) -> str:
 
 def all_claims(results: Sequence[Result]) -> list[Claim]:
     """Every claim over `results` (all runs of one GPU: each pair from its newest run)."""
-    return [*attention_claims(results), *recipe_claims(results), *ddp_claims(results)]
+    return [*attention_claims(results), *in_turn_claims(results), *recipe_claims(results),
+            *ddp_claims(results)]

@@ -91,6 +91,7 @@ HOST_PYTHON_LOOP_MS_RUNS = f"{HOST_PYTHON_LOOP_MS}_runs"
 EAGER_TIME = "eager end-to-end (host included)"
 REPLAY_TIME = "device time (CUDA-graph replay)"
 DO_BENCH_TIME = "device time (do_bench)"
+IN_TURN_TIME = "device time (do_bench rounds taken in turn)"
 RANK_EVENT_TIME = "eager, CUDA events per step, median of the slowest rank"
 
 # Short column headers for keys shown in tables.

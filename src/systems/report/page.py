@@ -63,7 +63,9 @@ def claims_section(results: Sequence[Result]) -> list[str]:
         "same history file (the newest run that measured both), never across runs; below 1 "
         "ours takes less time. The time column says what was timed: eager end-to-end "
         "includes the host (what a caller sees; below about 1 ms it is host-bound), device "
-        "time is CUDA-graph replay or do_bench of the kernels alone.\n")
+        "time is CUDA-graph replay or do_bench of the kernels alone. Where both were timed "
+        "in do_bench rounds taken in turn, the medians are over the rounds and the ratio is "
+        "the median of the rounds' own ratios, which can differ from the medians' ratio.\n")
 
 
 def device_section(device: str, runs: Sequence[Run], img_dir: Path, page_dir: Path) -> list[str]:
