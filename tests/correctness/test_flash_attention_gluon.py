@@ -160,10 +160,10 @@ def test_every_buffer_is_written(key, schedule):
 @pytest.mark.parametrize("shape", [((1,), 128), ((3,), 256), ((2, 3), 768), ((2,), 1664)],
                          ids=lambda s: f"{'x'.join(map(str, s[0]))}-seq{s[1]}")
 def test_query_tiles_of_128_rows(shape, ordered, schedule, async_mma):
-    """The d = 64 configs with tiles of 128 query rows (the study times them): one diagonal
-    tile per key block, dQ handed over by row halves. Every buffer poisoned, for 1 to 13
-    key blocks and 1 to 6 matrices; ordered, the gradients are bit-identical between
-    calls."""
+    """Tiles of 128 query rows at d = 64 (the library's configs there) in every schedule,
+    overlapped MMAs or not: one diagonal tile per key block, dQ handed over by row halves.
+    Every buffer poisoned, for 1 to 13 key blocks and 1 to 6 matrices; ordered, the
+    gradients are bit-identical between calls."""
     lead, seq = shape
     config = replace(CONFIGS[64, ordered], block_m=128, schedule=schedule,
                      async_mma=async_mma)

@@ -192,10 +192,17 @@ def _is_ours(impl: str) -> bool:
 
 def _rival_steps(case: AttentionCase, device: torch.device) -> dict[str, Callable[[], object]]:
     """The case's step for each of INTERLEAVED_RIVALS that runs it."""
+    return _steps_that_run(
+        lambda rival: _attention_workload(replace(case, impl=rival), device).step)
+
+
+def _steps_that_run(build: Callable[[str], Callable[[], object]]
+                    ) -> dict[str, Callable[[], object]]:
+    """build(rival) for each of INTERLEAVED_RIVALS, less those it finds unsupported here."""
     steps = {}
     for rival in INTERLEAVED_RIVALS:
         try:
-            steps[rival] = _attention_workload(replace(case, impl=rival), device).step
+            steps[rival] = build(rival)
         except UnsupportedWorkload:
             continue
     return steps
@@ -286,13 +293,8 @@ def test_attention_leaderboard(perf_case: AttentionCase, device, synced_benchmar
     )
     synced_benchmark.record_device_time(forward_backward, **DO_BENCH_SPANS_MS)
     if _is_ours(perf_case.impl) and not synced_benchmark.benchmark.disabled:
-        rivals = {}
-        for rival in INTERLEAVED_RIVALS:
-            try:
-                rivals[rival] = leaderboard_step(rival, device)
-            except UnsupportedWorkload:
-                continue
-        record_device_time_in_turn(synced_benchmark, perf_case.impl, forward_backward, rivals)
+        record_device_time_in_turn(synced_benchmark, perf_case.impl, forward_backward,
+                                   _steps_that_run(lambda rival: leaderboard_step(rival, device)))
 
 
 def leaderboard_step(impl: str, device: torch.device) -> Callable[[], None]:

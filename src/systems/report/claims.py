@@ -98,9 +98,7 @@ def attention_claims(results: Sequence[Result]) -> list[Claim]:
     for group, ours, rival in _pairs(results, "attention", workload,
                                      lambda r: str(r.get(keys.IMPLEMENTATION)),
                                      OUR_ATTENTION, RIVAL_ATTENTION):
-        _, mode, dtype, causal, batch_heads, seq_len, head_dim = group[2:]
-        label = (f"attention {batch_heads}x{seq_len}x{head_dim} {dtype}"
-                 f"{' causal' if causal else ''}, {mode}")
+        label = _attention_label(ours)
         our_name, rival_name = (str(r.get(keys.IMPLEMENTATION)) for r in (ours, rival))
         claims.append(_round_claim(label, group, ours, rival, our_name, rival_name))
         device = [r.get(keys.DO_BENCH_MEDIAN_MS) for r in (ours, rival)]
@@ -111,14 +109,31 @@ def attention_claims(results: Sequence[Result]) -> list[Claim]:
     return claims
 
 
+def _attention_label(r: Result) -> str:
+    return (f"attention {r.get(keys.BATCH_HEADS)}x{r.get(keys.SEQ_LEN)}x{r.get(keys.HEAD_DIM)}"
+            f" {r.get(keys.DTYPE)}{' causal' if r.get(keys.CAUSAL) else ''}, {r.get(keys.PASS)}")
+
+
+def rounds_in_turn(r: Result) -> dict[str, list[float]] | None:
+    """{implementation: ms per round} of a case that took device-time rounds in turn with
+    its own implementation among them (`keys.INTERLEAVED_DEVICE_MS`); None otherwise."""
+    rounds = r.get(keys.INTERLEAVED_DEVICE_MS)
+    if not isinstance(rounds, dict) or str(r.get(keys.IMPLEMENTATION)) not in rounds:
+        return None
+    return {str(name): [float(ms) for ms in per_round] for name, per_round in rounds.items()}
+
+
+def round_ratios(rounds: dict[str, list[float]], ours: str, rival: str) -> list[float]:
+    """Ours / rival in each round taken in turn."""
+    return [o / t for o, t in zip(rounds[ours], rounds[rival], strict=True)]
+
+
 def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
     """Per case of ours that took device-time rounds in turn (any of our implementations),
     from its newest run: ours / each rival timed in those rounds."""
     newest: dict[tuple, Result] = {}
     for r in results:
-        rounds = r.get(keys.INTERLEAVED_DEVICE_MS)
-        if r.kind != "attention" or not isinstance(rounds, dict) or (
-                str(r.get(keys.IMPLEMENTATION)) not in rounds):
+        if r.kind != "attention" or rounds_in_turn(r) is None:
             continue
         key = (r.name, r.get(keys.BATCH_HEADS), r.get(keys.SEQ_LEN), r.get(keys.HEAD_DIM))
         if key not in newest or (r.datetime, r.file) > (newest[key].datetime,
@@ -126,18 +141,14 @@ def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
             newest[key] = r
     claims = []
     for r in newest.values():
-        impl = str(r.get(keys.IMPLEMENTATION))
-        rounds = {str(name): [float(ms) for ms in per_round]
-                  for name, per_round in r.get(keys.INTERLEAVED_DEVICE_MS).items()}
-        label = (f"attention {r.get(keys.BATCH_HEADS)}x{r.get(keys.SEQ_LEN)}x"
-                 f"{r.get(keys.HEAD_DIM)} {r.get(keys.DTYPE)}"
-                 f"{' causal' if r.get(keys.CAUSAL) else ''}, {r.get(keys.PASS)}")
+        impl, rounds = str(r.get(keys.IMPLEMENTATION)), rounds_in_turn(r)
         for rival in RIVAL_ATTENTION:
             if rival not in rounds:
                 continue
-            per_round = [o / t for o, t in zip(rounds[impl], rounds[rival], strict=True)]
+            per_round = round_ratios(rounds, impl, rival)
             claims.append(Claim(
-                label, Side(impl, statistics.median(rounds[impl]) / 1e3, keys.IN_TURN_TIME),
+                _attention_label(r),
+                Side(impl, statistics.median(rounds[impl]) / 1e3, keys.IN_TURN_TIME),
                 Side(rival, statistics.median(rounds[rival]) / 1e3, keys.IN_TURN_TIME),
                 *r.measured_in, paired_ratio=statistics.median(per_round)))
     return claims

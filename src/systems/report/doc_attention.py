@@ -18,6 +18,7 @@ from pathlib import Path
 from systems.bench.gate import HOST_BOUND_SHARE, Timing
 from systems.common.formatting import markdown_table
 from systems.report import keys
+from systems.report.claims import round_ratios, rounds_in_turn
 from systems.report.history import Result, load_run, read_run
 
 OURS = "triton"
@@ -303,8 +304,8 @@ def attention_device_in_turn(repo: Path, history_file: str) -> str:
     history = read_history(repo, history_file)
     rows, at_or_below, counts = [], {rival: [] for rival in IN_TURN_RIVALS}, set()
     for test, step in IN_TURN_STEPS.items():
-        for r in _only(history.results, test, lambda r: _rounds_in_turn(r) is not None):
-            impl, rounds = str(r.get(keys.IMPLEMENTATION)), _rounds_in_turn(r)
+        for r in _only(history.results, test, lambda r: rounds_in_turn(r) is not None):
+            impl, rounds = str(r.get(keys.IMPLEMENTATION)), rounds_in_turn(r)
             counts.add(len(rounds[impl]))
             d, batch_heads, seq, dtype, _ = _workload(r)
             shape = f"{batch_heads}x{seq}x{d}"
@@ -313,7 +314,7 @@ def attention_device_in_turn(repo: Path, history_file: str) -> str:
                 if rival not in rounds:
                     ratios.append("-")
                     continue
-                per_round = [o / t for o, t in zip(rounds[impl], rounds[rival], strict=True)]
+                per_round = round_ratios(rounds, impl, rival)
                 ratios.append(_median_and_range(per_round))
                 if statistics.median(per_round) <= 1:
                     at_or_below[rival].append(f"{VARIANT_LABELS.get(impl, impl)} at {shape}")
@@ -333,14 +334,6 @@ def attention_device_in_turn(repo: Path, history_file: str) -> str:
                 keys.DO_BENCH_TIME, f"medians in ms over {each} rounds taken in turn in one "
                 "run (one do_bench per implementation per round); a ratio is the median of "
                 "the rounds' own ratios (lowest to highest)"))
-
-
-def _rounds_in_turn(r: Result) -> dict[str, list[float]] | None:
-    """{implementation: ms per round} of a case that took rounds in turn with its own."""
-    rounds = r.get(keys.INTERLEAVED_DEVICE_MS)
-    if not isinstance(rounds, dict) or str(r.get(keys.IMPLEMENTATION)) not in rounds:
-        return None
-    return {str(name): [float(ms) for ms in per_round] for name, per_round in rounds.items()}
 
 
 def _median_and_range(values: list[float]) -> str:
