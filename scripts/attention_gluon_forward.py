@@ -1,11 +1,13 @@
 """Whether a warp-specialised forward in Gluon (`gluon_forward.py`: a producer warp, two
-consumer warpgroups, FA3's overlap of the softmax with the previous tile's P V and its
-ping-pong) beats our Triton forward and cuDNN's, per config (one sm_90 GPU, bf16, causal).
+consumer warpgroups, FA3's overlap of the softmax with the previous tile's P V, its
+ping-pong and its persistent grid) beats our Triton forward and cuDNN's, per config (one
+sm_90 GPU, bf16, causal).
 
 Per head dim: each forward's max abs errors in O and L against an fp32 reference on the
 first matrices (the Gluon forward's outputs poisoned with NaN first), a do_bench median of
 our Triton forward and of each Gluon config; then rounds (`emit_rounds`) timing in turn
-the Triton forward, one Gluon forward, either before the unordered Gluon backward, and the
+the Triton forward, one Gluon config with a program per tile and persistent, each before
+the unordered Gluon backward, and the
 perf cases' forward + backward steps of cuDNN and of ours (two passes, Gluon ordered and
 unordered), all in one process.
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 from attention_dq_reduce import _bench, _max_abs, attempt, run_study
@@ -47,12 +49,14 @@ ROUND_CONFIGS = {64: GluonForwardConfig(block_n=128, num_stages=4, async_mma=Fal
 
 
 def candidates(head_dim: int) -> list[GluonForwardConfig]:
-    """The rounds' config first, then each ring depth that fits in shared memory (at
-    d = 64 a fourth stage does), each with and without the overlap and the ping-pong."""
+    """The rounds' config first, then each ring depth of three or more stages that fits in
+    shared memory (two were the slowest at both head dims, at ec2ed9a), each with and
+    without the overlap, the ping-pong and the persistent grid."""
     others = [GluonForwardConfig(block_n=128, num_stages=stages, async_mma=overlap,
-                                 pingpong=pingpong)
-              for stages in ((2, 3, 4) if head_dim == 64 else (2, 3))
-              for overlap in (True, False) for pingpong in (True, False)]
+                                 pingpong=pingpong, persistent=persistent)
+              for stages in ((3, 4) if head_dim == 64 else (3,))
+              for overlap in (True, False) for pingpong in (True, False)
+              for persistent in (False, True)]
     first = ROUND_CONFIGS[head_dim]
     return [first, *(c for c in others if c != first)]
 
@@ -113,8 +117,11 @@ def _round_timers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.T
     """What the rounds time: each forward alone, either before the unordered Gluon
     backward (direct calls), and the forward + backward step of the perf cases (the
     registry's implementations through autograd, `build_attention_workload`)."""
+    config = ROUND_CONFIGS[head_dim]
+    one_per_tile, persistent = (replace(config, persistent=p) for p in (False, True))
     forwards = {"triton": lambda: launch.flash_forward(q, k, v, True),
-                "gluon": lambda: gluon_forward(q, k, v, True, ROUND_CONFIGS[head_dim])}
+                "gluon": lambda: gluon_forward(q, k, v, True, one_per_tile),
+                "gluon persistent": lambda: gluon_forward(q, k, v, True, persistent)}
     timers: dict[str, Callable[[], object]] = {f"forward {name}": forward
                                                for name, forward in forwards.items()}
     for name, forward in forwards.items():

@@ -80,11 +80,12 @@ def test_any_number_of_key_blocks_and_matrices(lead, blocks, d, deterministic, s
 
 
 # Every forward schedule the study sweeps (scripts/attention_gluon_forward.py): ring depth,
-# the softmax overlapped with P V or not, the warpgroups' ping-pong or not.
+# the softmax overlapped with P V or not, the warpgroups' ping-pong or not, one program
+# per tile or persistent.
 FORWARD_CONFIGS = [GluonForwardConfig(block_n=128, num_stages=stages, async_mma=overlap,
-                                      pingpong=pingpong)
+                                      pingpong=pingpong, persistent=persistent)
                    for stages in (2, 3) for overlap in (True, False)
-                   for pingpong in (True, False)]
+                   for pingpong in (True, False) for persistent in (True, False)]
 
 
 @hopper
@@ -104,6 +105,38 @@ def test_forward_any_number_of_tiles_in_every_schedule(lead, blocks, d, config, 
     assert_close_as_pytorch(o, _reference(q, k, v, True), exact, "o")
     torch.testing.assert_close(lse.double(), _logsumexp(q.double(), k.double(), True),
                                atol=1e-4, rtol=0)
+
+
+@hopper
+@settings(max_examples=16, deadline=None)
+@given(matrices=st.integers(1, 7), blocks=st.integers(1, 9), programs=st.integers(1, 11),
+       d=st.sampled_from([64, 128]), overlap=st.booleans(), pingpong=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_persistent_forward_gives_each_program_several_tiles(matrices, blocks, programs, d,
+                                                             overlap, pingpong, seed):
+    """A persistent grid of fewer programs than query tiles (rounds of tiles walked back
+    and forth, the last one partial, the K/V ring and the ping-pong's turns carried
+    from tile to tile) gives the one-program-per-tile launch's O and L bit for bit,
+    both poisoned with NaN first."""
+    problem = Problem.random((matrices, 128 * blocks, 128 * blocks, d), torch.bfloat16,
+                             torch.device("cuda"), True, seed)
+    q, k, v = problem.q, problem.k, problem.v
+    config = GluonForwardConfig(block_n=128, num_stages=3 if d == 64 else 2,
+                                async_mma=overlap, pingpong=pingpong)
+    o, lse = gluon_forward(q, k, v, True, config, poison=True)
+    o_p, lse_p = gluon_forward(q, k, v, True, replace(config, persistent=True),
+                               poison=True, programs=programs)
+    assert not o.isnan().any() and not lse.isnan().any()
+    assert torch.equal(o_p, o) and torch.equal(lse_p, lse)
+
+
+def test_programs_cap_only_a_persistent_forward():
+    q = torch.randn(1, 128, 128, dtype=torch.bfloat16,
+                    device="cuda" if _on_hopper() else "cpu")
+    config = GluonForwardConfig(block_n=128, num_stages=2, async_mma=True, pingpong=True)
+    match = "not persistent" if _on_hopper() else "needs a CUDA device|needs an sm_90"
+    with pytest.raises(ValueError, match=match):
+        gluon_forward(q, q, q, True, config, programs=4)
 
 
 @hopper

@@ -686,6 +686,9 @@ def test_gluon_forward_block_divides_by_the_triton_forward_and_cudnns_step_per_r
              "pingpong": True, "ms": 1.8, "o_vs_ref": 0.01, "lse_vs_ref": 2e-6},
             {**base, "kind": "gluon_forward", "num_stages": 2, "async_mma": False,
              "pingpong": False, "error": "OutOfResources"},
+            {**base, "kind": "gluon_forward", "num_stages": 3, "async_mma": False,
+             "pingpong": True, "persistent": True, "ms": 1.7, "o_vs_ref": 0.01,
+             "lse_vs_ref": 2e-6},
             {**base, "kind": "rounds", "name": "step sdpa_cudnn", "ms_per_round": [7.0, 8.0, 7.2],
              "median_ms": 7.2, "over_cudnn_median": 1.0, "over_cudnn_range": [1.0, 1.0]},
             {**base, "kind": "rounds", "name": "step triton_gluon_bwd_unordered",
@@ -699,6 +702,7 @@ def test_gluon_forward_block_divides_by_the_triton_forward_and_cudnns_step_per_r
                  generators(tmp_path))
     assert "| 128 | Gluon: 3 stages, softmax overlapped, ping-pong | 1.800 | 0.90 |" in out
     assert "| 128 | Gluon: 2 stages, no overlap, no ping-pong | failed: OutOfResources |" in out
+    assert "| 128 | Gluon: 3 stages, no overlap, ping-pong, persistent | 1.700 | 0.85 |" in out
     assert ("| 128 | step triton_gluon_bwd_unordered | 7.100 | 7.000–7.200 | "
             "0.986 (0.900–1.014) |") in out
     assert "| 128 | forward gluon | 1.800 | 1.700–1.900 | - |" in out

@@ -296,7 +296,8 @@ def kernel_breakdown(repo: Path, *files: str) -> str:
 def _forward_config(row: dict) -> str:
     return (f"Gluon: {row['num_stages']} stages, "
             f"{'softmax overlapped' if row['async_mma'] else 'no overlap'}, "
-            f"{'ping-pong' if row['pingpong'] else 'no ping-pong'}")
+            f"{'ping-pong' if row['pingpong'] else 'no ping-pong'}"
+            f"{', persistent' if row.get('persistent') else ''}")
 
 
 def gluon_forward(repo: Path, file: str) -> str:

@@ -1,6 +1,7 @@
 """The causal forward for Hopper in Gluon, warp-specialised as FA3's forward is.
 
-One program per (query tile of BLOCK_M rows, matrix), last tile first (the longest first):
+Query tiles of BLOCK_M rows of every matrix, the last tile first (the longest first), each
+by one program or, PERSISTENT, a grid of one program per SM walking the tiles in turn:
 
 - a producer warp loads the tile's Q once, then each key tile's K and V by TMA into a ring
   of shared buffers guarded by mbarriers (K and V on barriers of their own, so that S can
@@ -13,6 +14,11 @@ One program per (query tile of BLOCK_M rows, matrix), last tile first (the longe
   PINGPONG has the warpgroups take turns issuing their matmuls (FA3's inter-warpgroup
   schedule, on two named barriers), so that one's softmax runs while the other's
   matmuls hold the tensor cores.
+
+Persistent, program p of P takes the tiles p, 2P - 1 - p, 2P + p, ... of that order (each
+round of P tiles walked the other way than the one before, so that a program's long and
+short tiles even out), and the producer loads the next tile's Q and first K/V tiles while
+the consumers finish the last one's P V and store it (FA3's persistent forward).
 
 Key tiles below the query tile's diagonal run unmasked; the BLOCK_M / BLOCK_N tiles the
 diagonal cuts are masked (`causal.MASKED_SCORE`, as the Triton forward). O = acc / l is
@@ -49,6 +55,7 @@ from systems.attention.flash_triton.gluon_launch import (
     register_cap,
     unsupported_reason,
 )
+from systems.attention.flash_triton.launch import _sm_count
 from systems.triton_build import build_for_hopper
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
@@ -62,32 +69,63 @@ TURN_THREADS: gl.constexpr = gl.constexpr(256)
 
 
 @gluon.jit
-def _program(BLOCK: gl.constexpr):
-    """(matrix, first query row) of this program: matrices vary fastest, last tile first."""
-    return gl.program_id(0), (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK
+def _tile_count(n_matrices, n_q, BLOCK: gl.constexpr):
+    """How many query tiles this program takes: a full round's one each, and one of the
+    last, partial round where its walk reaches the tiles there."""
+    n_tiles = n_matrices * (n_q // BLOCK)
+    programs = gl.num_programs(0)
+    p = gl.program_id(0)
+    rounds = n_tiles // programs
+    left = n_tiles - rounds * programs
+    place = gl.where(rounds % 2 == 0, p, programs - 1 - p)
+    return rounds + gl.where(place < left, 1, 0)
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
-                    kv_empty, n_q):
-    """Producer: the query tile once, then every key tile up to its diagonal."""
+def _tile(t, n_matrices, n_q, BLOCK: gl.constexpr):
+    """(matrix, first query row) of this program's t-th tile: tiles in order of length,
+    longest first and matrices fastest, walked in rounds of a tile per program, every
+    other round backwards."""
+    programs = gl.num_programs(0)
+    p = gl.program_id(0)
+    index = t * programs + gl.where(t % 2 == 0, p, programs - 1 - p)
+    return index % n_matrices, (n_q // BLOCK - 1 - index // n_matrices) * BLOCK
+
+
+@gluon.jit
+def _ring(count, NUM_STAGES: gl.constexpr):
+    """(stage, phase) of the count-th key tile through the ring, counted over every tile
+    of the program."""
+    return count % NUM_STAGES, (count // NUM_STAGES) & 1
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready,
+                    v_ready, kv_empty, n_q, n_matrices):
+    """Producer: per query tile, its Q once the consumers are done with the last one's,
+    then every key tile up to its diagonal."""
     BLOCK: gl.constexpr = q_smem.type.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
-    bh, q_start = _program(BLOCK)
-    row0 = bh * n_q
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [row0 + q_start, 0], q_bar, q_smem)
-    for j in range((q_start + BLOCK) // BLOCK_N):
-        stage = j % NUM_STAGES
-        # Barriers start as if phase 1 completed: the first pass over the ring waits on nothing.
-        mbarrier.wait(kv_empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row0 + j * BLOCK_N, 0], k_ready.index(stage),
-                                        k_bufs.index(stage))
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [row0 + j * BLOCK_N, 0], v_ready.index(stage),
-                                        v_bufs.index(stage))
+    loaded = 0  # key tiles through the ring before this query tile
+    for t in range(_tile_count(n_matrices, n_q, BLOCK)):
+        bh, q_start = _tile(t, n_matrices, n_q, BLOCK)
+        row0 = bh * n_q
+        # Barriers start as if phase 1 completed: the first wait on each passes at once.
+        mbarrier.wait(q_empty, (t & 1) ^ 1)
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [row0 + q_start, 0], q_bar, q_smem)
+        n_kv = (q_start + BLOCK) // BLOCK_N
+        for j in range(n_kv):
+            stage, phase = _ring(loaded + j, NUM_STAGES)
+            mbarrier.wait(kv_empty.index(stage), phase ^ 1)
+            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [row0 + j * BLOCK_N, 0],
+                                            k_ready.index(stage), k_bufs.index(stage))
+            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [row0 + j * BLOCK_N, 0],
+                                            v_ready.index(stage), v_bufs.index(stage))
+        loaded += n_kv
 
 
 @gluon.jit
@@ -115,32 +153,40 @@ def _take_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _pass_turn(WG: gl.constexpr, PINGPONG: gl.constexpr, LAST: gl.constexpr):
-    # The second warpgroup passes no turn after its last matmuls: every wait is matched.
-    if PINGPONG and (WG == 0 or not LAST):
+def _pass_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
         named_arrive(TURN + 1 - WG, TURN_THREADS)
 
 
 @gluon.jit
-def _step(j, acc, m_i, l_i, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, kv_empty, rows,
-          qk_scale, MASKED: gl.constexpr, ASYNC: gl.constexpr, WG: gl.constexpr,
+def _pass_last_turn(WG: gl.constexpr, PINGPONG: gl.constexpr, last_tile):
+    # The second warpgroup passes no turn after the program's last matmuls: every wait is
+    # matched.
+    if WG == 0 or not last_tile:
+        _pass_turn(WG, PINGPONG)
+
+
+@gluon.jit
+def _step(j, loaded, acc, m_i, l_i, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, kv_empty,
+          rows, qk_scale, MASKED: gl.constexpr, ASYNC: gl.constexpr, WG: gl.constexpr,
           PINGPONG: gl.constexpr):
-    """Key tile j: its scores and softmax, and P_{j-1} V_{j-1} into the accumulator
-    (rescaled by alpha_j); returns P_j as the next step's operand."""
+    """Key tile j of the query tile (`loaded` key tiles through the ring before it): its
+    scores and softmax, and P_{j-1} V_{j-1} into the accumulator (rescaled by alpha_j);
+    returns P_j as the next step's operand."""
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
     s_layout: gl.constexpr = mma_layout(WG_ROWS, BLOCK_N, gl.num_warps())
     o_row: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-    stage = j % NUM_STAGES
-    prev = (j - 1) % NUM_STAGES
-    mbarrier.wait(k_ready.index(stage), (j // NUM_STAGES) & 1)
-    mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
+    stage, phase = _ring(loaded + j, NUM_STAGES)
+    prev, prev_phase = _ring(loaded + j - 1, NUM_STAGES)
+    mbarrier.wait(k_ready.index(stage), phase)
+    mbarrier.wait(v_ready.index(prev), prev_phase)
     _take_turn(WG, PINGPONG)
     zero_s = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout)
     s = warpgroup_mma(q_s, k_bufs.index(stage).permute((1, 0)), zero_s, use_acc=False,
                       is_async=ASYNC)
     acc = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=ASYNC)
-    _pass_turn(WG, PINGPONG, False)
+    _pass_turn(WG, PINGPONG)
     if ASYNC:  # S_j done; P_{j-1} V_{j-1} may still run beside the softmax
         s = warpgroup_mma_wait(1, deps=(s,))
     p, m_i, l_i, alpha = _softmax(s, m_i, l_i, j, rows, qk_scale, MASKED)
@@ -153,13 +199,33 @@ def _step(j, acc, m_i, l_i, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, kv_empt
 
 
 @gluon.jit
-def _compute_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, Out, L,
-                       n_q, SM_SCALE: gl.constexpr, ASYNC: gl.constexpr, WG: gl.constexpr,
-                       PINGPONG: gl.constexpr):
-    """Consumer warpgroup WG (rows [64 WG, 64 WG + 64) of the query tile): every key tile
-    up to the diagonal, then its rows of O and L."""
+def _compute_partition(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, kv_empty,
+                       Out, L, n_q, n_matrices, SM_SCALE: gl.constexpr, ASYNC: gl.constexpr,
+                       WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Consumer warpgroup WG (rows [64 WG, 64 WG + 64) of each query tile): per query
+    tile, every key tile up to the diagonal, then its rows of O and L."""
     BLOCK: gl.constexpr = q_smem.type.shape[0]
-    HEAD_DIM: gl.constexpr = q_smem.type.shape[1]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
+    q_s = q_smem.slice(WG * WG_ROWS, WG_ROWS, dim=0)
+    if PINGPONG and WG == 1:  # the first warpgroup goes first
+        named_arrive(TURN, TURN_THREADS)
+    tiles = _tile_count(n_matrices, n_q, BLOCK)
+    loaded = 0  # key tiles through the ring before this query tile
+    for t in range(tiles):
+        bh, q_start = _tile(t, n_matrices, n_q, BLOCK)
+        n_kv = (q_start + BLOCK) // BLOCK_N
+        mbarrier.wait(q_bar, t & 1)
+        _query_tile(bh, q_start, n_kv, loaded, t + 1 == tiles, q_s, k_bufs, v_bufs, q_empty,
+                    k_ready, v_ready, kv_empty, Out, L, n_q, SM_SCALE, ASYNC, WG, PINGPONG)
+        loaded += n_kv
+
+
+@gluon.jit
+def _query_tile(bh, q_start, n_kv, loaded, last_tile, q_s, k_bufs, v_bufs, q_empty, k_ready,
+                v_ready, kv_empty, Out, L, n_q, SM_SCALE: gl.constexpr, ASYNC: gl.constexpr,
+                WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """One query tile of warpgroup WG's: its n_kv key tiles, from the ring's `loaded`-th."""
+    HEAD_DIM: gl.constexpr = q_s.type.shape[1]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
     s_layout: gl.constexpr = mma_layout(WG_ROWS, BLOCK_N, gl.num_warps())
@@ -168,22 +234,17 @@ def _compute_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty
     s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
     qk_scale = SM_SCALE * LOG2E
-    bh, q_start = _program(BLOCK)
     rows = q_start + WG * WG_ROWS + gl.arange(0, WG_ROWS, s_row)
-    n_kv = (q_start + BLOCK) // BLOCK_N
-    first_masked = n_kv - BLOCK // BLOCK_N
-    q_s = q_smem.slice(WG * WG_ROWS, WG_ROWS, dim=0)
-    if PINGPONG and WG == 1:  # the first warpgroup goes first
-        named_arrive(TURN, TURN_THREADS)
+    first_masked = n_kv - 2 * WG_ROWS // BLOCK_N  # the diagonal's key tiles
 
     # Key tile 0 (masked where it is on the diagonal: the rule holds for every tile).
-    mbarrier.wait(q_bar, 0)
-    mbarrier.wait(k_ready.index(0), 0)
+    stage, phase = _ring(loaded, NUM_STAGES)
+    mbarrier.wait(k_ready.index(stage), phase)
     _take_turn(WG, PINGPONG)
     zero_s = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout)
-    s = warpgroup_mma(q_s, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False,
+    s = warpgroup_mma(q_s, k_bufs.index(stage).permute((1, 0)), zero_s, use_acc=False,
                       is_async=True)
-    _pass_turn(WG, PINGPONG, False)
+    _pass_turn(WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s,))
     m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, s_row)
     p, m_i, l_i, alpha = _softmax(s, m_i, gl.zeros([WG_ROWS], gl.float32, s_row), 0, rows,
@@ -191,19 +252,21 @@ def _compute_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty
     p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
     acc = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, o_layout)
     for j in range(1, first_masked):
-        acc, m_i, l_i, p_op = _step(j, acc, m_i, l_i, p_op, q_s, k_bufs, v_bufs, k_ready,
-                                    v_ready, kv_empty, rows, qk_scale, False, ASYNC, WG,
-                                    PINGPONG)
+        acc, m_i, l_i, p_op = _step(j, loaded, acc, m_i, l_i, p_op, q_s, k_bufs, v_bufs,
+                                    k_ready, v_ready, kv_empty, rows, qk_scale, False, ASYNC,
+                                    WG, PINGPONG)
     for j in range(gl.maximum(first_masked, 1), n_kv):
-        acc, m_i, l_i, p_op = _step(j, acc, m_i, l_i, p_op, q_s, k_bufs, v_bufs, k_ready,
-                                    v_ready, kv_empty, rows, qk_scale, True, ASYNC, WG,
-                                    PINGPONG)
-    last = (n_kv - 1) % NUM_STAGES
-    mbarrier.wait(v_ready.index(last), ((n_kv - 1) // NUM_STAGES) & 1)
+        acc, m_i, l_i, p_op = _step(j, loaded, acc, m_i, l_i, p_op, q_s, k_bufs, v_bufs,
+                                    k_ready, v_ready, kv_empty, rows, qk_scale, True, ASYNC,
+                                    WG, PINGPONG)
+    mbarrier.arrive(q_empty, count=1)  # every S of the tile is done: the next Q may load
+    last, last_phase = _ring(loaded + n_kv - 1, NUM_STAGES)
+    mbarrier.wait(v_ready.index(last), last_phase)
     _take_turn(WG, PINGPONG)
     acc = warpgroup_mma(p_op, v_bufs.index(last), acc, is_async=True)
-    _pass_turn(WG, PINGPONG, True)
+    _pass_last_turn(WG, PINGPONG, last_tile)
     acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(kv_empty.index(last), count=1)
 
     o_rows = q_start + WG * WG_ROWS + gl.arange(0, WG_ROWS, o_row)
     cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
@@ -215,12 +278,14 @@ def _compute_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty
 
 
 @gluon.jit
-def gluon_forward_kernel(q_desc, k_desc, v_desc, Out, L, n_q, SM_SCALE: gl.constexpr,
+def gluon_forward_kernel(q_desc, k_desc, v_desc, Out, L, n_q, n_matrices,
+                         SM_SCALE: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                          PRODUCER_REGS: gl.constexpr, ASYNC: gl.constexpr,
                          PINGPONG: gl.constexpr):
-    """Grid (matrices, query tiles); causal; rows of all matrices stacked ((bh * n_q, d)
-    descriptors, n_q a multiple of the query and key tiles). Out is (bh * n_q, d) in the
+    """Grid (programs,): one per query tile, or fewer taking several each; causal; rows
+    of all n_matrices matrices stacked ((bh * n_q, d) descriptors, n_q a multiple of the
+    query and key tiles). Out is (bh * n_q, d) in the
     inputs' dtype, L (bh * n_q,) fp32. The launch runs 4 warps: the first consumer
     warpgroup; the second and the producer are workers."""
     BLOCK: gl.constexpr = q_desc.block_type.shape[0]
@@ -232,22 +297,26 @@ def gluon_forward_kernel(q_desc, k_desc, v_desc, Out, L, n_q, SM_SCALE: gl.const
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM],
                                        v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_empty, count=2)  # one arrival per consumer warpgroup
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
         mbarrier.init(kv_empty.index(s), count=2)  # one arrival per consumer warpgroup
     # Gluon's partition arguments are flat tuples (no unpacking).
     gl.warp_specialize([
-        (_compute_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, Out,
-                              L, n_q, SM_SCALE, ASYNC, 0, PINGPONG)),
-        (_compute_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, Out,
-                              L, n_q, SM_SCALE, ASYNC, 1, PINGPONG)),
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready,
-                           v_ready, kv_empty, n_q)),
+        (_compute_partition, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready,
+                              kv_empty, Out, L, n_q, n_matrices, SM_SCALE, ASYNC, 0,
+                              PINGPONG)),
+        (_compute_partition, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready,
+                              kv_empty, Out, L, n_q, n_matrices, SM_SCALE, ASYNC, 1,
+                              PINGPONG)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty,
+                           k_ready, v_ready, kv_empty, n_q, n_matrices)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -257,6 +326,9 @@ class GluonForwardConfig:
     num_stages: int  # depth of the K/V ring
     async_mma: bool  # overlap the softmax with the previous tile's P V
     pingpong: bool  # the warpgroups take turns at the tensor cores (FA3's ping-pong)
+    # One program per SM taking query tiles in turn, the next tile's loads under the last
+    # one's end; else one program per query tile.
+    persistent: bool = False
     consumer_regs: int = 240
     producer_regs: int = 24
 
@@ -290,13 +362,15 @@ def constexprs(head_dim: int, config: GluonForwardConfig) -> dict[str, object]:
 
 
 def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                  config: GluonForwardConfig | None = None, poison: bool = False
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  config: GluonForwardConfig | None = None, poison: bool = False,
+                  programs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, L) as `flash_forward` returns them, for what the Gluon backward takes
     (`gluon_launch.unsupported_reason`): o contiguous, shaped like q; L (..., seq) fp32,
     natural log. Inputs of any strides (copied to contiguous rows where they are not).
     `config` overrides CONFIGS[d] (and is needed where it has none); `poison` fills o
-    and L with NaN first, so that an element the kernel skips shows."""
+    and L with NaN first, so that an element the kernel skips shows. `programs` caps a
+    persistent launch's grid (one program per SM otherwise), so that a few tiles can
+    give each program several."""
     reason = unsupported_reason(q, k, v, is_causal)
     if reason is not None:
         raise ValueError(f"the Gluon forward {reason}")
@@ -310,9 +384,15 @@ def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     lse = output_buffer(q.shape[:-1], torch.float32, q.device, poison)
     descs = descriptors(descriptor_specs(config, head_dim),
                         {"q_desc": q2, "k_desc": k2, "v_desc": v2})
-    gluon_forward_kernel[(q2.shape[0] // seq, seq // BLOCK_M)](
-        *descs, o, lse, seq, **constexprs(head_dim, config), num_warps=4,
-        maxnreg=config.max_regs)
+    n_matrices = q2.shape[0] // seq
+    tiles = n_matrices * (seq // BLOCK_M)
+    if config.persistent:
+        tiles = min(tiles, programs or _sm_count(q.device))
+    elif programs is not None:
+        raise ValueError("programs caps a persistent launch; this config is not persistent")
+    gluon_forward_kernel[(tiles,)](*descs, o, lse, seq, n_matrices,
+                                   **constexprs(head_dim, config), num_warps=4,
+                                   maxnreg=config.max_regs)
     return o, lse
 
 
@@ -321,7 +401,7 @@ def build(head_dim: int, config: GluonForwardConfig) -> dict[str, int | list[int
     (TRITON_INTERPRET=0): shared bytes per block, registers and stack bytes per thread,
     and the register counts its partitions set (`systems.triton_build`)."""
     values = constexprs(head_dim, config)
-    signature = {"Out": "*bf16", "L": "*fp32", "n_q": "i32"}
+    signature = {"Out": "*bf16", "L": "*fp32", "n_q": "i32", "n_matrices": "i32"}
     signature |= {name: "constexpr" for name in values}
     signature |= descriptor_signature(descriptor_specs(config, head_dim))
     return build_for_hopper(gluon_forward_kernel, signature, values, num_warps=4,
