@@ -118,7 +118,7 @@ def test_persistent_forward_gives_each_program_several_tiles(matrices, blocks, p
     and forth, the last one partial, the K/V ring and the ping-pong's turns carried
     from tile to tile) gives the one-program-per-tile launch's O and L bit for bit,
     both poisoned with NaN first."""
-    problem = Problem.random((matrices, 128 * blocks, 128 * blocks, d), torch.bfloat16,
+    problem = Problem.random(((matrices,), 128 * blocks, 128 * blocks, d), torch.bfloat16,
                              torch.device("cuda"), True, seed)
     q, k, v = problem.q, problem.k, problem.v
     config = GluonForwardConfig(block_n=128, num_stages=3 if d == 64 else 2,
