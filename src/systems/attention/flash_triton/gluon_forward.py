@@ -338,10 +338,12 @@ class GluonForwardConfig:
 
 
 # The fastest config in H100 runs of scripts/attention_gluon_forward.py at 16 x 16384, at
-# the head dims where it beat the Triton forward (docs/attention.md, "A forward in Gluon");
-# at d = 64 none did, and the Gluon variants run the Triton forward there.
+# the head dims where it beat the Triton forward (docs/attention.md, "A forward in Gluon"
+# and "A persistent forward"); at d = 64 none did, and the Gluon variants run the Triton
+# forward there.
 CONFIGS: dict[int, GluonForwardConfig] = {
-    128: GluonForwardConfig(block_n=128, num_stages=3, async_mma=True, pingpong=True),
+    128: GluonForwardConfig(block_n=128, num_stages=3, async_mma=True, pingpong=True,
+                            persistent=True),
 }
 
 
