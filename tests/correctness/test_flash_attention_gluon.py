@@ -130,13 +130,16 @@ def test_persistent_forward_gives_each_program_several_tiles(matrices, blocks, p
     assert torch.equal(o_p, o) and torch.equal(lse_p, lse)
 
 
-def test_programs_cap_only_a_persistent_forward():
+@pytest.mark.parametrize(("persistent", "programs", "reason"),
+                         [(False, 4, "not persistent"), (True, 0, "at least 1")])
+def test_programs_cap_only_a_persistent_forward_of_one_or_more(persistent, programs, reason):
     q = torch.randn(1, 128, 128, dtype=torch.bfloat16,
                     device="cuda" if _on_hopper() else "cpu")
-    config = GluonForwardConfig(block_n=128, num_stages=2, async_mma=True, pingpong=True)
-    match = "not persistent" if _on_hopper() else "needs a CUDA device|needs an sm_90"
+    config = GluonForwardConfig(block_n=128, num_stages=2, async_mma=True, pingpong=True,
+                                persistent=persistent)
+    match = reason if _on_hopper() else "needs a CUDA device|needs an sm_90"
     with pytest.raises(ValueError, match=match):
-        gluon_forward(q, q, q, True, config, programs=4)
+        gluon_forward(q, q, q, True, config, programs=programs)
 
 
 @hopper

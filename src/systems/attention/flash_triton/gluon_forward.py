@@ -69,26 +69,28 @@ TURN_THREADS: gl.constexpr = gl.constexpr(256)
 
 
 @gluon.jit
+def _place_in_round(r):
+    """This program's place among round r's tiles: its index, every other round backwards."""
+    programs = gl.num_programs(0)
+    p = gl.program_id(0)
+    return gl.where(r % 2 == 0, p, programs - 1 - p)
+
+
+@gluon.jit
 def _tile_count(n_matrices, n_q, BLOCK: gl.constexpr):
     """How many query tiles this program takes: a full round's one each, and one of the
     last, partial round where its walk reaches the tiles there."""
     n_tiles = n_matrices * (n_q // BLOCK)
-    programs = gl.num_programs(0)
-    p = gl.program_id(0)
-    rounds = n_tiles // programs
-    left = n_tiles - rounds * programs
-    place = gl.where(rounds % 2 == 0, p, programs - 1 - p)
-    return rounds + gl.where(place < left, 1, 0)
+    rounds = n_tiles // gl.num_programs(0)
+    left = n_tiles - rounds * gl.num_programs(0)
+    return rounds + gl.where(_place_in_round(rounds) < left, 1, 0)
 
 
 @gluon.jit
 def _tile(t, n_matrices, n_q, BLOCK: gl.constexpr):
     """(matrix, first query row) of this program's t-th tile: tiles in order of length,
-    longest first and matrices fastest, walked in rounds of a tile per program, every
-    other round backwards."""
-    programs = gl.num_programs(0)
-    p = gl.program_id(0)
-    index = t * programs + gl.where(t % 2 == 0, p, programs - 1 - p)
+    longest first and matrices fastest, walked in rounds of a tile per program."""
+    index = t * gl.num_programs(0) + _place_in_round(t)
     return index % n_matrices, (n_q // BLOCK - 1 - index // n_matrices) * BLOCK
 
 
@@ -285,9 +287,9 @@ def gluon_forward_kernel(q_desc, k_desc, v_desc, Out, L, n_q, n_matrices,
                          PINGPONG: gl.constexpr):
     """Grid (programs,): one per query tile, or fewer taking several each; causal; rows
     of all n_matrices matrices stacked ((bh * n_q, d) descriptors, n_q a multiple of the
-    query and key tiles). Out is (bh * n_q, d) in the
-    inputs' dtype, L (bh * n_q,) fp32. The launch runs 4 warps: the first consumer
-    warpgroup; the second and the producer are workers."""
+    query and key tiles). Out is (bh * n_q, d) in the inputs' dtype, L (bh * n_q,) fp32.
+    The launch runs 4 warps: the first consumer warpgroup; the second and the producer
+    are workers."""
     BLOCK: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -381,20 +383,22 @@ def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
         raise ValueError(f"the Gluon forward has a tuned config for head dims "
                          f"{sorted(CONFIGS)}, not {head_dim}: pass one")
     config = config or CONFIGS[head_dim]
+    if programs is not None and not config.persistent:
+        raise ValueError("programs caps a persistent launch; this config is not persistent")
+    if programs is not None and programs < 1:
+        raise ValueError(f"programs must be at least 1, got {programs}")
     q2, k2, v2 = (aligned_rows(t) for t in (q, k, v))
     o = output_buffer(q.shape, q.dtype, q.device, poison)
     lse = output_buffer(q.shape[:-1], torch.float32, q.device, poison)
     descs = descriptors(descriptor_specs(config, head_dim),
                         {"q_desc": q2, "k_desc": k2, "v_desc": v2})
     n_matrices = q2.shape[0] // seq
-    tiles = n_matrices * (seq // BLOCK_M)
+    grid = n_matrices * (seq // BLOCK_M)  # one program per query tile
     if config.persistent:
-        tiles = min(tiles, programs or _sm_count(q.device))
-    elif programs is not None:
-        raise ValueError("programs caps a persistent launch; this config is not persistent")
-    gluon_forward_kernel[(tiles,)](*descs, o, lse, seq, n_matrices,
-                                   **constexprs(head_dim, config), num_warps=4,
-                                   maxnreg=config.max_regs)
+        grid = min(grid, programs or _sm_count(q.device))
+    gluon_forward_kernel[(grid,)](*descs, o, lse, seq, n_matrices,
+                                  **constexprs(head_dim, config), num_warps=4,
+                                  maxnreg=config.max_regs)
     return o, lse
 
 
