@@ -36,10 +36,10 @@ bench: $(STAMP)
 # test passes; refused for subsets (-k, -m, other paths) and other profiles.
 # BASELINE_RUNS complete runs are pooled into it: the gate reads each case's drift between them.
 baseline: $(STAMP)
-	$(BIN)/pytest $$($(BIN)/python -m systems.bench.baseline suite) --perf-profile=quick \
+	$(BIN)/pytest $$($(BIN)/python -m systems.runs.baseline suite) --perf-profile=quick \
 		--perf-baseline $(COLUMNS) $(PERF_ARGS)
 	for run in $$(seq 2 $(BASELINE_RUNS)); do \
-		$(BIN)/pytest $$($(BIN)/python -m systems.bench.baseline suite) --perf-profile=quick \
+		$(BIN)/pytest $$($(BIN)/python -m systems.runs.baseline suite) --perf-profile=quick \
 			--perf-baseline --perf-baseline-repeat $(COLUMNS) $(PERF_ARGS) || exit 1; done
 
 study: $(STAMP)
@@ -53,9 +53,11 @@ test: $(STAMP)
 smoke: $(STAMP)
 	$(BIN)/pytest tests/perf --perf-profile=smoke --benchmark-disable --timeout=900
 
-# docs/RESULTS.md and docs/img/*.png from every committed history under .benchmarks/.
+# docs/RESULTS.md and docs/img/*.png from every committed history under .benchmarks/, then
+# the generated blocks of README.md and docs/*.md.
 report: $(STAMP)
 	$(BIN)/python -m systems report results
+	$(BIN)/python -m tools.docgen
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

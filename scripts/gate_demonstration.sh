@@ -16,7 +16,7 @@ shift
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
 columns=--benchmark-columns=median,iqr,mean,stddev,rounds
-suite=$(python3 -m systems.bench.baseline suite)
+suite=$(python3 -m systems.runs.baseline suite)
 gated=("$suite" -p no:cacheprovider --perf-profile=quick --benchmark-compare --perf-gate
        "$columns")
 recorded=("$suite" -p no:cacheprovider --perf-profile=quick --perf-baseline "$columns")

@@ -2,7 +2,7 @@
 
 Conventions: sizes in bytes, times in seconds, bandwidths in bytes/s. "Activations" are the
 tensors autograd saves for backward, counted once per storage (what is alive at the end of
-the forward pass), as our `TransformerLM` saves them; `tests/correctness/test_accounting.py`
+the forward pass), as our `TransformerLM` saves them; `tests/correctness/bench/test_accounting.py`
 checks the count against saved-tensor hooks.
 """
 

@@ -27,7 +27,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                           "kernel summaries, memory timelines, a train step's breakdown"),
     "report": Subcommand("systems.report.cli",
                          "results page and views of saved benchmark runs"),
-    "dist": Subcommand("systems.distributed.cli",
+    "dist": Subcommand("systems.bench.distributed.cli",
                        "all-reduce and data-parallel train steps (run under torchrun)"),
     "tune": Subcommand("systems.attention.flash_triton.tune",
                        "time the Triton attention kernel's candidate configurations"),

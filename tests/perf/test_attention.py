@@ -55,7 +55,7 @@ from systems.bench.attention import (
 from systems.bench.cuda_graph import CapturedStep
 from systems.bench.metrics import is_out_of_memory, out_of_memory_reason
 from systems.bench.timing import interleaved_device_time, interleaved_rounds
-from systems.report import keys
+from systems.runs import keys
 
 SWEEP_IMPLEMENTATIONS = ("reference", "reference_compiled", "sdpa_flash", "sdpa_cudnn",
                          "flex_compiled", "flash_pytorch", "triton_compiled_bwd", "triton")

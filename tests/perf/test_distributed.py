@@ -20,13 +20,18 @@ from dataclasses import asdict, dataclass
 
 import pytest
 
+from systems.bench.distributed.allreduce import bandwidths, timed_allreduces
+from systems.bench.distributed.train_step import (
+    TrainSpec,
+    setup_train,
+    teardown_train,
+    train_round,
+)
 from systems.bench.metrics import is_out_of_memory
 from systems.common.clock import WALL
 from systems.common.hardware import gpu_count
 from systems.distributed import RankError, RankPool
-from systems.distributed.allreduce import bandwidths, timed_allreduces
-from systems.distributed.train_bench import TrainSpec, setup_train, teardown_train, train_round
-from systems.report import keys
+from systems.runs import keys
 
 MB = 10**6
 

@@ -20,7 +20,7 @@ from systems.bench.checkpoint_fit import fit_to_device
 from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe
 from systems.bench.workloads import CUDA_GRAPH_WARMUP
 from systems.model import get_config
-from systems.report import keys
+from systems.runs import keys
 
 SIZES = ("small", "medium", "large", "xl", "2.7b")
 SEQ_LENS = (512, 2048)

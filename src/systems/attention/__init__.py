@@ -1,7 +1,7 @@
 """Attention implementations and the registry the model and benchmarks select them from."""
 
 from systems.attention.flash_pytorch import FlashAttentionPytorch
-from systems.attention.flash_triton import FlashAttentionTriton
+from systems.attention.functions import FlashAttentionTriton
 from systems.attention.reference import reference_attention, sdpa_attention
 from systems.attention.registry import ATTENTION_BACKENDS, get_attention, unsupported_reason
 

@@ -14,13 +14,13 @@ import math
 
 import torch
 
-from systems.attention.autograd import (
+from systems.attention.shared.autograd import (
     backward_from_saved,
     forward_saving_lse,
     refuse_double_backward,
 )
-from systems.attention.causal import MASKED_SCORE, causal_mask
-from systems.attention.inputs import check_attention_inputs
+from systems.attention.shared.causal import MASKED_SCORE, causal_mask
+from systems.attention.shared.inputs import check_attention_inputs
 
 DEFAULT_TILE = 64
 MIN_TILE = 16

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from systems.attention.causal import causal_mask
+from systems.attention.shared.causal import causal_mask
 from systems.common.nvtx import nvtx_range
 
 
@@ -17,7 +17,7 @@ def reference_attention(
     """softmax(q k^T / sqrt(d)) v, materialising the full score matrix.
 
     q: (..., n_queries, d); k, v: (..., n_keys, d). With `is_causal`, query i attends to
-    keys 0..i (`systems.attention.causal`).
+    keys 0..i (`systems.attention.shared.causal`).
     """
     with nvtx_range("attention_scores"):
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])

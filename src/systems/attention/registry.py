@@ -15,18 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
-from systems.attention.causal import causal_mask_mod
 from systems.attention.flash_pytorch import FlashAttentionPytorch
-from systems.attention.flash_triton import (
+from systems.attention.functions import (
     FlashAttentionTriton,
     FlashAttentionTritonCompiledBackward,
     FlashAttentionTritonGluonBackward,
 )
-from systems.attention.flash_triton.gluon_launch import (
-    unsupported_setting as gluon_unsupported_setting,
-)
+from systems.attention.gluon.backward import unsupported_setting as gluon_unsupported_setting
 from systems.attention.reference import reference_attention, sdpa_attention
-from systems.triton_runtime import INTERPRETED
+from systems.attention.shared.causal import causal_mask_mod
+from systems.kernel_runtime.interpreter import INTERPRETED
 
 AttentionFn = Callable[..., torch.Tensor]
 # The tiled PyTorch FlashAttention-2 launches a few ops per tile pair, so its time grows as

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
-from systems.bench.gate import Timing
 from systems.common.formatting import fmt
 from systems.common.hardware import peak_tflops
-from systems.report import keys
+from systems.runs import keys
+from systems.runs.gate import Timing
 
 
 def throughput_metrics(

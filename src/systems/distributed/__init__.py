@@ -1,4 +1,4 @@
-"""Distributed training: process groups, data-parallel wrappers, FSDP, benchmarks."""
+"""Distributed training: process groups, data-parallel wrappers, FSDP."""
 
 from systems.distributed.ddp import DDPBucketed, DDPIndividualParameters, FlatDDP, NaiveDDP
 from systems.distributed.fsdp import FSDP

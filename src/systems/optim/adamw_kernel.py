@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from systems import triton_runtime  # sets TRITON_INTERPRET before the kernel exists
+from systems.kernel_runtime import interpreter  # sets TRITON_INTERPRET before the kernel exists
 
 BLOCK_SIZE = 4096
 NUM_WARPS = 4
@@ -187,7 +187,7 @@ def _check(params: Sequence[torch.Tensor], tensors: dict[str, Sequence[torch.Ten
         if not param.is_contiguous():
             raise ValueError("parameters must be contiguous")
     device = params[0].device
-    if device.type != "cuda" and not triton_runtime.INTERPRETED:
+    if device.type != "cuda" and not interpreter.INTERPRETED:
         raise ValueError(f"the fused AdamW kernel needs CUDA tensors, got {device} (set "
                          "TRITON_INTERPRET=1 before importing systems to run it on the CPU)")
     if any(p.device != device for p in params):

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from systems import triton_runtime
+from systems.kernel_runtime import interpreter
 from systems.optim.adamw import AdamW
 from systems.optim.adamw_kernel import launch_fused_adamw_
 from systems.optim.split_master import join_master, split_master
@@ -60,7 +60,7 @@ class MixedPrecisionAdamW(AdamW):
     def _adopt(self, param: torch.Tensor) -> None:
         if not param.is_contiguous():
             raise ValueError("MixedPrecisionAdamW needs contiguous parameters")
-        if param.device.type != "cuda" and not triton_runtime.INTERPRETED:
+        if param.device.type != "cuda" and not interpreter.INTERPRETED:
             raise ValueError(f"MixedPrecisionAdamW's kernel needs CUDA parameters, got "
                              f"{param.device} (set TRITON_INTERPRET=1 before importing systems "
                              "to run it on the CPU)")

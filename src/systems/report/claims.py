@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from systems.common.formatting import markdown_table
-from systems.report import keys
-from systems.report.history import Result
+from systems.runs import keys
+from systems.runs.history import Result
 
 # Attention: our kernel against PyTorch's best (SDPA backends, compiled flex_attention).
 OUR_ATTENTION = ("triton", "triton_compiled")

@@ -1,7 +1,6 @@
 """`systems report {results,latest,compare}`: pages and views of saved runs.
 
-results: regenerate docs/RESULTS.md and docs/img/*.png from every run under .benchmarks/,
-         and the generated blocks of README.md and docs/*.md
+results: regenerate docs/RESULTS.md and docs/img/*.png from every run under .benchmarks/
 latest:  the newest result of each benchmark over one GPU's runs, with its run file
 compare: two run files side by side, changes beyond the noise highlighted
 """
@@ -15,17 +14,9 @@ from pathlib import Path
 from systems.common.cli_help import HelpFormatter
 from systems.common.formatting import markdown_table
 from systems.report.compare import compare_runs
-from systems.report.doc_blocks import rewrite_docs
-from systems.report.doc_sources import generators
-from systems.report.history import (
-    find_run,
-    latest_results,
-    load_run,
-    load_runs,
-    runs_by_device,
-)
 from systems.report.page import results_page
 from systems.report.tables import mean_std_ms
+from systems.runs.history import find_run, latest_results, load_run, load_runs, runs_by_device
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -40,9 +31,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     results.add_argument("--img", type=Path, default=None, help="default: <out's folder>/img")
     results.add_argument("--include-cpu", action="store_true",
                          help="also report CPU runs (smoke numbers, skipped by default)")
-    results.add_argument("--docs", type=Path, nargs="*", default=None,
-                         help="docs whose generated blocks to rewrite; default: the README.md "
-                         "above --out's folder and every other .md in it")
     latest = commands.add_parser("latest", help="newest result per benchmark for one GPU",
                                  formatter_class=HelpFormatter)
     latest.add_argument("--root", type=Path, default=Path(".benchmarks"),
@@ -74,20 +62,7 @@ def _run_results(args: argparse.Namespace) -> str:
     page = results_page(runs, args.out.parent, args.img or args.out.parent / "img")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(page)
-    # Block sources are named relative to the repository: the folder above the page's.
-    repo = args.out.parent.parent
-    docs = default_docs(args.out) if args.docs is None else args.docs
-    changed = rewrite_docs(docs, generators(repo))
-    return (f"wrote {args.out} ({len(runs)} runs); generated blocks of {len(docs)} docs, "
-            f"{len(changed)} changed{': ' if changed else ''}{', '.join(map(str, changed))}")
-
-
-def default_docs(page: Path) -> list[Path]:
-    """The prose docs around the results page: README.md one folder up, and every other
-    .md next to the page."""
-    readme = page.parent.parent / "README.md"
-    return [*([readme] if readme.is_file() else []),
-            *sorted(p for p in page.parent.glob("*.md") if p.resolve() != page.resolve())]
+    return f"wrote {args.out} ({len(runs)} runs)"
 
 
 def _run_latest(args: argparse.Namespace) -> str:

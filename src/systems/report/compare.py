@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from systems.common.formatting import markdown_table
-from systems.report import keys
-from systems.report.history import Result, Run
 from systems.report.tables import mean_std_ms
+from systems.runs import keys
+from systems.runs.history import Result, Run
 
 # A change counts when it exceeds both this fraction and the two runs' combined std.
 MIN_RELATIVE_CHANGE = 0.05

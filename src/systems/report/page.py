@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from systems.common.hardware import slugify
-from systems.report import accounting_tables, claims, keys, plots, tables
-from systems.report.history import Result, Run, latest_results, runs_by_device
+from systems.report import accounting_tables, claims, plots, tables
+from systems.runs import keys
+from systems.runs.history import Result, Run, latest_results, runs_by_device
 
 _COMMAND = "python -m systems.report results"
 

@@ -13,8 +13,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 from systems.model import MODEL_CONFIGS  # noqa: E402
-from systems.report import keys  # noqa: E402
-from systems.report.history import Result  # noqa: E402
+from systems.runs import keys  # noqa: E402
+from systems.runs.history import Result  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:

@@ -8,8 +8,8 @@ from pathlib import Path
 from systems.accounting import step_memory
 from systems.common.formatting import fmt, markdown_table
 from systems.model import MODEL_CONFIGS, ModelConfig
-from systems.report import keys
-from systems.report.history import Result
+from systems.runs import keys
+from systems.runs.history import Result
 
 _SIZE_ORDER = {name: i for i, name in enumerate(MODEL_CONFIGS)}
 

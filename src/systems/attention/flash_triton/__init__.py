@@ -1,16 +1,12 @@
-"""FlashAttention-2 forward and backward kernels in Triton.
+"""FlashAttention-2 forward and backward kernels in Triton, and their launches.
+
+The autograd Functions that call them are `systems.attention.functions`.
 
 Without a CUDA build of PyTorch the kernels run in Triton's interpreter (see
-`systems.triton_runtime`, imported before the kernels are decorated).
+`systems.kernel_runtime.interpreter`, imported before the kernels are decorated).
 """
 
-import systems.triton_runtime  # noqa: F401 - sets TRITON_INTERPRET before the kernels exist
-from systems.attention.flash_triton.function import (
-    FlashAttentionTriton,
-    FlashAttentionTritonCompiledBackward,
-    FlashAttentionTritonGluonBackward,
-    recompute_backward,
-)
+import systems.kernel_runtime.interpreter  # noqa: F401 - sets TRITON_INTERPRET before the kernels exist
 from systems.attention.flash_triton.launch import (
     FlashConfig,
     TileConfig,
@@ -19,8 +15,4 @@ from systems.attention.flash_triton.launch import (
     flash_forward,
 )
 
-__all__ = [
-    "FlashAttentionTriton", "FlashAttentionTritonCompiledBackward",
-    "FlashAttentionTritonGluonBackward", "FlashConfig",
-    "TileConfig", "default_config", "flash_backward", "flash_forward", "recompute_backward",
-]
+__all__ = ["FlashConfig", "TileConfig", "default_config", "flash_backward", "flash_forward"]

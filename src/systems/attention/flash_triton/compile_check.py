@@ -2,10 +2,10 @@
 kernels for Hopper on any machine.
 
 Builds the forward, dQ and dK/dV kernels at every tile config `launch.py` can pick
-(`systems.triton_build`) and reports each build's shared memory against sm_90's limit per
-block, registers and stack bytes per thread; exits 1 when a build does not fit. What it
-cannot see: speed, and the numbers the kernels compute (the interpreter tests those). The
-builds are this Triton's: another version builds otherwise.
+(`systems.kernel_runtime.triton_build`) and reports each build's shared memory against
+sm_90's limit per block, registers and stack bytes per thread; exits 1 when a build does
+not fit. What it cannot see: speed, and the numbers the kernels compute (the interpreter
+tests those). The builds are this Triton's: another version builds otherwise.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from systems.attention.flash_triton.kernels import (
     flash_forward_kernel,
 )
 from systems.common.cli_help import HelpFormatter
-from systems.triton_build import HOPPER_SHARED_BYTES, build_for_hopper
-from systems.triton_runtime import INTERPRETED
+from systems.kernel_runtime.interpreter import INTERPRETED
+from systems.kernel_runtime.triton_build import HOPPER_SHARED_BYTES, build_for_hopper
 
 # A length no tile divides, so that the kernels build their masked paths.
 _SEQ = 1000

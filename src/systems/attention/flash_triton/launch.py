@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 import torch
 import triton
 
-from systems.attention.flash_triton import replay
 from systems.attention.flash_triton.kernels import (
     flash_backward_dkdv_kernel,
     flash_backward_dq_kernel,
     flash_forward_kernel,
 )
-from systems.attention.inputs import check_attention_inputs
-from systems.triton_launcher import DescriptorLayout, KernelLauncher, TensorSlot
-from systems.triton_runtime import INTERPRETED
+from systems.attention.host_path import replay
+from systems.attention.shared.inputs import check_attention_inputs
+from systems.kernel_runtime.interpreter import INTERPRETED
+from systems.kernel_runtime.launcher import DescriptorLayout, KernelLauncher, TensorSlot
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -69,8 +69,8 @@ _HALF_CONFIGS: dict[int, FlashConfig] = {
 # splits or pads them), and for the one such dim measured, the 2.7b model's 80, narrower
 # key tiles won at its in-model sizes (bf16, causal, 128 matrices x 512 and x 2048 rows,
 # the tune module on an H100 when 80 was padded to 128; runs in
-# scripts/attention_tune_runs/2026-11-23/). They stayed best or close to it for the split
-# kernels on an H200 (scripts/attention_tune_runs/2026-11-23-split/). Keyed by the head
+# studies/attention_tune/runs/2026-11-23/). They stayed best or close to it for the split
+# kernels on an H200 (studies/attention_tune/runs/2026-11-23-split/). Keyed by the head
 # dim itself.
 _HALF_HEAD_DIM_CONFIGS: dict[int, FlashConfig] = {
     80: _tiles((128, 32, 4, 3), (128, 32, 4, 3), (32, 64, 4, 3)),

@@ -1,0 +1,143 @@
+"""The autograd Functions around the kernels."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from systems.attention.custom_ops import (
+    attention_backward,
+    attention_backward_gluon,
+    attention_forward,
+    attention_forward_gluon,
+)
+from systems.attention.gluon.backward import unsupported_reason as gluon_unsupported_reason
+from systems.attention.host_path import replay
+from systems.attention.shared.autograd import (
+    backward_from_saved,
+    double_backward_refusal,
+    first_derivatives_only,
+    forward_saving_lse,
+    refuse_double_backward,
+)
+from systems.attention.shared.causal import MASKED_SCORE, causal_mask
+
+
+class FlashAttentionTritonFunction(torch.autograd.Function):
+    """The autograd of FlashAttentionTriton's calls that replay does not serve whole (see
+    FlashAttentionTriton), and of every call under torch.compile."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                is_causal: bool = False) -> torch.Tensor:
+        return forward_saving_lse(ctx, attention_forward, q, k, v, is_causal)
+
+    @staticmethod
+    @refuse_double_backward("FlashAttentionTriton")
+    def backward(ctx, do: torch.Tensor):
+        return backward_from_saved(ctx, attention_backward, do)
+
+
+class FlashAttentionTriton(FlashAttentionTritonFunction):
+    """FlashAttention-2 in Triton: `FlashAttentionTriton.apply(q, k, v, is_causal)`.
+
+    q: (..., n_queries, d), k and v: (..., n_keys, d), fp16/bf16/fp32, on a CUDA device (or
+    the CPU under TRITON_INTERPRET=1), with any strides: views whose rows are unit-stride
+    (such as (batch, seq, heads, d) projections seen as (batch, heads, seq, d)) are read in
+    place, others copied; o and the gradients are laid out like q, k and v. Saves L (shape
+    (..., n_queries)), q, k, v and o; backward runs the dQ and dK/dV kernels. Eager calls
+    launch the kernels directly; under torch.compile they are custom ops (`op.py`). Double
+    backward is refused.
+
+    An eager call of a layout seen before is served whole in C++ (`replay.attend`): the
+    same kernels, under a C++ autograd node (named
+    "torch::autograd::CppNode<systems::FlashAttentionTriton>") whose backward
+    computes what FlashAttentionTritonFunction's does.
+    """
+
+    @classmethod
+    def apply(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              is_causal: bool = False) -> torch.Tensor:
+        # Dynamo traces FlashAttentionTritonFunction's forward and backward instead.
+        if not torch.compiler.is_compiling():
+            o = replay.attend(q, k, v, is_causal)
+            if o is not None:
+                return o
+        return FlashAttentionTritonFunction.apply(q, k, v, is_causal)
+
+
+_REFUSAL = double_backward_refusal("FlashAttentionTriton")
+
+
+def _backward_outside_replay(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
+                             is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The C++ node's backward where replay does not serve it: as FlashAttentionTriton's."""
+    return first_derivatives_only(
+        _REFUSAL, lambda: attention_backward(q, k, v, o, lse, do, is_causal),
+        lambda: (lse, q, k, v, o, do))
+
+
+replay.set_python_backward(_backward_outside_replay)
+
+
+def recompute_backward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+    do: torch.Tensor, is_causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention backward from L in plain PyTorch, materialising the (n_q, n_k) matrices.
+
+    Matmuls run in the input dtype (as the PyTorch reference's do); P and dS in fp32.
+    """
+    scale = q.shape[-1] ** -0.5
+    scores = (q @ k.transpose(-2, -1)).float() * scale
+    if is_causal:
+        scores = scores.masked_fill(~causal_mask(*scores.shape[-2:], q.device), MASKED_SCORE)
+    p = torch.exp(scores - lse[..., None])
+    dv = p.to(do.dtype).transpose(-2, -1) @ do
+    dp = (do @ v.transpose(-2, -1)).float()
+    delta = (o.float() * do.float()).sum(dim=-1, keepdim=True)
+    ds = (p * (dp - delta) * scale).to(q.dtype)
+    return ds @ k, ds.transpose(-2, -1) @ q, dv
+
+
+_compiled_recompute_backward = torch.compile(recompute_backward)
+
+
+class FlashAttentionTritonCompiledBackward(FlashAttentionTritonFunction):
+    """The Triton forward with a `torch.compile`d PyTorch backward (O(N^2) memory)."""
+
+    @staticmethod
+    @refuse_double_backward("FlashAttentionTritonCompiledBackward")
+    def backward(ctx, do: torch.Tensor):
+        return backward_from_saved(ctx, _compiled_recompute_backward, do)
+
+
+class FlashAttentionTritonGluonBackward(torch.autograd.Function):
+    """The Gluon kernels for Hopper: `FlashAttentionTritonGluonBackward.apply(q, k, v,
+    is_causal, deterministic)`.
+
+    The forward is warp-specialised as FA3's is (`gluon_forward.py`); the fused backward
+    (`gluon_launch.py`) runs one kernel of 5 tile matmuls per tile pair in place of the
+    two passes' 7. It takes causal bf16 self-attention on an sm_90 GPU with head dim 64 or
+    128 and a sequence length that is a multiple of 128; forward refuses other inputs.
+    `deterministic` adds dQ in a fixed order (gradients bit-identical from run to run);
+    else in the order the shares arrive (FA3's default): faster, with dQ's last bits free
+    to differ between runs."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                deterministic: bool) -> torch.Tensor:
+        reason = gluon_unsupported_reason(q, k, v, is_causal)
+        if reason is not None:
+            raise ValueError(f"FlashAttentionTritonGluonBackward: the Gluon backward {reason}")
+        ctx.deterministic = deterministic
+        return forward_saving_lse(ctx, attention_forward_gluon, q, k, v, is_causal)
+
+    @staticmethod
+    @refuse_double_backward("FlashAttentionTritonGluonBackward")
+    def backward(ctx, do: torch.Tensor):
+        gluon_backward = functools.partial(attention_backward_gluon,
+                                           deterministic=ctx.deterministic)
+        return (*backward_from_saved(ctx, gluon_backward, do), None)

@@ -1,0 +1,260 @@
+"""Launching the fused Gluon backward (`gluon_kernels.py`) on Hopper: configs, the inputs it
+takes, descriptors, and the kernels before and after it.
+
+It takes causal self-attention in bf16 on an sm_90 GPU (H100, H200) with head dim 64 or 128
+and a sequence length that is a multiple of 128; `unsupported_reason` says why other inputs
+are refused. `deterministic=True` adds dQ in a fixed order (bit-identical from run to run),
+else in the order the shares arrive, as FA3 does by default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from systems.attention.flash_triton.launch import _sm_count
+from systems.attention.gluon.backward_kernel import (
+    BLOCK_N,
+    CONSUMER_WARPS,
+    finish_kernel,
+    gluon_backward_kernel,
+    prepare_kernel,
+    warpgroup_block,
+)
+from systems.kernel_runtime.triton_build import build_for_hopper
+
+SM_REGISTERS = 65536
+HEAD_DIMS = (64, 128)
+PREPARE_ROWS = 64  # rows per program of the kernels before and after the backward
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    # Query rows per tile: 64, or 128 (FA3's at d = 64; at d = 128 the buffers of 128-row
+    # tiles outgrow shared memory).
+    block_m: int
+    num_stages: int  # depth of the Q/dO/LSE/D ring
+    producer_warps: int
+    worker_regs: int  # registers per thread the producer and dQ writers keep
+    async_mma: bool  # overlap softmax and dS^T's store with the tensor cores
+    ordered: bool  # dQ added in a fixed order: deterministic
+    # The order programs launch and walk their query tiles in (SCHEDULES). A key block
+    # sees every query tile at or below its diagonal (causal), so the first key block's
+    # program is the longest; unordered, launching it first packs the SMs best.
+    schedule: str
+    # dQ writer warps: with 2, each owns a slot (every other tile), so that one waits for
+    # its reduction to land while the other reduces the next tile.
+    writers: int
+
+    @property
+    def max_regs(self) -> int:
+        """The launch's cap: all warps (workers rounded up to warpgroups) times it fill the
+        SM's registers; setmaxnreg then moves what the workers give up to the consumers."""
+        return register_cap(CONSUMER_WARPS + -(-(self.producer_warps + self.writers) // 4) * 4)
+
+
+def register_cap(warps: int) -> int:
+    """Registers per thread (a multiple of 8) at which `warps` warps fill an SM's registers:
+    a warp-specialised launch's maxnreg, from which setmaxnreg moves the workers' spare
+    registers to the consumers."""
+    return SM_REGISTERS // (32 * warps) // 8 * 8
+
+
+# gluon_kernels.py's docstring says what each does.
+SCHEDULES = ("longest_first", "shortest_first", "alternating")
+
+
+def _config(block_m: int, async_mma: bool, ordered: bool, schedule: str,
+            writers: int) -> GluonConfig:
+    return GluonConfig(block_m=block_m, num_stages=2, producer_warps=1, worker_regs=24,
+                       async_mma=async_mma, ordered=ordered, schedule=schedule,
+                       writers=writers)
+
+
+# The fastest config per (head dim, deterministic) in H100 runs of the study at 16 x 16384
+# (studies/attention_gluon_backward/study.py; docs/attention.md, "The backward in Gluon" and
+# "Query tiles of 128 rows"). At d = 64 FA3's tiles of 128 query rows halve the tiles per
+# key block; at d = 128 their buffers outgrow shared memory. Overlapped MMAs leave too few
+# registers at d = 128. Ordered configs alternate, which no length can deadlock
+# (`_check_launch_order`).
+CONFIGS: dict[tuple[int, bool], GluonConfig] = {
+    (64, False): _config(128, async_mma=True, ordered=False, schedule="longest_first",
+                         writers=1),
+    (64, True): _config(128, async_mma=False, ordered=True, schedule="alternating", writers=2),
+    (128, False): _config(64, async_mma=False, ordered=False, schedule="longest_first",
+                          writers=2),
+    (128, True): _config(64, async_mma=False, ordered=True, schedule="alternating", writers=2),
+}
+
+
+def unsupported_setting(device: torch.device, dtype: torch.dtype, seq: int) -> str | None:
+    """Why the Gluon backward cannot run on this device, dtype and sequence length; None if
+    it can (`unsupported_reason` checks the rest)."""
+    if device.type != "cuda":
+        return f"needs a CUDA device, got {device}"
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return f"needs an sm_90 GPU (H100, H200), got {torch.cuda.get_device_name(device)}"
+    if dtype != torch.bfloat16:
+        return f"needs bf16, got {dtype}"
+    if seq == 0 or seq % BLOCK_N:
+        return f"needs a sequence length that is a positive multiple of {BLOCK_N}, got {seq}"
+    return None
+
+
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       is_causal: bool) -> str | None:
+    """Why the Gluon backward cannot take these inputs; None if it can."""
+    if not is_causal:
+        return "needs is_causal=True"
+    if q.dim() < 2 or q.shape != k.shape or q.shape != v.shape:
+        return (f"needs q, k and v of one (..., seq, d) shape, got {tuple(q.shape)}, "
+                f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if {t.dtype for t in (q, k, v)} != {q.dtype} or {t.device for t in (q, k, v)} != {q.device}:
+        return (f"needs q, k and v of one dtype on one device, got {q.dtype}, {k.dtype}, "
+                f"{v.dtype} on {q.device}, {k.device}, {v.device}")
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"needs head dim in {HEAD_DIMS}, got {q.shape[-1]}"
+    return unsupported_setting(q.device, q.dtype, q.shape[-2])
+
+
+def descriptor_specs(config: GluonConfig, head_dim: int
+                     ) -> dict[str, tuple[str, list[int], object]]:
+    """(Triton dtype, block shape, shared layout) of each descriptor parameter; the launch's
+    descriptors and the sm_90 build check's signature both come from here."""
+    block_m = config.block_m
+    specs: dict[str, tuple[str, list[int], object]] = {}
+    for name, dtype, block in (("q_desc", gl.bfloat16, [block_m, head_dim]),
+                               ("do_desc", gl.bfloat16, [block_m, head_dim]),
+                               ("k_desc", gl.bfloat16, [BLOCK_N, head_dim]),
+                               ("v_desc", gl.bfloat16, [BLOCK_N, head_dim]),
+                               ("lse_desc", gl.float32, [block_m]),
+                               ("delta_desc", gl.float32, [block_m]),
+                               # each consumer warpgroup hands over its block of dQ:
+                               # half of d of 64 rows, or 64 rows of 128
+                               ("dq_desc", gl.float32,
+                                warpgroup_block(block_m, head_dim, CONSUMER_WARPS))):
+        layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+        specs[name] = ("bf16" if dtype == gl.bfloat16 else "fp32", block, layout)
+    return specs
+
+
+def constexprs(head_dim: int, config: GluonConfig) -> dict[str, object]:
+    return {"SM_SCALE": head_dim ** -0.5, "NUM_STAGES": config.num_stages,
+            "PRODUCER_WARPS": config.producer_warps, "WORKER_REGS": config.worker_regs,
+            "ASYNC_MMA": config.async_mma, "ORDERED": config.ordered,
+            "SCHEDULE": config.schedule, "WRITERS": config.writers}
+
+
+def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                   lse: torch.Tensor, do: torch.Tensor, is_causal: bool,
+                   deterministic: bool = True, config: GluonConfig | None = None,
+                   poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) shaped like q, k, v from flash_forward's o and L (natural log, shape
+    (..., seq)); inputs of any strides (copied to contiguous rows where they are not).
+    `config` overrides the one CONFIGS holds for (d, deterministic); `poison` fills every
+    buffer the kernels write (D, the dQ accumulator, dq, dk, dv) with NaN first, so that
+    an element they skip shows."""
+    reason = unsupported_reason(q, k, v, is_causal)
+    if reason is not None:
+        raise ValueError(f"the Gluon backward {reason}")
+    seq, head_dim = q.shape[-2:]
+    config = config or CONFIGS[head_dim, deterministic]
+    if config.writers not in (1, 2) or config.block_m not in (64, 128) or (
+            config.schedule not in SCHEDULES):
+        raise ValueError(f"{config}: writers must be 1 or 2, block_m 64 or 128, and the "
+                         f"schedule one of {SCHEDULES}")
+    _check_launch_order(config, seq // BLOCK_N, q.device)
+    q2, k2, v2, o2, do2 = (aligned_rows(t) for t in (q, k, v, o, do))
+    rows = q2.shape[0]
+
+    def new(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return output_buffer(like.shape, dtype, like.device, poison)
+
+    delta, acc = new(lse, torch.float32), new(q2, torch.float32)
+    dq, dk, dv = new(q2, q.dtype), new(k2, k.dtype), new(v2, v.dtype)
+    prepare(o2, do2, delta.view(-1), acc)
+    semaphores = torch.zeros(rows // config.block_m if config.ordered else 1,
+                             dtype=torch.int32, device=q.device)
+    flat = {"q_desc": q2, "do_desc": do2, "k_desc": k2, "v_desc": v2,
+            "lse_desc": aligned_rows(lse[..., None]).view(-1), "delta_desc": delta.view(-1),
+            "dq_desc": acc}
+    descs = descriptors(descriptor_specs(config, head_dim), flat)
+    gluon_backward_kernel[(seq // BLOCK_N, rows // seq)](
+        *descs, dk, dv, semaphores, seq, **constexprs(head_dim, config),
+        num_warps=CONSUMER_WARPS, maxnreg=config.max_regs)
+    finish(acc, dq)
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+
+
+def output_buffer(shape: torch.Size | tuple[int, ...], dtype: torch.dtype,
+                  device: torch.device, poison: bool) -> torch.Tensor:
+    """A buffer a kernel writes whole: empty, or, `poison`, NaN (an element it skips shows)."""
+    if poison:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def descriptors(specs: dict[str, tuple[str, list[int], object]],
+                tensors: dict[str, torch.Tensor]) -> list[TensorDescriptor]:
+    """A TMA descriptor per `descriptor_specs` entry, in its order, over `tensors[name]`."""
+    return [TensorDescriptor.from_tensor(tensors[name], block, layout)
+            for name, (_, block, layout) in specs.items()]
+
+
+def descriptor_signature(specs: dict[str, tuple[str, list[int], object]]) -> dict[str, str]:
+    """Triton's type of each descriptor parameter, for a build without a launch."""
+    return {name: f"tensordesc<{dtype}{block},{layout!r}>"
+            for name, (dtype, block, layout) in specs.items()}
+
+
+def _check_launch_order(config: GluonConfig, key_blocks: int, device: torch.device) -> None:
+    """Ordered, a key block waits for the key blocks before it in its query tiles' order.
+    Shortest first or alternating, those started before it: it always waits on programs
+    that run. Longest first, they start after it, which needs every key block of a matrix
+    resident at once (one program per SM: its shared memory is over half an SM's), or the
+    waiting programs fill the GPU and the ones they wait for never start."""
+    sms = _sm_count(device)
+    if config.ordered and config.schedule == "longest_first" and key_blocks > sms:
+        raise ValueError(f"ordered with the longest programs first needs at most one key "
+                         f"block per SM ({sms}), got {key_blocks}: it would deadlock; "
+                         "alternate or launch the shortest first")
+
+
+def aligned_rows(t: torch.Tensor) -> torch.Tensor:
+    """t as contiguous (rows, d), copied where it is not, or where its start is not 16-byte
+    aligned (TMA descriptors need both)."""
+    rows = t.reshape(-1, t.shape[-1])
+    if rows.is_contiguous() and rows.data_ptr() % 16 == 0:
+        return rows
+    return rows.clone(memory_format=torch.contiguous_format)
+
+
+def prepare(o: torch.Tensor, do: torch.Tensor, delta: torch.Tensor, acc: torch.Tensor
+            ) -> None:
+    """D = rowsum(O * dO) into `delta` (rows,) and zeros into the fp32 dQ accumulator `acc`
+    (rows, d), from contiguous (rows, d) o and do."""
+    rows, head_dim = o.shape
+    prepare_kernel[(rows // PREPARE_ROWS,)](o, do, delta, acc, HEAD_DIM=head_dim,
+                                            ROWS=PREPARE_ROWS)
+
+
+def finish(acc: torch.Tensor, dq: torch.Tensor) -> None:
+    """dQ (rows, d) of its own dtype from the accumulator of the unscaled dS K."""
+    rows, head_dim = acc.shape
+    finish_kernel[(rows // PREPARE_ROWS,)](acc, dq, head_dim ** -0.5, HEAD_DIM=head_dim,
+                                           ROWS=PREPARE_ROWS)
+
+
+def build(head_dim: int, config: GluonConfig) -> dict[str, int | list[int]]:
+    """The backward kernel built for sm_90 as a launch specialises it, on any machine
+    (TRITON_INTERPRET=0): shared bytes per block, registers and stack bytes per thread,
+    and the register counts its partitions set (`systems.kernel_runtime.triton_build`)."""
+    values = constexprs(head_dim, config)
+    signature = {"dK": "*bf16", "dV": "*bf16", "semaphores": "*i32", "n_q": "i32"}
+    signature |= {name: "constexpr" for name in values}
+    signature |= descriptor_signature(descriptor_specs(config, head_dim))
+    return build_for_hopper(gluon_backward_kernel, signature, values,
+                            num_warps=CONSUMER_WARPS, num_stages=1, maxnreg=config.max_regs)

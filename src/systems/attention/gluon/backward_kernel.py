@@ -1,0 +1,444 @@
+"""The fused causal backward for Hopper in Gluon (Triton's explicit dialect): FA3's schedule.
+
+One program per (key block of 128 keys, matrix) runs the 5 tile matmuls of every query tile
+at or below the block's diagonal, split into warp-specialised roles:
+
+- a producer warp loads K and V once, then each query tile's Q, dO, LSE and D by TMA into a
+  ring of shared buffers guarded by mbarriers, and gives its registers up (setmaxnreg);
+- two consumer warpgroups, each owning 64 of the 128 keys, compute S^T, P^T, dP^T, dS^T and
+  accumulate dV and dK in registers; they swap dS^T through shared memory and multiply the
+  query tile's dQ share, each warpgroup half of it: half of its columns for a tile of 64
+  query rows, 64 of its rows for a tile of 128 (`warpgroup_block`);
+- a dQ writer warp (or two, each owning one of the ring's two slots) takes each
+  warpgroup's half as it is handed over on the warpgroup's own named barriers and adds it
+  into the fp32 dQ accumulator with a TMA bulk reduction (done by the copy engine).
+
+ORDERED adds a query tile's shares in a fixed order through one int32 semaphore per query
+tile: a writer waits until the tile's count says it is its key block's turn, waits for its
+own reductions to land in global memory, then bumps the count. dQ is then bit-for-bit the
+same from run to run. The order follows the SCHEDULE, so that a program waits only for key
+blocks of its matrix launched before it (every wait ends) and, started as the schedule
+starts them, those reach each query tile about a step ahead of it (little wait):
+
+- "shortest_first": key blocks launched last to first (the shortest programs first), each
+  walking its query tiles up from the diagonal; a tile's shares added last to first.
+- "alternating": even matrices as "shortest_first"; odd matrices launch first to last
+  (the longest first), walk their query tiles down to the diagonal and add first to
+  last. The long programs of odd matrices fill the SMs the short ones of even matrices
+  free, so the last wave is not left to the longest programs.
+- "longest_first": key blocks first to last, tiles up, shares last to first: a wait ends
+  only if every key block of the matrix is resident at once, which the launch code checks
+  (`gluon_launch._check_launch_order`). Unordered, it is the best packing.
+
+`prepare` (D = rowsum(O * dO) and the zeroed accumulator) and `finish` (dQ = acc * scale,
+cast) are plain Triton kernels launched before and after.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton._C.libtriton import ir
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+import systems.kernel_runtime.interpreter  # noqa: F401 - sets TRITON_INTERPRET before the kernels exist
+
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+BLOCK_N = 128  # keys per program: 64 per consumer warpgroup
+CONSUMER_WARPS = 8
+KEY_BLOCK: gl.constexpr = gl.constexpr(BLOCK_N)
+# Named barriers of the half hand-off, of 160 threads each (a consumer warpgroup and the
+# writer warp; ids 0 and 1 are Triton's): the writer waits on FULL + 2 * slot + warpgroup
+# for a half, the warpgroup on EMPTY + 2 * slot + itself for the slot to be free again.
+HANDOFF_THREADS: gl.constexpr = gl.constexpr(160)
+FULL_BARRIER: gl.constexpr = gl.constexpr(8)
+EMPTY_BARRIER: gl.constexpr = gl.constexpr(12)
+# Triton 3.6 names the CTA-wide barrier `thread_barrier`, later releases `barrier`.
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+@builtin
+def _tma_reduce_add(desc, coord, src, _semantic=None):
+    # cp.reduce.async.bulk.tensor (add) from shared memory: Gluon's builder has the op, its
+    # hopper `tma` module does not wrap it.
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle,
+                                              coord, src.handle)
+
+
+# Inline PTX for what Gluon does not wrap. Each returns a dummy value (inline asm must
+# return one); none but the thread index is pure, so none is dropped or moved across
+# memory operations.
+@gluon.jit
+def _thread_index():
+    return gl.inline_asm_elementwise("mov.u32 $0, %tid.x;", "=r", [], dtype=gl.int32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def named_sync(barrier, threads):
+    """bar.sync on a named barrier of `threads` threads (a multiple of 32): waits for the
+    others."""
+    gl.inline_asm_elementwise("bar.sync $1, $2; mov.u32 $0, 0;", "=r,r,r,~{memory}",
+                              [barrier, threads], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def named_arrive(barrier, threads):
+    """bar.arrive on a named barrier of `threads` threads: signals, never waits."""
+    gl.inline_asm_elementwise("bar.arrive $1, $2; mov.u32 $0, 0;", "=r,r,r,~{memory}",
+                              [barrier, threads], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _wait_turn(semaphore, turn):
+    """Spins until a query tile's semaphore reaches `turn` (acquire at GPU scope), then
+    orders the copy engine's coming reduction after it."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .b32 v; wait_turn: ld.acquire.gpu.global.b32 v, [$1]; "
+        "setp.ne.s32 p, v, $2; @p bra wait_turn; fence.proxy.async.global; mov.u32 $0, v; }",
+        "=r,l,r,~{memory}", [semaphore, turn], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pass_turn(semaphore):
+    """Lane 0, the lane that issued the bulk reductions, waits until they are written to
+    global memory (not only read from shared memory), then bumps the tile's semaphore
+    with release semantics at GPU scope."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .u32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0; "
+        "@p cp.async.bulk.wait_group 0; @p fence.proxy.async.global; "
+        "@p red.release.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0; }",
+        "=r,l,~{memory}", [semaphore], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _program(BLOCK: gl.constexpr, SCHEDULE: gl.constexpr):
+    """(matrix, first key, descending) of this program. `descending` is 1 where it walks
+    its query tiles down to the diagonal: odd matrices when alternating. Those, and all
+    under "longest_first", launch key blocks first to last. Each partition asks for
+    itself rather than taking them as arguments."""
+    bh = gl.program_id(1)
+    descending = (bh % 2) * (SCHEDULE == "alternating")
+    longest = descending + (SCHEDULE == "longest_first")
+    pid = gl.program_id(0)
+    key_block = pid + (1 - longest) * (gl.num_programs(0) - 1 - 2 * pid)
+    return bh, key_block * BLOCK, descending
+
+
+@gluon.jit
+def _tile_of(step, n_tiles, descending):
+    """The query tile (from the key block's diagonal) a program takes at `step`: up from
+    the diagonal, or down to it where `descending` (0 or 1)."""
+    return step + descending * (n_tiles - 1 - 2 * step)
+
+
+@gluon.constexpr_function
+def mma_layout(rows, cols, num_warps):
+    # Warpgroups stack along rows while each keeps >= 64 of them (FA3's split of the keys
+    # for S^T, dK, dV; dQ of a 128-row tile), then split the columns (dQ of a 64-row tile:
+    # half of d each).
+    along_rows = min(num_warps, max(4, rows // 16))
+    along_cols = num_warps // along_rows
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[along_rows, along_cols],
+                                     instr_shape=[16, cols // along_cols, 16])
+
+
+@gluon.constexpr_function
+def warpgroup_block(rows, cols, num_warps):
+    """[rows, cols] of the block of a rows x cols `mma_layout` tile that one warpgroup
+    holds: the part of a dQ share each consumer warpgroup hands over (dq_desc's box)."""
+    along_rows, along_cols = mma_layout(rows, cols, num_warps).warps_per_cta
+    return [rows * 4 // along_rows, cols // along_cols]
+
+
+@gluon.jit
+def _load_partition(descs, bufs, bars, n_q, SCHEDULE: gl.constexpr):
+    """Producer: K and V once, then each query tile's Q, dO, LSE and D into the ring."""
+    q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc = descs
+    bh, k_start, descending = _program(k_desc.block_type.shape[0], SCHEDULE)
+    q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem = bufs
+    ready, empty, kv_bar = bars
+    NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
+    row0 = bh * n_q
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [row0 + k_start, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [row0 + k_start, 0], kv_bar, v_smem)
+    tile_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes
+    n_tiles = (n_q - k_start) // BLOCK_M
+    for i in range(n_tiles):
+        stage = i % NUM_STAGES
+        # Barriers start as if phase 1 completed: the first pass over the ring waits on nothing.
+        mbarrier.wait(empty.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
+        row = row0 + k_start + _tile_of(i, n_tiles, descending) * BLOCK_M
+        bar = ready.index(stage)
+        mbarrier.expect(bar, tile_bytes)
+        tma.async_copy_global_to_shared(q_desc, [row, 0], bar, q_bufs.index(stage))
+        tma.async_copy_global_to_shared(do_desc, [row, 0], bar, do_bufs.index(stage))
+        tma.async_copy_global_to_shared(lse_desc, [row], bar, lse_bufs.index(stage))
+        tma.async_copy_global_to_shared(delta_desc, [row], bar, delta_bufs.index(stage))
+
+
+@gluon.jit
+def _tile(i, tile, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale,
+          HEAD_DIM: gl.constexpr, MASKED: gl.constexpr, ASYNC: gl.constexpr):
+    """Step i, query tile `tile` (from the diagonal): dV += P^T dO, dK += dS^T Q, and the
+    tile's dQ share dS K (unscaled) handed to the writers. ASYNC overlaps the softmax with
+    dP^T and the dS^T store with dV and dK."""
+    q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem = bufs
+    ready, empty, kv_bar = bars
+    NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
+    BLOCK_N: gl.constexpr = k_smem.type.shape[0]
+    s_layout: gl.constexpr = mma_layout(BLOCK_N, BLOCK_M, gl.num_warps())
+    kv_layout: gl.constexpr = mma_layout(BLOCK_N, HEAD_DIM, gl.num_warps())
+    dq_layout: gl.constexpr = mma_layout(BLOCK_M, HEAD_DIM, gl.num_warps())
+    # P^T and dS^T feed the dV and dK matmuls from registers, as FA3 does.
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    stage = i % NUM_STAGES
+    q_start = k_start + tile * BLOCK_M
+    mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
+    q_s = q_bufs.index(stage)
+    do_s = do_bufs.index(stage)
+    # LSE and D are rows of BLOCK_M / 4 registers a thread each. For 64 query rows both are
+    # loaded as the tile starts (the build the library's configs were timed with). For 128
+    # that spills, so D seeds dP^T's accumulator instead (the tensor cores give dP^T - D,
+    # and D's registers are free before the softmax) and LSE is loaded where the softmax
+    # takes it.
+    SEED_DP: gl.constexpr = BLOCK_M >= 128
+    if not SEED_DP:
+        lse2 = gl.expand_dims(lse_bufs.index(stage).load(row_layout) * LOG2E, 0)
+        delta = gl.expand_dims(delta_bufs.index(stage).load(row_layout), 0)
+
+    zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    s_t = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_s, use_acc=False, is_async=ASYNC)
+    if SEED_DP:
+        minus_delta = zero_s - gl.expand_dims(delta_bufs.index(stage).load(row_layout), 0)
+        dp_t = warpgroup_mma(v_smem, do_s.permute((1, 0)), minus_delta, is_async=ASYNC)
+    else:
+        dp_t = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_s, use_acc=False,
+                             is_async=ASYNC)
+    if ASYNC:  # the softmax runs while dP^T is in flight
+        s_t = warpgroup_mma_wait(1, deps=(s_t,))
+    if SEED_DP:
+        lse2 = gl.expand_dims(lse_bufs.index(stage).load(row_layout) * LOG2E, 0)
+    p_t = gl.exp2(s_t * qk_scale - lse2)
+    if MASKED:  # the key block's diagonal tiles
+        rows = q_start + gl.arange(0, BLOCK_M, row_layout)
+        p_t = gl.where(gl.expand_dims(rows, 0) >= gl.expand_dims(keys, 1), p_t, 0.0)
+    p_op = gl.convert_layout(p_t.to(gl.bfloat16), a_layout)
+    if ASYNC:
+        dp_t = warpgroup_mma_wait(0, deps=(dp_t,))
+    dv = warpgroup_mma(p_op, do_s, dv, is_async=ASYNC)
+    if not SEED_DP:
+        dp_t = dp_t - delta
+    ds_t = (p_t * dp_t).to(gl.bfloat16)
+    ds_op = gl.convert_layout(ds_t, a_layout)
+    dk = warpgroup_mma(ds_op, q_s, dk, is_async=ASYNC)
+
+    # dQ needs all 128 keys' dS: both warpgroups put theirs in shared memory. Two buffers,
+    # so one warpgroup's next store cannot overwrite what the other still multiplies.
+    ds_s = ds_bufs.index(i % 2)
+    ds_s.store(ds_t)
+    fence_async_shared()  # dS^T (and the LSE/D reads) ordered before async-proxy use
+    if ASYNC:  # register operands stay live until their matmuls are done
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+    _cta_barrier()  # both halves stored; both warpgroups are past Q and dO
+    mbarrier.arrive(empty.index(stage), count=1)  # dQ's matmul reads only dS^T and K
+    zero_q = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+    dq = warpgroup_mma(ds_s.permute((1, 0)), k_smem, zero_q, use_acc=False)
+    # Warpgroup w holds its block of dq (`warpgroup_block`) and hands it over alone.
+    own = (i % 2) * 2 + _thread_index() // 128
+    if i >= 2:  # the slot's share of two tiles ago is reduced
+        named_sync(EMPTY_BARRIER + own, HANDOFF_THREADS)
+    dq_bufs.index(i % 2).store(dq)
+    fence_async_shared()
+    named_arrive(FULL_BARRIER + own, HANDOFF_THREADS)
+    return dk, dv
+
+
+@gluon.jit
+def _dq_partition(dq_desc, dq_bufs, semaphores, n_q, SCHEDULE: gl.constexpr,
+                  ORDERED: gl.constexpr, WRITER: gl.constexpr, WRITERS: gl.constexpr):
+    """dQ writer WRITER of WRITERS (steps WRITER, WRITER + WRITERS, ...): each tile's two
+    halves reduced into the accumulator as their warpgroups hand them over; ORDERED first
+    waits for the key blocks before this one in the tile's order to have added theirs
+    (`semaphores`: one per query tile of every matrix, counting the key blocks done)."""
+    BLOCK_M: gl.constexpr = dq_bufs.type.shape[1]
+    # A warpgroup's block (dq_desc's box): 64 of the share's rows, or half of its columns.
+    ROWS: gl.constexpr = dq_desc.block_type.shape[0]
+    COLS: gl.constexpr = dq_desc.block_type.shape[1]
+    bh, k_start, descending = _program(KEY_BLOCK, SCHEDULE)
+    row0 = bh * n_q + k_start
+    n_tiles = (n_q - k_start) // BLOCK_M
+    semaphores = semaphores + bh * (n_q // BLOCK_M)
+    key_block = k_start // KEY_BLOCK
+    for i in range(WRITER, n_tiles, WRITERS):
+        tile = _tile_of(i, n_tiles, descending)
+        q_start = k_start + tile * BLOCK_M
+        if ORDERED:  # walking down, key blocks add first to last; up, the diagonal's first
+            last_key_block = (q_start + BLOCK_M - 1) // KEY_BLOCK
+            turn = last_key_block - key_block + descending * (2 * key_block - last_key_block)
+            _wait_turn(semaphores + q_start // BLOCK_M, turn)
+        for half in gl.static_range(2):
+            named_sync(FULL_BARRIER + (i % 2) * 2 + half, HANDOFF_THREADS)
+            if ROWS < BLOCK_M:
+                _tma_reduce_add(dq_desc, [row0 + tile * BLOCK_M + half * ROWS, 0],
+                                dq_bufs.index(i % 2).slice(half * ROWS, ROWS, dim=0))
+            else:
+                _tma_reduce_add(dq_desc, [row0 + tile * BLOCK_M, half * COLS],
+                                dq_bufs.index(i % 2).slice(half * COLS, COLS, dim=1))
+        tma.store_wait(0)  # both halves read: the slot may be refilled
+        if i < n_tiles - 2:  # the consumers wait on a slot from their third tile on
+            for half in gl.static_range(2):
+                named_arrive(EMPTY_BARRIER + (i % 2) * 2 + half, HANDOFF_THREADS)
+        if ORDERED:
+            _pass_turn(semaphores + q_start // BLOCK_M)
+
+
+@gluon.jit
+def _walk(dk, dv, n_tiles, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale,
+          HEAD_DIM: gl.constexpr, ASYNC: gl.constexpr, DESCENDING: gl.constexpr):
+    """Every query tile of the key block, up from the diagonal or down to it: the
+    diagonal's tiles (masked) come first walking up, last walking down."""
+    BLOCK_M: gl.constexpr = bufs[0].type.shape[1]
+    n_diagonal: gl.constexpr = KEY_BLOCK // BLOCK_M
+    first_masked = n_tiles - n_diagonal if DESCENDING else 0
+    for i in range(first_masked):
+        dk, dv = _tile(i, _tile_of(i, n_tiles, DESCENDING), dk, dv, bufs, bars, ds_bufs,
+                       dq_bufs, keys, k_start, qk_scale, HEAD_DIM, False, ASYNC)
+    for i in range(first_masked, first_masked + n_diagonal):
+        dk, dv = _tile(i, _tile_of(i, n_tiles, DESCENDING), dk, dv, bufs, bars, ds_bufs,
+                       dq_bufs, keys, k_start, qk_scale, HEAD_DIM, True, ASYNC)
+    for i in range(first_masked + n_diagonal, n_tiles):
+        dk, dv = _tile(i, _tile_of(i, n_tiles, DESCENDING), dk, dv, bufs, bars, ds_bufs,
+                       dq_bufs, keys, k_start, qk_scale, HEAD_DIM, False, ASYNC)
+    return dk, dv
+
+
+@gluon.jit
+def _compute_partition(bufs, bars, ds_bufs, dq_bufs, dK, dV, n_q, SCHEDULE: gl.constexpr,
+                       SM_SCALE: gl.constexpr, HEAD_DIM: gl.constexpr, ASYNC: gl.constexpr):
+    """Consumers (the default partition, two warpgroups): every query tile at or below the
+    key block's diagonal, then dK (scaled) and dV stored as bf16."""
+    q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem = bufs
+    ready, empty, kv_bar = bars
+    BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
+    BLOCK_N: gl.constexpr = k_smem.type.shape[0]
+    s_layout: gl.constexpr = mma_layout(BLOCK_N, BLOCK_M, gl.num_warps())
+    kv_layout: gl.constexpr = mma_layout(BLOCK_N, HEAD_DIM, gl.num_warps())
+    qk_scale = SM_SCALE * LOG2E
+    bh, k_start, descending = _program(BLOCK_N, SCHEDULE)
+    keys = k_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, s_layout))
+
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    mbarrier.wait(kv_bar, 0)
+    n_tiles = (n_q - k_start) // BLOCK_M
+    # Each direction's loops built for it: one set of loops with the direction a runtime
+    # value spills more at d = 128, where dK and dV fill the registers.
+    if descending:
+        dk, dv = _walk(dk, dv, n_tiles, bufs, bars, ds_bufs, dq_bufs, keys, k_start,
+                       qk_scale, HEAD_DIM, ASYNC, True)
+    else:
+        dk, dv = _walk(dk, dv, n_tiles, bufs, bars, ds_bufs, dq_bufs, keys, k_start,
+                       qk_scale, HEAD_DIM, ASYNC, False)
+
+    rows = k_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, kv_layout))
+    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, kv_layout))
+    matrix = (bh * n_q).to(gl.int64) * HEAD_DIM
+    offsets = matrix + gl.expand_dims(rows, 1) * HEAD_DIM + gl.expand_dims(cols, 0)
+    gl.store(dK + offsets, (dk * SM_SCALE).to(gl.bfloat16))
+    gl.store(dV + offsets, dv.to(gl.bfloat16))
+
+
+@gluon.jit
+def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_desc,
+                          dK, dV, semaphores, n_q, SM_SCALE: gl.constexpr,
+                          NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
+                          WORKER_REGS: gl.constexpr, ASYNC_MMA: gl.constexpr,
+                          ORDERED: gl.constexpr, SCHEDULE: gl.constexpr,
+                          WRITERS: gl.constexpr):
+    """Grid (key blocks, matrices); causal; rows of all matrices stacked ((bh * n_q, d)
+    descriptors, n_q a multiple of BLOCK_N). SCHEDULE ("longest_first", "shortest_first"
+    or "alternating", above) sets the order key blocks launch in, the order each walks
+    its query tiles, and, ORDERED, the order of a tile's shares. dq_desc covers an fp32
+    (bh * n_q, d) accumulator, zeroed, in boxes of the block of a query tile's share that
+    a warpgroup holds (`warpgroup_block`); dK, dV are bf16; semaphores int32
+    (bh, n_q / BLOCK_M), zero (read only if ORDERED)."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK: gl.constexpr = k_desc.block_type.shape[0]
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM],
+                                       q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM],
+                                        do_desc.layout)
+    lse_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], lse_desc.layout)
+    delta_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M],
+                                           delta_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [BLOCK, HEAD_DIM], v_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, BLOCK_M],
+                                                                   gl.bfloat16)
+    ds_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK, BLOCK_M], ds_layout)
+    # Two slots of a whole dQ share (dq_desc's box is half of it; fp32 rows of >= 32
+    # columns take the same 128-byte swizzle either way).
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], dq_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    mbarrier.init(kv_bar, count=1)
+
+    descs = (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc)
+    bufs = (q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem)
+    bars = (ready, empty, kv_bar)
+    # Gluon keeps neither a partition list nor a tuple of constexprs in a variable: one
+    # warp_specialize call per writer count.
+    if WRITERS == 1:
+        gl.warp_specialize([
+            (_compute_partition, (bufs, bars, ds_bufs, dq_bufs, dK, dV, n_q, SCHEDULE,
+                                  SM_SCALE, HEAD_DIM, ASYNC_MMA)),
+            (_load_partition, (descs, bufs, bars, n_q, SCHEDULE)),
+            (_dq_partition, (dq_desc, dq_bufs, semaphores, n_q, SCHEDULE, ORDERED, 0, 1)),
+        ], [PRODUCER_WARPS, 1], [WORKER_REGS, WORKER_REGS])
+    else:  # two writers, each on its slot
+        gl.warp_specialize([
+            (_compute_partition, (bufs, bars, ds_bufs, dq_bufs, dK, dV, n_q, SCHEDULE,
+                                  SM_SCALE, HEAD_DIM, ASYNC_MMA)),
+            (_load_partition, (descs, bufs, bars, n_q, SCHEDULE)),
+            (_dq_partition, (dq_desc, dq_bufs, semaphores, n_q, SCHEDULE, ORDERED, 0, 2)),
+            (_dq_partition, (dq_desc, dq_bufs, semaphores, n_q, SCHEDULE, ORDERED, 1, 2)),
+        ], [PRODUCER_WARPS, 1, 1], [WORKER_REGS] * 3)
+
+
+@triton.jit
+def prepare_kernel(Out, dOut, Delta, Acc, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+    """D = rowsum(O * dO) in fp32, and the rows' dQ accumulator zeroed, in one pass."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    offsets = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    o = tl.load(Out + offsets).to(tl.float32)
+    tl.store(Delta + rows, tl.sum(o * tl.load(dOut + offsets).to(tl.float32), axis=1))
+    tl.store(Acc + offsets, tl.zeros([ROWS, HEAD_DIM], tl.float32))
+
+
+@triton.jit
+def finish_kernel(Acc, dQ, scale, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+    """dQ = accumulator * scale, cast to dQ's type, in one pass."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    offsets = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    tl.store(dQ + offsets, (tl.load(Acc + offsets) * scale).to(dQ.dtype.element_ty))

@@ -1,0 +1,1 @@
+"""Pieces every attention implementation shares: the causal mask, input checks, autograd helpers."""

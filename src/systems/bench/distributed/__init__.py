@@ -1,0 +1,1 @@
+"""Benchmarks of data-parallel training and all-reduce (`systems dist`), run on every rank."""

@@ -1,0 +1,3 @@
+from systems.bench.distributed.cli import main
+
+main()

@@ -1,0 +1,95 @@
+"""`torchrun --nproc-per-node N -m systems dist {allreduce,train} ...`.
+
+The same rank-side benchmarks as tests/perf/test_distributed.py, joined through env://
+rendezvous so they run on one node or across nodes; rank 0 prints one JSON line per result
+with the max over ranks of each rank's timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch.distributed as dist
+
+from systems.bench.distributed.allreduce import bandwidths, timed_allreduces
+from systems.bench.distributed.train_step import (
+    DATA_PARALLEL_OPTIMIZERS,
+    DEFAULT_BUCKET_SIZE_MB,
+    VARIANTS,
+    TrainSpec,
+    setup_train,
+    train_round,
+)
+from systems.cli_flags import (
+    add_batch_size,
+    add_bucket_size_mb,
+    add_seq_len,
+    add_size,
+    add_warmup_steps,
+)
+from systems.common.cli_help import HelpFormatter
+from systems.distributed.launch import worker_state
+from systems.distributed.process_group import init_from_env
+
+
+def _max_over_ranks(value: float) -> float:
+    gathered = [0.0] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return max(gathered)
+
+
+def _allreduce(args: argparse.Namespace) -> list[dict]:
+    results = []
+    for size_mb in args.sizes_mb:
+        size = int(size_mb * 10**6)
+        timed_allreduces(size, 2)  # warm-up
+        times = [_max_over_ranks(t) for t in timed_allreduces(size, args.iterations)]
+        seconds = statistics.median(times)
+        results.append({"size_bytes": size, "seconds": seconds,
+                        **bandwidths(size, seconds, dist.get_world_size())})
+    return results
+
+
+def _train(args: argparse.Namespace) -> list[dict]:
+    spec = TrainSpec(args.variant, args.size, args.batch_size, args.seq_len, args.bucket_size_mb,
+                     args.optimizer)
+    setup_train(spec)
+    steps = [train_round() for _ in range(args.warmup + args.steps)][args.warmup:]
+    step = statistics.median(_max_over_ranks(s["step_s"]) for s in steps)
+    return [{"spec": vars(spec), "step_s": step}]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torchrun ... -m systems dist",
+                                     description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl on GPUs")
+    commands = parser.add_subparsers(dest="command", required=True)
+    allreduce = commands.add_parser("allreduce", help="all-reduce of float32 tensors",
+                                    formatter_class=HelpFormatter)
+    allreduce.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 10, 100, 1000],
+                           help="message sizes")
+    allreduce.add_argument("--iterations", type=int, default=10, help="timed all-reduces")
+    train = commands.add_parser("train", help="data-parallel train steps",
+                                formatter_class=HelpFormatter)
+    train.add_argument("--variant", choices=VARIANTS, default="bucketed", help="DDP variant")
+    add_bucket_size_mb(train, default=DEFAULT_BUCKET_SIZE_MB, retired=("--bucket-mb",))
+    add_size(train, default="xl", retired=("--model",))
+    add_batch_size(train, default=8, help="sequences per rank", retired=("--batch",))
+    add_seq_len(train, default=128, retired=("--context",))
+    train.add_argument("--optimizer", choices=[o.value for o in DATA_PARALLEL_OPTIMIZERS],
+                       default=DATA_PARALLEL_OPTIMIZERS[0].value, help="optimizer")
+    add_warmup_steps(train, warmup=2, steps=5)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    worker_state["device"] = init_from_env(args.backend)
+    results = _allreduce(args) if args.command == "allreduce" else _train(args)
+    if dist.get_rank() == 0:
+        for result in results:
+            print(json.dumps({"world_size": dist.get_world_size(),
+                              "backend": dist.get_backend(), **result}))
+    dist.destroy_process_group()

@@ -1,3 +1,0 @@
-from systems.distributed.cli import main
-
-main()

@@ -1,0 +1,240 @@
+"""Eager attention calls replayed from C++ (`flash_triton/replay.py`, `replay.cpp`).
+
+A layout's first call plans and launches in Python and keeps its Program; later calls of
+that layout are replayed. Replay runs the same kernels on the same inputs, so its outputs
+must equal the Python path's bit for bit, with every output element written (outputs start
+as NaN here).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from systems.attention.functions import FlashAttentionTriton
+from systems.attention.host_path import replay
+from systems.kernel_runtime.native_build import load_extension
+
+Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _projection_views(device: torch.device) -> Tensors:
+    """(batch, heads, seq, d) views of (batch, seq, heads, d) tensors, as the model has."""
+    return tuple(torch.randn(2, 40, 4, 16, device=device, dtype=torch.bfloat16).transpose(1, 2)
+                 for _ in range(4))
+
+
+def _random(*shapes: tuple[int, ...], dtype: torch.dtype) -> Callable[[torch.device], Tensors]:
+    q_shape, kv_shape = shapes
+
+    def make(device: torch.device) -> Tensors:
+        return tuple(torch.randn(shape, device=device, dtype=dtype)
+                     for shape in (q_shape, kv_shape, kv_shape, q_shape))
+
+    return make
+
+
+# name: (inputs q, k, v, do; causal). Packed and strided layouts, a split head dim (80),
+# n_q != n_k with a split (48) in fp32, and a long sequence at d = 128.
+LAYOUTS = {
+    "packed-bf16-causal": (_random((2, 4, 256, 64), (2, 4, 256, 64), dtype=torch.bfloat16),
+                           True),
+    "projection-views-bf16": (_projection_views, True),
+    "d80-fp16-full": (_random((2, 2, 96, 80), (2, 2, 96, 80), dtype=torch.float16), False),
+    "cross-d48-fp32": (_random((1, 77, 48), (1, 130, 48), dtype=torch.float32), False),
+    "long-d128-bf16": (_random((1, 1, 1024, 128), (1, 1, 1024, 128), dtype=torch.bfloat16),
+                       True),
+}
+
+
+# What autograd calls the node of a call served whole in C++ (replay.attend).
+CPP_NODE = "torch::autograd::CppNode<systems::FlashAttentionTriton>"
+
+
+def _forward_backward(q, k, v, do, is_causal) -> list[torch.Tensor]:
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    o = FlashAttentionTriton.apply(q, k, v, is_causal)
+    return [o, *torch.autograd.grad(o, (q, k, v), do)]
+
+
+def _python_path(q, k, v, do, is_causal) -> list[torch.Tensor]:
+    replay.set_enabled(False)
+    try:
+        return _forward_backward(q, k, v, do, is_causal)
+    finally:
+        replay.set_enabled(True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_replay_serves_repeat_calls_with_the_python_paths_results(layout, device,
+                                                                   poisoned_outputs):
+    make, is_causal = LAYOUTS[layout]
+    inputs = make(device)
+    replay.forget()
+    planned = _forward_backward(*inputs, is_causal)  # the Python path, which keeps Programs
+    before = replay.replays()
+    replayed = _forward_backward(*inputs, is_causal)
+    assert replay.replays() - before == 2, "forward and backward were not both replayed"
+    assert replayed[0].grad_fn.name() == CPP_NODE
+    for name, ours, expected in zip(("o", "dq", "dk", "dv"), replayed, planned, strict=True):
+        assert ours.shape == expected.shape and ours.stride() == expected.stride(), name
+        assert torch.equal(ours, expected), f"{name}: replay differs from the Python path"
+
+
+@pytest.mark.gpu
+def test_replay_encodes_each_address_s_descriptors(device, poisoned_outputs):
+    """Descriptors hold a base address: calls with new tensors of one layout, more of them
+    than replay keeps encodings for, must each read their own tensors."""
+    make, is_causal = LAYOUTS["packed-bf16-causal"]
+    problems = [make(device) for _ in range(20)]
+    _forward_backward(*problems[0], is_causal)  # keeps the Programs
+    before = replay.replays()
+    replayed = [_forward_backward(*inputs, is_causal) for inputs in problems]
+    assert replay.replays() - before == 2 * len(problems)
+    planned = [_python_path(*inputs, is_causal) for inputs in problems]
+    for ours, expected in zip(replayed, planned, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(ours, expected, strict=True))
+
+
+@pytest.mark.gpu
+def test_replay_launches_on_the_current_stream(device):
+    """Inputs written on a side stream after a long wait must be read after it: replay
+    launches on the caller's current stream (PyTorch's streams do not wait for others)."""
+    make, is_causal = LAYOUTS["long-d128-bf16"]
+    q, k, v, do = make(device)
+    expected = _forward_backward(q, k, v, do, is_causal)  # keeps the Programs
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        late_q = q * 1
+        before = replay.replays()
+        replayed = _forward_backward(late_q, k, v, do, is_causal)
+    side.synchronize()
+    assert replay.replays() - before == 2
+    assert all(torch.equal(a, b) for a, b in zip(replayed, expected, strict=True))
+
+
+@pytest.mark.gpu
+def test_cpp_node_hands_backward_to_python_until_a_backward_program_is_kept(
+        device, poisoned_outputs):
+    """A layout first called without grad keeps only its forward Program: the C++ node's
+    first backward runs in Python (which keeps the backward Program), later ones replay."""
+    make, is_causal = LAYOUTS["packed-bf16-causal"]
+    inputs = make(device)
+    expected = _python_path(*inputs, is_causal)
+    replay.forget()
+    with torch.no_grad():
+        FlashAttentionTriton.apply(*inputs[:3], is_causal)  # keeps the forward Program only
+    served = []
+    for _ in range(2):
+        before = replay.replays()
+        results = _forward_backward(*inputs, is_causal)
+        served.append(replay.replays() - before)
+        assert results[0].grad_fn.name() == CPP_NODE
+        assert all(torch.equal(a, b) for a, b in zip(results, expected, strict=True))
+    assert served == [1, 2], "backward: Python first, then replayed"
+
+
+@pytest.mark.gpu
+def test_cpp_node_gradients_follow_autograd_rules(device, poisoned_outputs):
+    """The C++ node behaves as the Python Function: only inputs that require grad get
+    gradients, retain_graph allows a second backward, a gradient of any layout works (an
+    expanded one from .sum() is copied in Python), an input modified in place after the
+    forward is refused, and so is a second derivative."""
+    make, is_causal = LAYOUTS["projection-views-bf16"]
+    q, k, v, do = make(device)
+    expected = _python_path(q, k, v, do, is_causal)
+    _forward_backward(q, k, v, do, is_causal)  # keeps the Programs
+
+    frozen_kv_q = q.detach().requires_grad_()
+    o = FlashAttentionTriton.apply(frozen_kv_q, k, v, is_causal)
+    assert o.grad_fn.name() == CPP_NODE
+    o.backward(do, retain_graph=True)
+    first = frozen_kv_q.grad.clone()
+    frozen_kv_q.grad = None
+    o.backward(do)
+    assert torch.equal(first, expected[1]) and torch.equal(frozen_kv_q.grad, expected[1])
+
+    q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+    FlashAttentionTriton.apply(q_, k_, v_, is_causal).float().sum().backward()
+    replay.set_enabled(False)
+    try:
+        q_ref, k_ref, v_ref = (t.detach().requires_grad_() for t in (q, k, v))
+        FlashAttentionTriton.apply(q_ref, k_ref, v_ref, is_causal).float().sum().backward()
+    finally:
+        replay.set_enabled(True)
+    for ours, reference in ((q_, q_ref), (k_, k_ref), (v_, v_ref)):
+        assert torch.equal(ours.grad, reference.grad)
+
+    changed = q.detach().clone().requires_grad_()
+    leaf = changed * 1
+    o = FlashAttentionTriton.apply(leaf, k, v, is_causal)
+    assert o.grad_fn.name() == CPP_NODE
+    leaf.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        o.backward(do)
+
+    q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+    o = FlashAttentionTriton.apply(q_, k_, v_, is_causal)
+    assert o.grad_fn.name() == CPP_NODE
+    grads = torch.autograd.grad(o, (q_, k_, v_), do, create_graph=True)
+    assert all(torch.equal(a, b) for a, b in zip(grads, expected[1:], strict=True))
+    with pytest.raises(RuntimeError, match="does not support double backward"):
+        grads[0].float().sum().backward()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kept", [True, False], ids=["programs-kept", "programs-kept-meanwhile"])
+def test_attention_serves_new_threads_calling_at_once(device, kept):
+    """Threads calling attention at once, each new (no CUDA context current until a call
+    makes one): with Programs kept beforehand their first call is replayed from C++, else
+    it takes the Python path while other threads keep Programs. Autograd's device thread
+    runs the C++ nodes' backwards without the GIL meanwhile. Every call must give the
+    Python path's results."""
+    problems = [(make(device), is_causal) for make, is_causal in LAYOUTS.values()]
+    expected = [_python_path(*inputs, is_causal) for inputs, is_causal in problems]
+    replay.forget()
+    if kept:
+        for inputs, is_causal in problems:
+            _forward_backward(*inputs, is_causal)
+    before = replay.replays()
+    failures: list[str] = []
+
+    def work(index: int) -> None:
+        inputs, is_causal = problems[index]
+        try:
+            for _ in range(10):
+                got = _forward_backward(*inputs, is_causal)
+                if not all(torch.equal(a, b) for a, b in zip(got, expected[index], strict=True)):
+                    failures.append(f"layout {index}: results differ")
+        except Exception as error:  # reported below: a thread's exception is otherwise lost
+            failures.append(f"layout {index}: {error!r}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(problems))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    assert replay.replays() - before > 0
+
+
+def test_replay_extension_builds_and_refuses_malformed_programs():
+    """On any machine with a C++ compiler: the extension builds, finds no Program for
+    tensors it was not given one for, and refuses a Program that points outside its table."""
+    module = load_extension("attention_replay", Path(replay.__file__).with_name("replay.cpp"))
+    t = torch.ones(4)
+    assert module.replay(0, False, [t]) is None
+    assert module.attend(t, t, t, False) is None
+    with pytest.raises(ValueError, match="allocation like an unknown tensor"):
+        module.add_program(0, False, [t], [(3, 0)], [], [])
+    with pytest.raises(ValueError, match="pointer to an unknown tensor"):
+        module.add_program(0, False, [t], [], [(0, [1, 1, 1], 32, 0, [(0, 5, 0)], [])], [])
+    with pytest.raises(ValueError, match="unknown output"):
+        module.add_program(0, False, [t], [(0, 0)], [], [2])

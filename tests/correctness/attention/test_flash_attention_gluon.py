@@ -1,0 +1,354 @@
+"""The Gluon kernels for Hopper (`FlashAttentionTritonGluonBackward`: the warp-specialised
+forward and the fused backward) against a float64 reference, as the Triton kernels are
+judged (test_flash_attention.py): at most twice PyTorch's own error in bf16, plus a few
+ulps. Ordered, the gradients are bit-identical from run to run. Inputs they cannot take
+are refused with the reason, before any kernel runs.
+
+The kernels run on an sm_90 GPU only (the refusals are checked anywhere); that they build
+for sm_90 is checked on any machine (test_triton_builds.py)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_flash_attention import Problem, _logsumexp, _reference, assert_close_as_pytorch
+
+from systems.attention import custom_ops, get_attention, unsupported_reason
+from systems.attention.flash_triton import flash_forward
+from systems.attention.functions import FlashAttentionTritonGluonBackward
+from systems.attention.gluon.backward import CONFIGS, SCHEDULES, GluonConfig, gluon_backward
+from systems.attention.gluon.backward import unsupported_reason as gluon_unsupported_reason
+from systems.attention.gluon.forward import CONFIGS as GLUON_FORWARD_CONFIGS
+from systems.attention.gluon.forward import GluonForwardConfig, gluon_forward
+from systems.model import ModelConfig, TransformerLM
+
+GRADS = ("dq", "dk", "dv")
+
+
+def _on_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+hopper = pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU (H100, H200)")
+
+
+def _attention(deterministic: bool):
+    return get_attention("triton_gluon_bwd" if deterministic else "triton_gluon_bwd_unordered")
+
+
+def _check(problem: Problem, deterministic: bool) -> dict[str, torch.Tensor]:
+    exact = problem.run(_reference, torch.float64)
+    same_dtype = problem.run(_reference, torch.bfloat16)
+    ours = problem.run(_attention(deterministic))
+    for name in exact:
+        assert ours[name].dtype == torch.bfloat16 and ours[name].shape == exact[name].shape
+        assert_close_as_pytorch(ours[name], same_dtype[name], exact[name], name)
+    return ours
+
+
+@hopper
+@pytest.mark.parametrize("deterministic", [True, False], ids=["ordered", "unordered"])
+@pytest.mark.parametrize("shape", [((2, 4), 1024, 1024, 64), ((3,), 640, 640, 128),
+                                   ((1,), 128, 128, 64), ((2,), 2048, 2048, 128)],
+                         ids=lambda s: f"{'x'.join(map(str, s[0]))}-seq{s[1]}-d{s[3]}")
+def test_matches_float64_reference(shape, deterministic):
+    _check(Problem.random(shape, torch.bfloat16, torch.device("cuda"), True), deterministic)
+
+
+@hopper
+@settings(max_examples=16, deadline=None)
+@given(lead=st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple),
+       blocks=st.integers(1, 12), d=st.sampled_from([64, 128]), deterministic=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_any_number_of_key_blocks_and_matrices(lead, blocks, d, deterministic, seed):
+    """Sequences of 1 to 12 key blocks (odd counts leave one writer a tile short) and 1 to
+    9 matrices, fresh inputs each time."""
+    shape = (lead, 128 * blocks, 128 * blocks, d)
+    _check(Problem.random(shape, torch.bfloat16, torch.device("cuda"), True, seed),
+           deterministic)
+
+
+# Every forward schedule the study sweeps (studies/attention_gluon_forward/study.py): ring depth,
+# the softmax overlapped with P V or not, the warpgroups' ping-pong or not, one program
+# per tile or persistent.
+FORWARD_CONFIGS = [GluonForwardConfig(block_n=128, num_stages=stages, async_mma=overlap,
+                                      pingpong=pingpong, persistent=persistent)
+                   for stages in (2, 3) for overlap in (True, False)
+                   for pingpong in (True, False) for persistent in (True, False)]
+
+
+@hopper
+@settings(max_examples=24, deadline=None)
+@given(lead=st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple),
+       blocks=st.integers(1, 12), d=st.sampled_from([64, 128]),
+       config=st.sampled_from(FORWARD_CONFIGS), seed=st.integers(0, 2**16))
+def test_forward_any_number_of_tiles_in_every_schedule(lead, blocks, d, config, seed):
+    """o within twice PyTorch's bf16 error of the float64 answer and L within 1e-4 of it
+    (fp32 sums of exact products), both poisoned with NaN first, for 1 to 12 query tiles
+    (one tile: the diagonal alone) and 1 to 9 matrices."""
+    problem = Problem.random((lead, 128 * blocks, 128 * blocks, d), torch.bfloat16,
+                             torch.device("cuda"), True, seed)
+    q, k, v = problem.q, problem.k, problem.v
+    o, lse = gluon_forward(q, k, v, True, config, poison=True)
+    exact = _reference(q.double(), k.double(), v.double(), True)
+    assert_close_as_pytorch(o, _reference(q, k, v, True), exact, "o")
+    torch.testing.assert_close(lse.double(), _logsumexp(q.double(), k.double(), True),
+                               atol=1e-4, rtol=0)
+
+
+@hopper
+@settings(max_examples=16, deadline=None)
+@given(matrices=st.integers(1, 7), blocks=st.integers(1, 9), programs=st.integers(1, 11),
+       d=st.sampled_from([64, 128]), overlap=st.booleans(), pingpong=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_persistent_forward_gives_each_program_several_tiles(matrices, blocks, programs, d,
+                                                             overlap, pingpong, seed):
+    """A persistent grid of fewer programs than query tiles (rounds of tiles walked back
+    and forth, the last one partial, the K/V ring and the ping-pong's turns carried
+    from tile to tile) gives the one-program-per-tile launch's O and L bit for bit,
+    both poisoned with NaN first."""
+    problem = Problem.random(((matrices,), 128 * blocks, 128 * blocks, d), torch.bfloat16,
+                             torch.device("cuda"), True, seed)
+    q, k, v = problem.q, problem.k, problem.v
+    config = GluonForwardConfig(block_n=128, num_stages=3 if d == 64 else 2,
+                                async_mma=overlap, pingpong=pingpong)
+    o, lse = gluon_forward(q, k, v, True, config, poison=True)
+    o_p, lse_p = gluon_forward(q, k, v, True, replace(config, persistent=True),
+                               poison=True, programs=programs)
+    assert not o.isnan().any() and not lse.isnan().any()
+    assert torch.equal(o_p, o) and torch.equal(lse_p, lse)
+
+
+@pytest.mark.parametrize(("persistent", "programs", "reason"),
+                         [(False, 4, "not persistent"), (True, 0, "at least 1")])
+def test_programs_cap_only_a_persistent_forward_of_one_or_more(persistent, programs, reason):
+    q = torch.randn(1, 128, 128, dtype=torch.bfloat16,
+                    device="cuda" if _on_hopper() else "cpu")
+    config = GluonForwardConfig(block_n=128, num_stages=2, async_mma=True, pingpong=True,
+                                persistent=persistent)
+    match = reason if _on_hopper() else "needs a CUDA device|needs an sm_90"
+    with pytest.raises(ValueError, match=match):
+        gluon_forward(q, q, q, True, config, programs=programs)
+
+
+@hopper
+def test_forward_op_passes_torch_opcheck():
+    """The forward op's schema, fake kernel (a contiguous o whatever q's strides) and real
+    kernel agree, on per-head views of (batch, seq, heads, d) projections."""
+    q, k, v = (torch.randn(2, 256, 3, 128, device="cuda", dtype=torch.bfloat16)
+               .transpose(1, 2) for _ in range(3))
+    torch.library.opcheck(custom_ops.flash_attention_forward_gluon, (q, k, v, True))
+
+
+def test_forward_without_a_config_for_the_head_dim_says_so():
+    """The library runs the Gluon forward only at head dims with a tuned config; asked
+    for another without one, it says so (before any kernel runs)."""
+    missing = next(d for d in (64, 128) if d not in GLUON_FORWARD_CONFIGS)
+    q = torch.randn(1, 128, missing, dtype=torch.bfloat16,
+                    device="cuda" if _on_hopper() else "cpu")
+    if not _on_hopper():
+        with pytest.raises(ValueError, match="needs a CUDA device|needs an sm_90"):
+            gluon_forward(q, q, q, True)
+        return
+    with pytest.raises(ValueError, match=f"not {missing}: pass one"):
+        gluon_forward(q, q, q, True)
+
+
+def _check_poisoned(problem: Problem, config: GluonConfig) -> tuple[torch.Tensor, ...]:
+    """The backward at `config`, every buffer it writes NaN first, against the float64
+    reference; returns (dq, dk, dv)."""
+    o, lse = flash_forward(problem.q, problem.k, problem.v, True)
+    grads = gluon_backward(problem.q, problem.k, problem.v, o, lse, problem.do, True,
+                           config=config, poison=True)
+    exact = problem.run(_reference, torch.float64)
+    same_dtype = problem.run(_reference, torch.bfloat16)
+    for name, grad in zip(GRADS, grads, strict=True):
+        assert_close_as_pytorch(grad, same_dtype[name], exact[name], name)
+    return grads
+
+
+@hopper
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("key", sorted(CONFIGS), ids=lambda k: f"d{k[0]}-{'ordered' * k[1]}")
+def test_every_buffer_is_written(key, schedule):
+    """D, the dQ accumulator and the three gradients start as NaN; none survives, in any
+    launch order and tile order (6 matrices: alternating walks odd ones down)."""
+    problem = Problem.random(((2, 3), 768, 768, key[0]), torch.bfloat16,
+                             torch.device("cuda"), True, seed=1)
+    _check_poisoned(problem, replace(CONFIGS[key], schedule=schedule))
+
+
+@hopper
+@pytest.mark.parametrize("async_mma", [True, False], ids=["async", "sync"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+@pytest.mark.parametrize("shape", [((1,), 128), ((3,), 256), ((2, 3), 768), ((2,), 1664)],
+                         ids=lambda s: f"{'x'.join(map(str, s[0]))}-seq{s[1]}")
+def test_query_tiles_of_128_rows(shape, ordered, schedule, async_mma):
+    """Tiles of 128 query rows at d = 64 (the library's configs there) in every schedule,
+    overlapped MMAs or not: one diagonal tile per key block, dQ handed over by row halves.
+    Every buffer poisoned, for 1 to 13 key blocks and 1 to 6 matrices; ordered, the
+    gradients are bit-identical between calls."""
+    lead, seq = shape
+    config = replace(CONFIGS[64, ordered], block_m=128, schedule=schedule,
+                     async_mma=async_mma)
+    problem = Problem.random((lead, seq, seq, 64), torch.bfloat16, torch.device("cuda"),
+                             True, seed=seq)
+    first = _check_poisoned(problem, config)
+    if ordered:
+        again = _check_poisoned(problem, config)
+        for name, a, b in zip(GRADS, first, again, strict=True):
+            assert torch.equal(a, b), name
+
+
+@hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_ordered_gradients_are_bit_identical_between_runs(head_dim):
+    """Many key blocks add into each query tile; in a fixed order the sums never move."""
+    problem = Problem.random(((4, 2), 4096, 4096, head_dim), torch.bfloat16,
+                             torch.device("cuda"), True, seed=2)
+    first = problem.run(_attention(deterministic=True))
+    for _ in range(3):
+        again = problem.run(_attention(deterministic=True))
+        for name in GRADS:
+            assert torch.equal(first[name], again[name]), name
+
+
+@hopper
+def test_per_head_views_give_what_contiguous_inputs_give():
+    """The model's q, k, v: (batch, heads, seq, d) views of (batch, seq, heads, d)
+    projections, with a gradient of the same layout."""
+    batch, seq, heads, d = 2, 512, 3, 64
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(batch, seq, heads, d, generator=gen).to("cuda", torch.bfloat16)
+                   .transpose(1, 2) for _ in range(4))
+    attention = _attention(deterministic=True)
+
+    def grads(*inputs: torch.Tensor) -> list[torch.Tensor]:
+        leaves = [t.detach().requires_grad_() for t in inputs[:3]]
+        attention(*leaves, True).backward(inputs[3])
+        return [t.grad for t in leaves]
+
+    strided = grads(q, k, v, do)
+    dense = grads(*(t.contiguous() for t in (q, k, v, do)))
+    for name, a, b in zip(GRADS, strided, dense, strict=True):
+        assert torch.equal(a, b), name
+
+
+@hopper
+def test_double_backward_is_refused():
+    problem = Problem.random(((1,), 256, 256, 64), torch.bfloat16, torch.device("cuda"), True)
+    q, k, v = (t.detach().requires_grad_() for t in (problem.q, problem.k, problem.v))
+    o = _attention(deterministic=True)(q, k, v, True)
+    (dq,) = torch.autograd.grad(o, q, problem.do, create_graph=True)
+    with pytest.raises(RuntimeError, match="does not support double backward"):
+        dq.sum().backward()
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"is_causal": False}, "needs is_causal=True"),
+    ({"n_k": 256}, "of one .* shape"),
+    ({"d": 96}, "head dim in"),
+    ({"dtype": torch.float32}, None),
+])
+def test_inputs_it_cannot_take_are_refused_in_forward(change, reason):
+    """Refused by FlashAttentionTritonGluonBackward's forward with the reason, on any
+    machine (no kernel runs); fp32 is refused as not bf16 where the GPU is an sm_90, and
+    for the device elsewhere."""
+    d, n_k = change.get("d", 64), change.get("n_k", 128)
+    dtype = change.get("dtype", torch.bfloat16)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q = torch.randn(2, 128, d, dtype=dtype, device=device)
+    k, v = (torch.randn(2, n_k, d, dtype=dtype, device=device) for _ in range(2))
+    expected = gluon_unsupported_reason(q, k, v, change.get("is_causal", True))
+    assert expected is not None and (reason is None or re.search(reason, expected)), expected
+    with pytest.raises(ValueError, match="the Gluon backward needs"):
+        FlashAttentionTritonGluonBackward.apply(q, k, v, change.get("is_causal", True), True)
+
+
+def test_registry_says_where_it_cannot_run():
+    cpu = unsupported_reason("triton_gluon_bwd", torch.device("cpu"), torch.bfloat16, 1024)
+    assert cpu is not None and "CUDA" in cpu
+    if _on_hopper():
+        cuda = torch.device("cuda")
+        assert unsupported_reason("triton_gluon_bwd", cuda, torch.bfloat16, 1024) is None
+        assert "multiple of 128" in unsupported_reason("triton_gluon_bwd_unordered", cuda,
+                                                       torch.bfloat16, 1000)
+        assert "bf16" in unsupported_reason("triton_gluon_bwd", cuda, torch.float16, 1024)
+
+
+@hopper
+@pytest.mark.parametrize("deterministic", [True, False], ids=["ordered", "unordered"])
+def test_op_passes_torch_opcheck(deterministic):
+    """What torch.compile relies on: the backward op's schema, fake kernel (shapes, dtypes,
+    strides) and real kernel agree, and no output aliases an input."""
+    problem = Problem.random(((2, 3), 256, 256, 64), torch.bfloat16, torch.device("cuda"),
+                             True)
+    q, k, v, do = problem.q, problem.k, problem.v, problem.do
+    o, lse = flash_forward(q, k, v, True)
+    torch.library.opcheck(custom_ops.flash_attention_backward_gluon,
+                          (q, k, v, o, lse, do, True, deterministic))
+
+
+@hopper
+def test_compiled_gives_what_eager_gives():
+    """Under torch.compile the forward and the Gluon backward run as custom ops in the
+    graph: the same kernels, so the ordered gradients equal eager ones bit for bit."""
+    torch._dynamo.reset()
+    problem = Problem.random(((2, 2), 512, 512, 128), torch.bfloat16, torch.device("cuda"),
+                             True, seed=4)
+
+    def attention(q, k, v, is_causal):
+        return FlashAttentionTritonGluonBackward.apply(q, k, v, is_causal, True)
+
+    eager = problem.run(attention)
+    compiled = problem.run(torch.compile(attention))
+    for name in eager:
+        assert torch.equal(compiled[name], eager[name]), name
+
+
+@hopper
+def test_model_with_it_compiles_to_one_graph_and_trains_as_with_ours():
+    """The model's backend name: its attention reads per-head views; compiled, the model is
+    one graph; its gradients are those of the two-pass backward up to bf16 rounding."""
+    config = ModelConfig(d_model=128, d_ff=384, num_layers=2, num_heads=2, vocab_size=512,
+                         max_seq_len=256)  # head dim 64
+    torch.manual_seed(5)
+    tokens = torch.randint(0, config.vocab_size, (2, 256), device="cuda")
+    grads = {}
+    for attention in ("triton_gluon_bwd", "flash_triton"):
+        torch.manual_seed(6)
+        model = TransformerLM(config, attention=attention).to("cuda", torch.bfloat16)
+        model(tokens, tokens).backward()
+        grads[attention] = [p.grad.float() for p in model.parameters()]
+    for ours, two_pass in zip(grads["triton_gluon_bwd"], grads["flash_triton"], strict=True):
+        torch.testing.assert_close(ours, two_pass, atol=2e-2, rtol=2e-2)
+    torch._dynamo.reset()
+    model = TransformerLM(config, attention="triton_gluon_bwd").to("cuda", torch.bfloat16)
+    explanation = torch._dynamo.explain(model)(tokens, tokens)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+@hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_more_key_blocks_than_sms(head_dim):
+    """A matrix of more key blocks than the GPU has SMs: ordered, the library's schedule
+    has every program wait only on programs launched before it, so every wait for a turn
+    ends; the longest first would leave the waiting programs holding every SM, and is
+    refused."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    seq = 128 * (sms + 4)
+    problem = Problem.random(((2,), seq, seq, head_dim), torch.bfloat16,
+                             torch.device("cuda"), True, seed=7)
+    ours = _check(problem, deterministic=True)
+    assert torch.equal(ours["dq"], problem.run(_attention(deterministic=True))["dq"])
+    o, lse = flash_forward(problem.q, problem.k, problem.v, True)
+    longest_first = replace(CONFIGS[head_dim, True], schedule="longest_first")
+    with pytest.raises(ValueError, match="would deadlock"):
+        gluon_backward(problem.q, problem.k, problem.v, o, lse, problem.do, True,
+                       config=longest_first)

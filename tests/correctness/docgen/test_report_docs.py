@@ -1,0 +1,710 @@
+"""Numbers in prose docs are generated: the committed docs' generated blocks equal what the
+report writes now from the committed histories, and no performance number is typed by hand
+outside them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from systems.report.cli import main as report_main
+from tools.docgen import doc_backward, doc_profiles, doc_recipes
+from tools.docgen.__main__ import default_docs, main
+from tools.docgen.claim_scan import scan, scan_docs
+from tools.docgen.doc_blocks import BlockError, render
+from tools.docgen.doc_sources import generators
+
+REPO = Path(__file__).resolve().parents[3]
+COMMITTED_DOCS = default_docs(REPO)
+
+
+def _first_difference(old: str, new: str) -> str:
+    for number, (a, b) in enumerate(zip(old.splitlines(), new.splitlines(), strict=False), 1):
+        if a != b:
+            return f"line {number}:\n  committed: {a}\n  generated: {b}"
+    return "line count differs"
+
+
+def test_the_docs_that_are_checked_include_the_prose_docs() -> None:
+    names = {p.relative_to(REPO).as_posix() for p in COMMITTED_DOCS}
+    assert {"README.md", "docs/attention.md", "docs/benchmarking.md"} <= names
+    assert "docs/RESULTS.md" not in names  # the page is generated whole
+
+
+@pytest.mark.parametrize("doc", COMMITTED_DOCS, ids=lambda p: p.name)
+def test_committed_generated_blocks_are_what_the_report_writes_now(doc: Path) -> None:
+    text = doc.read_text()
+    generated = render(text, generators(REPO), str(doc))
+    assert generated == text, (
+        f"{doc.relative_to(REPO)}: a generated block was edited by hand or is stale; run "
+        f"`make report` and commit. First difference at {_first_difference(text, generated)}")
+
+
+def test_committed_docs_type_no_performance_number_by_hand() -> None:
+    # docs/profiling's summaries are written whole by systems.profiling; its README is prose.
+    findings = scan_docs([*COMMITTED_DOCS, REPO / "docs" / "profiling" / "README.md"])
+    assert not findings, "performance numbers outside generated blocks (generate them, or " \
+        "allow a non-claim in tools.docgen.claim_scan.ALLOWED with its reason):\n" + \
+        "\n".join(map(str, findings))
+
+
+def test_attention_doc_takes_its_numbers_from_the_baseline() -> None:
+    text = (REPO / "docs" / "attention.md").read_text()
+    baseline = ".benchmarks/NVIDIA_H100_80GB_HBM3/baseline_1gpu.json"
+    for block in ("attention-eager", "attention-device-time"):
+        assert f"<!-- generated: {block} {baseline}" in text
+    assert f"From `{baseline}` (commit " in text
+    assert "Time: eager end-to-end (host included)" in text
+    assert "Time: device time (CUDA-graph replay)" in text
+    assert "Time: device time (do_bench)" in text
+
+
+# A fixture repository: one history, one doc.
+
+def _bench(name: str, impl: str, median: float, shape: list[int], mean: float | None = None,
+           **extra: object) -> dict:
+    return {"name": name, "fullname": f"tests/perf/test_attention.py::{name}",
+            "stats": {"mean": mean or median, "median": median, "stddev": median / 20,
+                      "iqr": median / 10},
+            "extra_info": {"implementation": impl, "shape": shape, "dtype": "bfloat16",
+                           "causal": True, "mode": "forward_backward", **extra}}
+
+
+def _write_history(repo: Path, ours_median: float = 0.002) -> str:
+    name = "hist/GPU/baseline.json"
+    path = repo / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    benchmarks = [
+        # Means far from the medians: every number shown must be a median.
+        _bench("test_attention[triton-1x1x4096x64]", "triton", ours_median, [1, 1, 4096, 64],
+               mean=0.05, interleaved_medians_s={"triton": 0.0021, "sdpa_flash": 0.0042,
+                                                 "sdpa_cudnn": 0.0007},
+               interleaved_rounds=30),
+        _bench("test_attention[sdpa_flash-1x1x4096x64]", "sdpa_flash", 0.004,
+               [1, 1, 4096, 64], mean=0.05),
+        _bench("test_attention[sdpa_cudnn-1x1x4096x64]", "sdpa_cudnn", 0.001,
+               [1, 1, 4096, 64]),
+        _bench("test_attention[sdpa_flash-1x1x8192x64]", "sdpa_flash", 0.009,
+               [1, 1, 8192, 64]),  # no ours at this shape: no row
+        _bench("test_attention_device_time[triton-1x1x4096x64]", "triton", 0.0005,
+               [1, 1, 4096, 64], mode="forward_backward (CUDA graph replay)"),
+        _bench("test_attention_device_time[sdpa_flash-1x1x4096x64]", "sdpa_flash", 0.0004,
+               [1, 1, 4096, 64], mode="forward_backward (CUDA graph replay)"),
+    ]
+    path.write_text(json.dumps({
+        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-22T01:02:03",
+        "commit_info": {"id": "abcdef0123456789", "dirty": False}, "benchmarks": benchmarks}))
+    return name
+
+
+DOC = """# Notes
+
+Prose stays as it is.
+
+<!-- generated: attention-eager {history} 1 -->
+stale text
+<!-- end generated -->
+
+Between blocks.
+
+<!-- generated: attention-device-time {history} -->
+<!-- end generated -->
+"""
+
+
+def test_blocks_are_filled_from_the_history_with_medians_time_kind_file_and_commit(
+        tmp_path: Path) -> None:
+    history = _write_history(tmp_path)
+    out = render(DOC.format(history=history), generators(tmp_path))
+    assert out.startswith("# Notes\n\nProse stays as it is.\n\n<!-- generated: attention-eager")
+    assert "stale text" not in out and "Between blocks." in out
+    eager, device = out.split("Between blocks.")
+    assert "| 1x4096x64 | bf16 | causal | 2.000 | 4.000 | 1.000 | 0.50 | 2.00 |" in eager
+    assert "8192" not in eager  # a shape we did not measure is no claim of ours
+    assert "Ours takes less time than (ours / rival below 1): SDPA flash: 1x4096x64; " \
+        "SDPA cuDNN: none." in eager
+    assert (f"Time: eager end-to-end (host included); medians in ms. From `{history}` "
+            "(commit abcdef0, recorded 2026-11-22).") in eager
+    assert "| 1x4096x64 | bf16 | causal | 0.500 | 0.400 | 1.25 |" in device
+    assert "Time: device time (CUDA-graph replay)" in device
+    assert render(out, generators(tmp_path)) == out  # rewriting is stable
+
+
+def _write_variants_run(repo: Path, name: str, medians: dict[str, float]) -> str:
+    """One run of the leaderboard case: ours with each backward and SDPA cuDNN."""
+    path = repo / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    benchmarks = [_bench(f"test_attention_leaderboard[{impl}-16x16384x64-bf16-causal-"
+                         "leaderboard]", impl, median, [1, 16, 16384, 64])
+                  for impl, median in medians.items()]
+    path.write_text(json.dumps({
+        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-24T01:02:03",
+        "commit_info": {"id": "0123456789abcdef", "dirty": False}, "benchmarks": benchmarks}))
+    return name
+
+
+def test_variants_block_takes_the_median_of_runs_and_each_runs_own_ratio(
+        tmp_path: Path) -> None:
+    """Three runs: times are the medians over runs; a ratio is the median of each run's
+    ratio (not the ratio of medians), with its lowest and highest."""
+    runs = [_write_variants_run(tmp_path, f"hist/run{n}.json",
+                                {"triton": ours, "triton_gluon_bwd": ordered,
+                                 "triton_gluon_bwd_unordered": 0.0045, "sdpa_cudnn": cudnn})
+            for n, (ours, ordered, cudnn) in enumerate([(0.0050, 0.0044, 0.0040),
+                                                        (0.0052, 0.0050, 0.0050),
+                                                        (0.0048, 0.0046, 0.0046)])]
+    block = (f"<!-- generated: attention-backward-variants {' '.join(runs)} -->\n"
+             "<!-- end generated -->\n")
+    out = render(block, generators(tmp_path))
+    # ours / cuDNN per run: 1.25, 1.04, 1.043 (the medians' ratio would be 1.09); ordered:
+    # 1.1, 1.0, 1.0; unordered: 1.125, 0.9, 0.978
+    assert ("| 16x16384x64 | bf16 | causal | eager | 5.000 | 4.600 | 4.500 | 4.600 | "
+            "1.04 (1.04–1.25) | 1.00 (1.00–1.10) | 0.98 (0.90–1.12) |") in out
+    assert "the median of 3 runs" in out and "hist/run2.json` (commit 0123456" in out
+    with pytest.raises(BlockError):
+        render("<!-- generated: attention-backward-variants -->\n<!-- end generated -->\n",
+               generators(tmp_path))
+
+
+def test_do_bench_tables_take_many_matrix_cases_beside_the_leaderboard(tmp_path: Path) -> None:
+    """do_bench medians of forward + backward cases of 16 matrices and of the leaderboard
+    case fill the do_bench tables; a single pass's do_bench (the full profile's passes at
+    the leaderboard shape) is not a forward + backward and stays out."""
+    wide, board = [16, 1, 16384, 128], [16, 16384, 64]
+    benchmarks = [
+        _bench("test_attention[triton-16x1x16384x128]", "triton", 0.0090, wide,
+               do_bench_median_ms=7.0),
+        _bench("test_attention[sdpa_cudnn-16x1x16384x128]", "sdpa_cudnn", 0.0095, wide,
+               do_bench_median_ms=7.5),
+        _bench("test_attention[triton_gluon_bwd-16x1x16384x128]", "triton_gluon_bwd", 0.0093,
+               wide, do_bench_median_ms=7.2),
+        _bench("test_attention[triton-16x1x16384x64-forward]", "triton", 0.0012,
+               [16, 1, 16384, 64], mode="forward", do_bench_median_ms=1.2),
+        _bench("test_attention_leaderboard[triton-16x16384x64]", "triton", 0.0050, board,
+               mode="forward_backward(o.sum())", do_bench_median_ms=4.9),
+        _bench("test_attention_leaderboard[sdpa_cudnn-16x16384x64]", "sdpa_cudnn", 0.0046,
+               board, mode="forward_backward(o.sum())", do_bench_median_ms=4.5),
+    ]
+    name = "hist/do_bench.json"
+    (tmp_path / "hist").mkdir()
+    (tmp_path / name).write_text(json.dumps({
+        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-25T01:02:03",
+        "commit_info": {"id": "fedcba9876543210", "dirty": False}, "benchmarks": benchmarks}))
+    device = render(f"<!-- generated: attention-device-time {name} -->\n"
+                    "<!-- end generated -->\n", generators(tmp_path))
+    assert "| 16x16384x128 | bf16 | causal | 7.000 | 7.500 | 0.93 |" in device
+    assert "| 16x16384x64 | bf16 | causal | 4.900 | 4.500 | 1.09 |" in device
+    assert "1.200" not in device and "Time: device time (do_bench)" in device
+    variants = render(f"<!-- generated: attention-backward-variants {name} -->\n"
+                      "<!-- end generated -->\n", generators(tmp_path))
+    assert ("| 16x16384x128 | bf16 | causal | do_bench | 7.000 | 7.200 | - | 7.500 | 0.93 | "
+            "0.96 | - |") in variants
+    # No Gluon backward at the leaderboard shape here: only the default's row, left out.
+    assert "16x16384x64" not in variants
+
+
+def test_interleaved_block_shows_the_rounds_taken_in_turn(tmp_path: Path) -> None:
+    history = _write_history(tmp_path)
+    block = f"<!-- generated: attention-eager-interleaved {history} -->\n<!-- end generated -->\n"
+    out = render(block, generators(tmp_path))
+    assert "| 1x4096x64 | bf16 | causal | 2.100 | 4.200 | 0.700 | 0.50 | 3.00 |" in out
+    assert "medians in ms of 30 rounds per implementation, taken in turn in one run" in out
+    assert "Time: eager end-to-end (host included)" in out
+    (tmp_path / "other.json").write_text((tmp_path / history).read_text().replace(
+        "interleaved_medians_s", "something_else"))
+    with pytest.raises(BlockError, match="no interleaved attention rounds"):
+        render(block.replace(history, "other.json"), generators(tmp_path))
+
+
+def test_device_rounds_in_turn_show_each_rounds_ratio_not_the_medians_ratio(
+        tmp_path: Path) -> None:
+    """Ours over cuDNN is the median of the per-round ratios (with their range), which can
+    differ from the ratio of the two medians; a leaderboard case is named as such."""
+    def case(test: str, impl: str, shape: list[int], rounds: dict) -> dict:
+        return _bench(f"{test}[{impl}]", impl, 0.007, shape, interleaved_device_ms=rounds)
+
+    name = "hist/GPU/in_turn.json"
+    (tmp_path / name).parent.mkdir(parents=True)
+    (tmp_path / name).write_text(json.dumps({
+        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-22T01:02:03",
+        "commit_info": {"id": "abcdef0123456789"}, "benchmarks": [
+            # Per round 0.9, 1.0, 1.2: median 1.0; the medians' ratio 7.2 / 7.0 is not it.
+            case("test_attention", "triton_gluon_bwd", [16, 1, 16384, 128],
+                 {"triton_gluon_bwd": [6.3, 7.2, 8.4], "sdpa_cudnn": [7.0, 7.2, 7.0],
+                  "sdpa_flash": [9.0, 9.6, 12.0]}),
+            case("test_attention_leaderboard", "triton", [16, 16384, 64],
+                 {"triton": [4.4, 4.5], "sdpa_cudnn": [4.6, 4.5]}),
+            case("test_attention", "sdpa_cudnn", [16, 1, 16384, 128], {})]}))
+    block = f"<!-- generated: attention-device-in-turn {name} -->\n<!-- end generated -->\n"
+    out = render(block, generators(tmp_path))
+    assert ("| 16x16384x128 | bf16 | forward + backward | ours + Gluon ordered | 7.200 | "
+            "7.000 | 9.600 | 1.000 (0.900–1.200) | 0.700 (0.700–0.750) |") in out
+    assert ("| 16x16384x64 | bf16 | leaderboard: o.sum(), backward | ours (two passes) | "
+            "4.450 | 4.550 | - | 0.978 (0.957–1.000) | - |") in out
+    assert ("SDPA cuDNN: ours + Gluon ordered at 16x16384x128, ours (two passes) at "
+            "16x16384x64; SDPA flash: ours + Gluon ordered at 16x16384x128.") in out
+    assert "over 2 or 3 rounds taken in turn" in out and "Time: device time (do_bench)" in out
+    (tmp_path / "none.json").write_text((tmp_path / name).read_text().replace(
+        "interleaved_device_ms", "something_else"))
+    with pytest.raises(BlockError, match="no device-time rounds taken in turn"):
+        render(block.replace(name, "none.json"), generators(tmp_path))
+
+
+def test_a_ratio_of_a_host_bound_case_is_marked_and_claims_no_win(tmp_path: Path) -> None:
+    """Medians of host-bound eager cases time the host at two moments: their ratio is shown
+    marked, and is not listed as a win, whichever side was host-bound."""
+    def case(impl: str, seq: int, median: float, enqueue: float) -> dict:
+        return _bench(f"test_attention[{impl}-1x1x{seq}x64]", impl, median, [1, 1, seq, 64],
+                      timing="wall", host_enqueue_s_median=enqueue)
+
+    name = "hist/GPU/host_bound.json"
+    (tmp_path / name).parent.mkdir(parents=True)
+    (tmp_path / name).write_text(json.dumps({
+        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-22T01:02:03",
+        "commit_info": {"id": "abcdef0123456789"}, "benchmarks": [
+            case("triton", 1024, 0.0005, 0.00049),   # ours host-bound
+            case("sdpa_flash", 1024, 0.0006, 0.0001),
+            case("triton", 2048, 0.0005, 0.0001),
+            case("sdpa_flash", 2048, 0.0006, 0.00058),  # the rival host-bound
+            case("triton", 4096, 0.0005, 0.0001),    # neither: a win
+            case("sdpa_flash", 4096, 0.0006, 0.0001)]}))
+    block = f"<!-- generated: attention-eager {name} 1 -->\n<!-- end generated -->\n"
+    out = render(block, generators(tmp_path))
+    assert "| 1x1024x64 | bf16 | causal | 0.500 | 0.600 | 0.83 † |" in out
+    assert "| 1x2048x64 | bf16 | causal | 0.500 | 0.600 | 0.83 † |" in out
+    assert "| 1x4096x64 | bf16 | causal | 0.500 | 0.600 | 0.83 |" in out
+    assert "Ours takes less time than (ours / rival below 1): SDPA flash: 1x4096x64." in out
+    assert "† host-bound: ours or the rival spent 90% or more of each round enqueueing" in out
+
+
+def test_a_hand_edit_or_a_new_measurement_makes_the_doc_differ(tmp_path: Path) -> None:
+    history = _write_history(tmp_path)
+    committed = render(DOC.format(history=history), generators(tmp_path))
+    edited = committed.replace("| 2.000 |", "| 1.500 |")
+    assert edited != committed and render(edited, generators(tmp_path)) == committed
+    _write_history(tmp_path, ours_median=0.003)  # the baseline is re-recorded
+    regenerated = render(committed, generators(tmp_path))
+    assert regenerated != committed and "| 3.000 |" in regenerated
+
+
+def test_the_doc_generator_rewrites_the_docs_blocks(tmp_path: Path) -> None:
+    history = _write_history(tmp_path)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    note = docs / "notes.md"
+    note.write_text(DOC.format(history=history))
+    (tmp_path / "README.md").write_text("No blocks here.\n")
+    page = docs / "RESULTS.md"
+    assert report_main(["results", "--root", str(tmp_path / "hist"), "--out", str(page)]) == 0
+    assert main(["--repo", str(tmp_path)]) == 0
+    assert "| 2.000 | 4.000 |" in note.read_text()
+    assert (tmp_path / "README.md").read_text() == "No blocks here.\n"
+    assert default_docs(tmp_path) == [tmp_path / "README.md", note]
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("<!-- generated: nonesuch -->\n<!-- end generated -->\n", "no generator named 'nonesuch'"),
+    ("<!-- generated: gate-constants -->\nbody\n", "never closed"),
+    ("text\n<!-- end generated -->\n", "never opened"),
+    ("<!-- generated: gate-constants -->\n<!-- generated: gate-constants -->\n"
+     "<!-- end generated -->\n", "inside the one at line 1"),
+    ("<!-- generated: attention-eager missing.json 1 -->\n<!-- end generated -->\n",
+     "missing.json"),
+])
+def test_bad_blocks_are_errors_naming_the_doc_and_line(text: str, why: str,
+                                                        tmp_path: Path) -> None:
+    with pytest.raises(BlockError, match=why) as error:
+        render(text, generators(tmp_path), "notes.md")
+    assert str(error.value).startswith("notes.md:")
+
+
+def test_the_doc_generator_reports_a_bad_block_as_a_usage_error(tmp_path: Path,
+                                                                   capsys) -> None:
+    doc = tmp_path / "notes.md"
+    doc.write_text("<!-- generated: nonesuch -->\n<!-- end generated -->\n")
+    assert main(["--repo", str(tmp_path), str(doc)]) == 2
+    assert "no generator named 'nonesuch'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("claim", [
+    "Ours takes 0.42 ms here.",
+    "the Triton kernels are 1.4x faster",
+    "a 12% regression",
+    "ours is faster by 0.3 at this length",
+    "240 us per call",
+    "700 TFLOP/s in bf16",
+    "up to 3.35 GB/s",
+])
+def test_the_scan_flags_a_hand_typed_performance_number(claim: str) -> None:
+    (finding,) = scan(f"# Doc\n\nSome prose.\n{claim}\n", "doc.md")
+    assert (finding.doc, finding.line) == ("doc.md", 4)
+
+
+def test_the_scan_skips_generated_blocks_code_and_allowed_non_claims() -> None:
+    text = ("<!-- generated: x -->\n| 0.42 ms | 1.4x |\n<!-- end generated -->\n"
+            "```bash\npytest --perf-profile quick  # 5% of the time\n```\n"
+            "On 2 x H200, within 3% of the no-communication step.\n"
+            "Tiles of 64 x 64, d = 128; ours is faster at d = 64.\n"
+            "The injected 15% slowdown must be caught.\n")
+    assert scan(text) == []
+
+
+def test_findings_count_lines_of_the_whole_doc() -> None:
+    text = "a\n<!-- generated: x -->\nb\nc\n<!-- end generated -->\nd 5 ms\n"
+    (finding,) = scan(text)
+    assert finding.line == 6
+
+
+def _write_profile(repo: Path, name: str, host: dict, **extra: object) -> str:
+    (repo / name).write_text(json.dumps({"label": name.split(".")[0], "gpu": "GPU fixture",
+                                         "torch": "9.9", "host_profile": host, **extra}))
+    return name
+
+
+def test_host_profile_blocks_quote_the_profile_files(tmp_path: Path) -> None:
+    # The script's first version stored ours unkeyed; the later one keys by implementation.
+    before = _write_profile(tmp_path, "before.json", {
+        "enqueue_us_per_call": 782.3, "profiled_us_per_call_by_group": {"allocation": 76.1}})
+    after = _write_profile(tmp_path, "after.json", {
+        "triton": {"enqueue_us_per_call": 228.9,
+                   "profiled_us_per_call_by_group": {"allocation": 39.9, "input checks": 5.2}},
+        "sdpa_flash": {"enqueue_us_per_call": 181.5}},
+        timings=[{"shape": [1, 1, 1024, 64], "dtype": "bfloat16", "impl": impl,
+                  "median_ms": ms, "rounds": 11}
+                 for impl, ms in (("triton", 0.251), ("sdpa_flash", 0.178))])
+    profile = generators(tmp_path)["attention-host-profile"]("triton", before, after)
+    assert "| enqueue per call (not profiled) | 782 | 229 |" in profile
+    assert "| allocation | 76 | 40 |" in profile and "| input checks | - | 5 |" in profile
+    assert "From `before.json`, `after.json` (GPU fixture, torch 9.9; the files record no " \
+        "commit)." in profile
+    timings = generators(tmp_path)["attention-host-timings"](after)
+    assert "| 1x1x1024x64 | bf16 | 0.251 | 0.178 | 1.41 |" in timings
+    assert "medians of 11 interleaved rounds" in timings and "host queueing" not in timings
+
+    # Later files time the host's queueing of the same calls; a skipped implementation
+    # (no median) leaves its cell empty.
+    queued = _write_profile(tmp_path, "queued.json", {}, timings=[
+        {"shape": [1, 1, 128, 64], "dtype": "bfloat16", "impl": impl, "median_ms": ms,
+         "host_median_ms": host_ms, "rounds": 7}
+        for impl, ms, host_ms in (("triton", 0.267, 0.251), ("sdpa_flash", 0.225, 0.140))
+    ] + [{"shape": [1, 1, 128, 64], "dtype": "bfloat16", "impl": "sdpa_cudnn",
+          "skipped": "unsupported"}])
+    timings = generators(tmp_path)["attention-host-timings"](queued)
+    assert "| ours, host queueing ms | SDPA flash, host queueing ms |" in timings
+    assert "| 1x1x128x64 | bf16 | 0.267 | 0.225 | 0.251 | 0.140 | 1.19 |" in timings
+    assert "where close to the call's time the calls are host-bound" in timings
+
+
+GATE_TABLE = """- perf gate: medians vs base/line.json -
+case    baseline ms  current ms  change  threshold  verdict
+------
+tests/perf/a.py::test_a[x]    1.000    1.200  +20.0%    6.0%  SLOWER
+tests/perf/a.py::test_a[y]    0.300    0.200  -33.3%   40.0%  not gated (too noisy: spread 20.0%)
+tests/perf/b.py::test_b[z]   10.000   10.100   +1.0%    6.0%  ok
+1 ok, 1 SLOWER, 1 not gated (too noisy)
+"""
+
+
+def test_gate_blocks_quote_the_printed_gate_tables(tmp_path: Path) -> None:
+    (tmp_path / "run.txt").write_text(GATE_TABLE)
+    tallies = generators(tmp_path)["gate-tallies"]("run.txt")
+    assert "| `run.txt` | 1 ok, 1 SLOWER, 1 not gated (too noisy) | test_a[x]: 1.000 -> " \
+        "1.200 ms (+20.0%, threshold 6.0%, SLOWER) |" in tallies
+    assert "compared with `base/line.json` as it was then" in tallies
+    cases = generators(tmp_path)["gate-cases"]("run.txt", "test_b")
+    assert "| test_b[z] | 10.000 | 10.100 | +1.0% | 6.0% | ok |" in cases
+    noise = generators(tmp_path)["gate-noise"]("run.txt")
+    assert "| test_a | < 1 ms | -33.3% | test_a[y] |" in noise
+    assert "| test_a | >= 1 ms | +20.0% | test_a[x] |" in noise
+    (tmp_path / "other.txt").write_text("not a gate table\n")
+    with pytest.raises(ValueError, match="other.txt: not a gate table"):
+        generators(tmp_path)["gate-tallies"]("other.txt")
+
+
+def test_drift_block_is_the_drift_tools_summary(tmp_path: Path) -> None:
+    for i, median in enumerate((0.010, 0.011)):
+        (tmp_path / f"000{i}_run.json").write_text(json.dumps({"benchmarks": [
+            {"name": "test_x[sdpa]", "stats": {"mean": median, "median": median,
+                                               "iqr": median / 100}},
+            {"name": "test_x[ours]", "stats": {"mean": 1.0, "median": 1.0, "iqr": 0.0}}]}))
+    block = generators(tmp_path)["drift"]("*_run.json", "sdpa")
+    assert "| >= 1 ms, spread <= 6% | 1 | 1 | 10.0% | 10.0% | 10.0% | 10.0% |" in block
+    assert "The gate's thresholds would flag 1 of the last row's pairs." in block
+    assert "From the 2 files `*_run.json`." in block
+    with pytest.raises(ValueError, match="no history files match"):
+        generators(tmp_path)["drift"]("none/*.json")
+
+
+def test_markers_in_fenced_code_are_examples_left_alone(tmp_path: Path) -> None:
+    text = ("How to write a block:\n\n```markdown\n<!-- generated: nonesuch x.json -->\n"
+            "(rewritten)\n<!-- end generated -->\n```\n")
+    assert render(text, generators(tmp_path)) == text
+
+
+def test_recipe_ratios_are_same_run_medians_of_the_committed_baseline() -> None:
+    name = ".benchmarks/NVIDIA_H100_80GB_HBM3/baseline_1gpu.json"
+    run = json.loads((REPO / name).read_text())
+    medians = {(b["params"]["size"], b["params"]["seq_len"], b["params"]["recipe"]):
+               b["stats"]["median"] for b in run["benchmarks"] if "recipe" in b["params"]}
+    block = doc_recipes.recipe_ratios(REPO, name)
+    ours, theirs = medians[("2.7b", 512, "optimized")], medians[("2.7b", 512, "pytorch_baseline")]
+    row = f"| 2.7b | 512 | {theirs * 1e3:.1f} | {ours * 1e3:.1f} | {ours / theirs:.3f} |"
+    assert row in block
+    assert f"commit {run['commit_info']['id'][:7]}" in block and "CUDA-graph replays" in block
+
+
+def test_recipe_ratios_of_several_files_pair_medians_within_each_file(tmp_path: Path) -> None:
+    def run(size: str, ours_s: float, theirs_s: float) -> dict:
+        return {"commit_info": {"id": f"{size}abcdef"}, "datetime": "2026-01-02T00:00:00",
+                "benchmarks": [
+                    {"name": f"test_training_recipe[{size}-{recipe}]",
+                     "params": {"size": size, "seq_len": 512, "recipe": recipe},
+                     "extra_info": {"size": size, "seq_len": 512, "recipe": recipe},
+                     "stats": {"median": median, "min": median, "mean": median,
+                               "stddev": 0.0, "rounds": 3, "data": [median] * 3}}
+                    for recipe, median in (("optimized", ours_s),
+                                           ("pytorch_baseline", theirs_s))]}
+
+    # Each file alone would pair its own two medians; a pairing across files would not.
+    (tmp_path / "a.json").write_text(json.dumps(run("small", 0.008, 0.010)))
+    (tmp_path / "b.json").write_text(json.dumps(run("xl", 0.030, 0.040)))
+    block = doc_recipes.recipe_ratios(tmp_path, "a.json", "b.json")
+    assert "| small | 512 | 10.0 | 8.0 | 0.800 |" in block
+    assert "| xl | 512 | 40.0 | 30.0 | 0.750 |" in block
+    assert "`a.json` (commit smallab" in block and "`b.json` (commit xlabcde" in block
+    assert "both medians of a ratio from one file" in block
+    with pytest.raises(ValueError, match="at least one history file"):
+        doc_recipes.recipe_ratios(tmp_path)
+
+
+def test_breakdowns_stand_side_by_side_per_category(tmp_path: Path) -> None:
+    def record(recipe: str, optimizer_ms: float) -> dict:
+        return {"recipe": recipe, "machine": "GPU", "measured": "replays", "steps": 3,
+                "unprofiled_wall_ms": 10.0 + optimizer_ms,
+                "rows": [{"category": "optimizer", "ms": optimizer_ms, "floor_ms": 2.0},
+                         {"category": "matmul", "ms": 7.0, "floor_ms": None}]}
+
+    for name, optimizer_ms in (("before", 4.0), ("after", 2.5)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(record("optimized", optimizer_ms)))
+    block = doc_recipes.breakdown_side_by_side(tmp_path, "before.json", "after.json")
+    assert "| optimizer | 4.0 | 2.5 | 2.0 |" in block
+    assert "| matmul | 7.0 | 7.0 | - |" in block
+    assert "| step (unprofiled) | 14.0 | 12.5 | - |" in block
+    assert "the files record no commit" in block
+    with pytest.raises(ValueError, match="not a breakdown record"):
+        doc_recipes.breakdown_side_by_side(tmp_path, "missing.json")
+
+
+def test_host_profile_block_names_each_file_s_commit_when_recorded(tmp_path: Path) -> None:
+    def record(label: str, commit: str | None, launch_us: float) -> dict:
+        return {"label": label, "commit": commit, "gpu": "GPU", "torch": "2",
+                "host_profile": {"triton": {"enqueue_us_per_call": 2 * launch_us,
+                                            "profiled_us_per_call_by_group": {
+                                                "kernel launch": launch_us}}}}
+
+    for label, commit, launch_us in (("before", "abc1234", 80.0), ("after", "def5678", 20.0)):
+        (tmp_path / f"{label}.json").write_text(json.dumps(record(label, commit, launch_us)))
+    block = doc_profiles.host_profile(tmp_path, "triton", "before.json", "after.json")
+    assert "| kernel launch | 80 | 20 |" in block
+    assert "| enqueue per call (not profiled) | 160 | 40 |" in block
+    assert "commits abc1234 (before), def5678 (after)" in block
+    (tmp_path / "after.json").write_text(json.dumps(record("after", None, 20.0)))
+    block = doc_profiles.host_profile(tmp_path, "triton", "before.json", "after.json")
+    assert "the files record no commit" in block
+
+
+def _write_experiment(path: Path, rows: list[dict]) -> None:
+    """A backward experiment's JSON as the scripts save it, of commit abc1234 on GPU X."""
+    path.write_text(json.dumps({"device": "GPU X", "torch": "2.0", "triton": "3.6",
+                                "commit": "abc1234", "rows": rows}))
+
+
+def test_backward_block_sets_each_backward_beside_cudnn_s(tmp_path: Path) -> None:
+    shape = {"batch": 16, "seq": 16384, "head_dim": 64, "dtype": "bf16", "causal": True}
+    rows = [
+        {**shape, "kind": "two_pass", "forward_ms": 1.0, "backward_ms": 3.0},
+        {**shape, "kind": "fused_tma_reduce", "config": [32, 128, 4, 3], "backward_ms": 3.6,
+         "dq_run_to_run": 2.5e-4},
+        {**shape, "kind": "fused_tma_reduce", "config": [16, 64, 4, 3], "backward_ms": 4.5,
+         "dq_run_to_run": 0.0},
+        {**shape, "kind": "fused_tma_reduce", "config": [64, 128, 8, 3],
+         "error": "OutOfResources: shared memory"},
+        {**shape, "kind": "cudnn", "forward_ms": 1.1, "backward_ms": 2.0},
+    ]
+    _write_experiment(tmp_path / "run.json", rows)
+    block = doc_backward.backward_passes(tmp_path, "run.json")
+    # ours / cuDNN = 3.0 / 2.0; the best fused tiles' backward / ours = 3.6 / 3.0
+    assert ("| 16x16384x64 | 1.000 | 1.100 | 3.000 | 3.600 | (32, 128, 4, 3) | 2.000 | 1.50 "
+            "| 1.20 |" in block)
+    assert "| 16x16384x64 | (16, 64, 4, 3) | 4.500 | 0.0e+00 |" in block
+    # A causal backward is 2.5 forwards: 2.5 * 4 * 16 * 16384^2 * 64 / 2 = 1.374e12 FLOPs,
+    # over cuDNN's 2 ms; ours runs 7/5 of them in 3 ms; 7/5 of them in cuDNN's 2 ms is
+    # 962 TFLOP/s, 129% of the 743 TFLOP/s ceiling.
+    assert "| 16x16384x64 | 687 | 641 | 962 | 129% |" in block
+    assert "failed: OutOfResources: shared memory" in block
+    assert "each pass alone, bf16, causal;" in block
+    assert "GPU X, torch 2.0, Triton 3.6; kernels of commit abc1234" in block
+    (tmp_path / "other.json").write_text(json.dumps({"host_profile": {}}))
+    with pytest.raises(ValueError, match="not a backward experiment"):
+        doc_backward.backward_passes(tmp_path, "other.json")
+
+
+def _gluon_row(shape: dict, mode: str, ms: float, run_to_run: float = 4.9e-4,
+               async_mma: bool = False, **config: object) -> dict:
+    """A Gluon config's row as the study saves it; ablations record no run-to-run dQ."""
+    ablation = mode in ("discard", "skip")
+    return {**shape, "kind": "gluon", "ablation": ablation, "backward_ms": ms,
+            **({} if ablation else {"dq_run_to_run": run_to_run}),
+            "config": {"async_mma": async_mma, "dq_mode": mode, "keys_fastest": True,
+                       "longest_first": True, **config}}
+
+
+def test_gluon_block_picks_the_fastest_complete_backward_not_an_ablation(tmp_path: Path
+                                                                          ) -> None:
+    shape = {"batch": 16, "seq": 16384, "head_dim": 128, "dtype": "bf16", "causal": True}
+
+    def gluon(mode: str, ms: float, **config: bool) -> dict:
+        return _gluon_row(shape, mode, ms, **config)
+
+    rows = [{**shape, "kind": "two_pass", "backward_ms": 6.5, "dq_pass_ms": 2.5,
+             "dkdv_pass_ms": 4.0},
+            {**shape, "kind": "cudnn", "backward_ms": 5.0},
+            gluon("tma", 5.2), gluon("tma", 6.0, longest_first=False),
+            gluon("atomic", 6.8, keys_fastest=False), gluon("skip", 3.9),
+            {**shape, "kind": "gluon", "config": {"dq_mode": "tma"}, "error": "hang"}]
+    _write_experiment(tmp_path / "run.json", rows)
+    block = doc_backward.gluon_backward(tmp_path, "run.json")
+    # The skip ablation (3.9 ms) is faster but computes no dQ: 5.2 ms is the best backward.
+    assert ("| 16x16384x128 | 2.500 | 4.000 | 6.500 | 5.000 | 5.200 | sync, dQ tma, keys "
+            "fastest, longest first | 0.80 | 1.04 | 1.30 |" in block)
+    assert ("| sync, dQ atomic, matrices fastest, longest first | 6.800 | 1.05 | 1.36 | "
+            "4.9e-04 |" in block)
+    assert "| sync, dQ tma, keys fastest, shortest first | 6.000 |" in block
+    assert "| 3.900 | 0.60 | 0.78 | ablation: not checked |" in block
+    # A config saved before the order fields existed ran matrices fastest, shortest first.
+    assert "| sync, dQ tma, matrices fastest, shortest first | failed: hang |" in block
+    assert "kernels of commit abc1234" in block
+
+
+def test_gluon_block_names_the_fastest_deterministic_backward_and_the_totals(tmp_path: Path
+                                                                              ) -> None:
+    shape = {"batch": 16, "seq": 16384, "head_dim": 64, "dtype": "bf16", "causal": True}
+
+    def gluon(mode: str, ms: float, run_to_run: float, **config: object) -> dict:
+        return _gluon_row(shape, mode, ms, run_to_run, async_mma=True, **config)
+
+    rows = [{**shape, "kind": "two_pass", "forward_ms": 1.0, "backward_ms": 4.0,
+             "dq_pass_ms": 1.5, "dkdv_pass_ms": 2.5},
+            {**shape, "kind": "cudnn", "forward_ms": 1.2, "backward_ms": 3.8},
+            gluon("tma_wg", 3.5, 4.9e-4),
+            # Equal dQs by chance do not make an unordered add deterministic.
+            gluon("tma", 3.7, 0.0),
+            gluon("tma_ordered", 3.9, 0.0, writers=2),
+            {**shape, "kind": "summary", "prepare_finish_ms": 0.125}]
+    _write_experiment(tmp_path / "run.json", rows)
+    block = doc_backward.gluon_backward(tmp_path, "run.json")
+    assert ("| 3.500 | async, dQ tma_wg, keys fastest, longest first | 0.88 | 0.92 | 1.05 "
+            "| 3.900 | 1.03 |" in block)
+    # Totals over cuDNN's 5.0 ms: (1 + 4) / 5, (1 + 3.5) / 5, (1 + 3.9) / 5.
+    assert "| 16x16384x64 | 1.000 | 1.200 | 1.00 | 0.90 | 0.98 |" in block
+    assert "| async, dQ tma_ordered, keys fastest, longest first, 2 writers | 3.900 |" in block
+    assert "together 16x16384x64: 0.125 ms" in block
+
+
+def test_gluon_block_reads_the_library_configs_and_cudnns_own_run_to_run(tmp_path: Path
+                                                                         ) -> None:
+    """Runs of the library's kernel name the order by `ordered` and run key blocks fastest;
+    a cuDNN row that recorded two of its dQs gets a row of its own."""
+    shape = {"batch": 16, "seq": 16384, "head_dim": 64, "dtype": "bf16", "causal": True}
+
+    def library(ordered: bool, ms: float, run_to_run: float, **tiles: int) -> dict:
+        return {**shape, "kind": "gluon", "backward_ms": ms, "dq_run_to_run": run_to_run,
+                "config": {"async_mma": True, "ordered": ordered, "longest_first": not ordered,
+                           "writers": 2 if ordered else 1, **tiles}}
+
+    rows = [{**shape, "kind": "two_pass", "forward_ms": 1.0, "backward_ms": 4.0,
+             "dq_pass_ms": 1.5, "dkdv_pass_ms": 2.5},
+            {**shape, "kind": "cudnn", "forward_ms": 1.0, "backward_ms": 3.2,
+             "dq_run_to_run": 2.4e-4},
+            library(False, 3.1, 4.9e-4, block_m=64), library(True, 3.3, 0.0),
+            library(False, 3.15, 4.9e-4, block_m=128)]
+    _write_experiment(tmp_path / "run.json", rows)
+    block = doc_backward.gluon_backward(tmp_path, "run.json")
+    assert "| async, dQ any order, keys fastest, longest first | 3.100 |" in block
+    # The tile height is named where it is not the 64 rows of the runs before it.
+    assert ("| async, dQ any order, keys fastest, longest first, 128-row query tiles | 3.150 |"
+            in block)
+    # The ordered config with equal dQs is the fastest deterministic one: 3.3 / 3.2.
+    assert "| 3.300 | 1.03 |" in block
+    assert "| 16x16384x64 | cuDNN (SDPA) | 3.200 | 0.80 | 1.00 | 2.4e-04 |" in block
+
+
+def _write_breakdown_run(repo: Path, name: str, ours_backward: float) -> str:
+    """One kernel-breakdown run at d = 64: ours with the unordered Gluon backward, cuDNN."""
+    def row(impl: str, kernels: dict[str, float], events: float) -> dict:
+        return {"implementation": impl, "head_dim": 64, "batch": 16, "seq": 16384,
+                "event_ms_per_step": events, "kernel_ms_per_step": sum(kernels.values()),
+                "kernels": kernels}
+
+    rows = [row("triton_gluon_bwd_unordered",
+                {"flash_forward_kernel": 1.0, "prepare_kernel": 0.1,
+                 "gluon_backward_kernel": ours_backward, "finish_kernel": 0.1,
+                 "vectorized_elementwise_kernel<FillFunctor>": 0.2}, 4.5),
+            row("sdpa_cudnn", {"cudnn_sm90_flash_fprop_64x128": 1.2,
+                               "cudnn::fusion::compute_dot_do_o<64>": 0.1,
+                               "cudnn_sm90_flash_bprop_64x64": 2.6,
+                               "cudnn::fusion::convert_dq_to_16bits": 0.1}, 4.0),
+            {"implementation": "triton_gluon_bwd", "head_dim": 64, "error": "unsupported"}]
+    path = repo / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"commit": "abc1234", "header": "GPU fixture.", "rows": rows}))
+    return name
+
+
+def test_kernel_breakdown_groups_kernels_by_part_and_takes_each_runs_ratio(
+        tmp_path: Path) -> None:
+    runs = [_write_breakdown_run(tmp_path, f"k/run{n}.json", backward)
+            for n, backward in enumerate((2.6, 3.0, 2.8))]
+    out = render(f"<!-- generated: attention-kernel-breakdown {' '.join(runs)} -->\n"
+                 "<!-- end generated -->\n", generators(tmp_path))
+    # ours: 1.0 + 0.1 + backward + 0.1 + 0.2 (other) against cuDNN's 4.0 in every run:
+    # ratios 1.0, 1.1, 1.05; parts are medians over the runs.
+    assert ("| 64 | ours + Gluon unordered | 1.000 | 0.100 | 2.800 | 0.100 | 0.200 | 4.200 | "
+            "4.500 | 1.05 (1.00–1.10) |") in out
+    assert ("| 64 | SDPA cuDNN | 1.200 | 0.100 | 2.600 | 0.100 | 0.000 | 4.000 | 4.000 | "
+            "1.00 (1.00–1.00) |") in out
+    assert "ordered |" not in out.replace("unordered |", "")  # the row that failed is left out
+    assert "medians over 3 run(s)" in out and "`k/run2.json` (commit abc1234)" in out
+
+
+def test_gluon_forward_block_divides_by_the_triton_forward_and_cudnns_step_per_round(
+        tmp_path: Path) -> None:
+    base = {"batch": 16, "seq": 16384, "head_dim": 128}
+    rows = [{**base, "kind": "triton_forward", "ms": 2.0, "o_vs_ref": 0.01, "lse_vs_ref": 2e-6},
+            {**base, "kind": "gluon_forward", "num_stages": 3, "async_mma": True,
+             "pingpong": True, "ms": 1.8, "o_vs_ref": 0.01, "lse_vs_ref": 2e-6},
+            {**base, "kind": "gluon_forward", "num_stages": 2, "async_mma": False,
+             "pingpong": False, "error": "OutOfResources"},
+            {**base, "kind": "gluon_forward", "num_stages": 3, "async_mma": False,
+             "pingpong": True, "persistent": True, "ms": 1.7, "o_vs_ref": 0.01,
+             "lse_vs_ref": 2e-6},
+            {**base, "kind": "rounds", "name": "step sdpa_cudnn", "ms_per_round": [7.0, 8.0, 7.2],
+             "median_ms": 7.2, "over_cudnn_median": 1.0, "over_cudnn_range": [1.0, 1.0]},
+            {**base, "kind": "rounds", "name": "step triton_gluon_bwd_unordered",
+             "ms_per_round": [7.1, 7.2, 7.0], "median_ms": 7.1, "over_cudnn_median": 0.986,
+             "over_cudnn_range": [0.9, 1.014]},
+            {**base, "kind": "rounds", "name": "forward gluon", "ms_per_round": [1.8, 1.9, 1.7],
+             "median_ms": 1.8}]
+    (tmp_path / "f.json").write_text(json.dumps({"commit": "abc1234", "device": "GPU",
+                                                 "rows": rows}))
+    out = render("<!-- generated: attention-gluon-forward f.json -->\n<!-- end generated -->\n",
+                 generators(tmp_path))
+    assert "| 128 | Gluon: 3 stages, softmax overlapped, ping-pong | 1.800 | 0.90 |" in out
+    assert "| 128 | Gluon: 2 stages, no overlap, no ping-pong | failed: OutOfResources |" in out
+    assert "| 128 | Gluon: 3 stages, no overlap, ping-pong, persistent | 1.700 | 0.85 |" in out
+    assert ("| 128 | step triton_gluon_bwd_unordered | 7.100 | 7.000–7.200 | "
+            "0.986 (0.900–1.014) |") in out
+    assert "| 128 | forward gluon | 1.800 | 1.700–1.900 | - |" in out
+    assert "3 rounds" in out and "commit abc1234" in out

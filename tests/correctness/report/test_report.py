@@ -1,0 +1,295 @@
+"""Report pages, tables, plots and the compare view, from real smoke runs and test fixtures."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from smoke_runs import save_smoke_runs
+
+from systems.report.cli import main
+from systems.report.compare import change_label, compare_runs
+from systems.report.plots import allreduce_bandwidth, attention_scaling, ddp_variants
+from systems.report.tables import (
+    attention_table,
+    collective_table,
+    ddp_table,
+    end_to_end_table,
+    recipes_table,
+    speedup_table,
+    warmup_study_table,
+)
+from systems.runs import keys
+from systems.runs.history import Result, latest_results, load_run, load_runs
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory) -> Path:
+    """Two real smoke runs saved by pytest-benchmark: fp32 and bf16 forward, then fp32 again
+    (the fast cases, to keep this file quick)."""
+    storage = tmp_path_factory.mktemp("benchmarks")
+    save_smoke_runs(storage, [("first", "tiny-ctx64-forward-"), ("second", "forward-fp32")])
+    return storage
+
+
+def test_latest_results_take_each_benchmark_from_the_newest_run(smoke_runs) -> None:
+    runs = load_runs(smoke_runs)
+    assert [r.path.name[5:] for r in runs] == ["first.json", "second.json"]
+    assert (len(runs[0].results), len(runs[1].results)) == (2, 1)
+    latest = {r.get("precision"): r.run for r in latest_results(runs)}
+    assert latest == {"fp32": runs[1].path.name, "bf16": runs[0].path.name}
+
+
+def test_runs_with_an_injected_slowdown_never_reach_a_report(smoke_runs, tmp_path) -> None:
+    # A newer copy of a real run with a case slowed down on purpose (the gate's test switch)
+    # must not become "the newest result" of anything, not even through its other cases.
+    newest = max(smoke_runs.rglob("*.json"))
+    slowed = json.loads(newest.read_text())
+    slowed["benchmarks"][0]["extra_info"]["injected_slowdown"] = 0.15
+    slowed["datetime"] = "2999-01-01T00:00:00"
+    copy_root = tmp_path / "benchmarks"
+    (copy_root / "gpu").mkdir(parents=True)
+    for path in smoke_runs.rglob("*.json"):
+        (copy_root / "gpu" / path.name).write_text(path.read_text())
+    (copy_root / "gpu" / "9999_slowed.json").write_text(json.dumps(slowed))
+    runs = load_runs(copy_root)
+    assert [len(r.results) for r in runs if r.path.name == "9999_slowed.json"] == [0]
+    assert all(r.file != "gpu/9999_slowed.json" for r in latest_results(runs))
+
+
+def test_end_to_end_table_lists_every_step_with_its_run(smoke_runs) -> None:
+    results = latest_results(load_runs(smoke_runs))
+    table = end_to_end_table(results)
+    e2e = [r for r in results if r.kind == "end_to_end"]
+    assert len(table.splitlines()) == 2 + len(e2e)
+    assert "| tiny | 64 | forward | bf16 | eager | reference |" in table
+
+
+def test_warmup_study_rows_are_not_end_to_end_rows() -> None:
+    info = {"size": "tiny", "mode": "train_step", "precision": "bf16", "warmup_rounds": 0}
+    study = _result("test_warmup_study[warmup0-tiny]", 0.1, **info)
+    assert study.kind == "warmup_study"
+    assert end_to_end_table([study]) == ""
+    assert "| tiny |" in warmup_study_table([study])
+
+
+def test_results_command_writes_page_and_plots(smoke_runs, tmp_path) -> None:
+    out = tmp_path / "docs" / "RESULTS.md"
+    assert main(["results", "--root", str(smoke_runs), "--out", str(out),
+                 "--include-cpu"]) == 0
+    page = out.read_text()
+    for heading in ("End-to-end model steps", "Analytic accounting", "The XXL FFN model"):
+        assert heading in page
+    # The newest fp32 and bf16 steps come from different runs: no speedup across runs.
+    assert "Speedup: fp32 vs bf16 autocast" not in page
+    first, second = (p.relative_to(smoke_runs).as_posix()
+                     for p in sorted(smoke_runs.rglob("*.json")))
+    assert f"Time: eager end-to-end (host included). From: `{first}`, `{second}`." in page
+    assert "### Attention" not in page  # no attention results, no section
+    images = [line.split("(")[1].rstrip(")") for line in page.splitlines()
+              if line.startswith("![")]
+    assert images and all((out.parent / i).read_bytes()[:8] == PNG for i in images)
+    # CPU runs are left out unless asked for.
+    assert main(["results", "--root", str(smoke_runs), "--out", str(out)]) == 0
+    assert "No saved benchmark runs yet" in out.read_text()
+
+
+def test_latest_command_names_the_run_file(smoke_runs, capsys) -> None:
+    assert main(["latest", "--root", str(smoke_runs), "--gpu", "cpu"]) == 0
+    assert "_second.json" in capsys.readouterr().out
+    assert main(["latest", "--root", str(smoke_runs), "--gpu", "no-such-gpu"]) == 2
+    capsys.readouterr()
+    assert main(["latest", "--root", str(smoke_runs), "--device", "cpu"]) == 0  # old spelling
+    assert "_second.json" in capsys.readouterr().out
+
+
+def test_compare_highlights_a_slowdown(smoke_runs, tmp_path, capsys) -> None:
+    first = sorted(smoke_runs.rglob("*.json"))[0]
+    slower = json.loads(first.read_text())
+    changed = slower["benchmarks"][0]
+    changed["stats"]["mean"] *= 3  # a fixture: the same run with one benchmark made slower
+    changed["stats"]["stddev"] = 0.0
+    path = tmp_path / "0009_slower.json"
+    path.write_text(json.dumps(slower))
+    text = compare_runs(load_run(first), load_run(path))
+    row = next(line for line in text.splitlines() if f"| {changed['name']} |" in line)
+    assert "**slower**" in row and "+200.0%" in row
+    assert row.endswith("| eager end-to-end (host included) |")  # what a round measured
+    assert text.count("**slower**") == 1
+    assert main(["compare", str(first), str(path)]) == 0 and "**slower**" in capsys.readouterr().out
+
+
+def test_change_label_ignores_noise() -> None:
+    assert change_label(1.0, 0.1, 1.15, 0.1) == "same"
+    assert change_label(1.0, 0.01, 1.2, 0.01) == "**slower**"
+    assert change_label(1.0, 0.01, 0.8, 0.01) == "**faster**"
+
+
+# -------------------------------------------- other suites' results, as synthetic fixtures
+def _result(name: str, mean: float, **info) -> Result:
+    return Result(name=name, fullname=f"tests/perf/x.py::{name}", group=None,
+                  stats={"mean": mean, "stddev": mean / 50}, info=info, run="0001_fixture.json",
+                  datetime="2026-01-01", device="GPU fixture")
+
+
+def _attention_fixture() -> list[Result]:
+    """Attention results as test_attention.py records them: shape (batch, seq, d) and mode."""
+    return [_result(f"attn-{impl}-{n}", scale * n * n * 1e-9,
+                    **keys.normalise({"implementation": impl, "shape": [16, n, 64],
+                                      "dtype": "bfloat16", "causal": True,
+                                      "mode": "forward_backward",
+                                      "peak_memory_bytes": int(scale * n * n * 100)}))
+            for impl, scale in (("reference", 4.0), ("triton", 1.0))
+            for n in (256, 1024, 4096)]
+
+
+def test_recipes_table_puts_the_three_recipes_side_by_side() -> None:
+    def recipe(name: str, size: str, mean: float) -> Result:
+        return _result(f"recipe-{size}-{name}", mean, size=size, seq_len=512,
+                       mode="train_step", recipe=name, cold_start_s=mean * 100, mfu=0.25)
+
+    results = [recipe("eager", "2.7b", 0.3), recipe("pytorch_baseline", "2.7b", 0.15),
+               recipe("optimized", "2.7b", 0.12), recipe("optimized", "small", 0.05)]
+    assert {r.kind for r in results} == {"recipe"}
+    rows = recipes_table(results).splitlines()[2:]
+    assert len(rows) == 2 and rows[0].startswith("| small") and rows[1].startswith("| 2.7b")
+    # 2.7b: 150 / 120 ms against the baseline, 300 / 120 against eager; cold 15 s and 12 s.
+    assert "| 1.25x | 2.50x | 25.0% | 15.0 | 12.0 |" in rows[1]
+    assert "| - | - | 25.0% | - | 5.0 |" in rows[0]  # small: ours alone
+    assert not any(r.startswith("| 2.7b") for r in end_to_end_table(results).splitlines())
+
+
+def test_attention_tables_pair_implementations_and_plot(tmp_path) -> None:
+    results = _attention_fixture()
+    assert len(attention_table(results).splitlines()) == 2 + len(results)
+    assert results[0].kind == "attention" and results[0].get("seq_len") == 256
+    speedups = speedup_table(results, "implementation", "reference", "triton",
+                             ["mode", "seq_len"])
+    assert speedups.count("4.00x") == 3
+    assert attention_scaling(results, tmp_path / "a.png").read_bytes()[:8] == PNG
+
+
+def test_distributed_sections_render_only_with_data(tmp_path) -> None:
+    assert ddp_variants([], tmp_path / "d.png") is None
+    assert allreduce_bandwidth([], tmp_path / "b.png") is None
+    ddp = [_result("naive", 0.5, variant="naive", world_size=2,
+                   **{keys.STEP_S: 0.45, keys.OVERHEAD_VS_NO_COMM: 0.125}),
+           *(_result(f"bucketed{mb}", 0.4 + mb / 1e4, variant="bucketed", world_size=2,
+                     **{keys.BUCKET_SIZE_MB: mb, keys.STEP_S: 0.4}) for mb in (1, 10, 100))]
+    collectives = [_result(f"ar{s}", 1e-5 + s / 100e9, backend="nccl", world_size=2,
+                           size_bytes=s, **{keys.ALGBW: s / (1e-5 + s / 100e9) / 1e9})
+                   for s in (10**4, 10**6, 10**8)]
+    table = ddp_table(ddp)
+    assert len(table.splitlines()) == 6
+    assert "| naive | - | 2 | - | 450.0 | +12.5% |" in table
+    assert "| nccl | 2 |" in collective_table(collectives)
+    assert ddp_variants(ddp, tmp_path / "d.png").read_bytes()[:8] == PNG
+    assert allreduce_bandwidth(collectives, tmp_path / "b.png").read_bytes()[:8] == PNG
+
+
+def test_real_distributed_run_lands_in_the_distributed_tables(tmp_path) -> None:
+    save_smoke_runs(tmp_path, [("dist", "world2")], module="tests/perf/test_distributed.py")
+    results = latest_results(load_runs(tmp_path))
+    kinds = {r.name: r.kind for r in results}
+    assert set(kinds.values()) == {"ddp", "collective"}
+    train_steps = [name for name in kinds if name.startswith("test_train_step")]
+    table = ddp_table(results)
+    assert len(table.splitlines()) == 2 + len(train_steps)
+    assert "| - | - |" not in table  # step time and overhead are read from extra_info
+    assert "| gloo | 2 |" in collective_table(results)
+
+
+def test_combined_history_files_keep_the_source_run(smoke_runs, tmp_path) -> None:
+    first = json.loads(sorted(smoke_runs.rglob("*.json"))[0].read_text())
+    combined = copy.deepcopy(first)
+    for bench in combined["benchmarks"]:
+        bench["extra_info"]["source_run"] = "0001_original.json"
+    path = tmp_path / "0003_combined.json"
+    path.write_text(json.dumps(combined))
+    assert {r.run for r in load_run(path).results} == {"0001_original.json"}
+
+
+# ------------------------------------------------------------- malformed history files
+_CORRUPTIONS = {
+    "truncated": lambda text: text[: len(text) // 2],
+    "a list, not a run": lambda text: json.dumps([json.loads(text)]),
+    "benchmarks not a list": lambda text: json.dumps({**json.loads(text), "benchmarks": {}}),
+    "a benchmark without stats": lambda text: json.dumps(
+        {**json.loads(text),
+         "benchmarks": [{k: v for k, v in b.items() if k != "stats"}
+                        for b in json.loads(text)["benchmarks"]]}),
+    "stats without a mean": lambda text: json.dumps(
+        {**json.loads(text),
+         "benchmarks": [{**b, "stats": {"min": 1.0}} for b in json.loads(text)["benchmarks"]]}),
+    "machine_info not a mapping": lambda text: json.dumps(
+        {**json.loads(text), "machine_info": "H100"}),
+}
+
+
+@pytest.fixture(params=sorted(_CORRUPTIONS))
+def storage_with_a_bad_run(request, smoke_runs, tmp_path) -> tuple[Path, Path]:
+    """A copy of the smoke storage where the second run is corrupted one way."""
+    storage = tmp_path / "benchmarks"
+    for path in smoke_runs.rglob("*.json"):
+        target = storage / path.relative_to(smoke_runs)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(path.read_text())
+    bad = sorted(storage.rglob("*.json"))[-1]
+    bad.write_text(_CORRUPTIONS[request.param](bad.read_text()))
+    return storage, bad
+
+
+def test_report_commands_skip_a_malformed_history_with_one_warning(
+        storage_with_a_bad_run, tmp_path, capsys) -> None:
+    storage, bad = storage_with_a_bad_run
+    good = next(p for p in storage.rglob("*.json") if p != bad)
+    out = tmp_path / "docs" / "RESULTS.md"
+    assert main(["results", "--root", str(storage), "--out", str(out), "--include-cpu"]) == 0
+    err = capsys.readouterr().err
+    assert err.count(str(bad)) == 1 and "skipping" in err
+    assert good.name in out.read_text() and bad.name not in out.read_text()
+    assert main(["latest", "--root", str(storage), "--gpu", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count(str(bad)) == 1 and good.name in captured.out
+
+
+def test_compare_names_a_malformed_history(storage_with_a_bad_run, capsys) -> None:
+    storage, bad = storage_with_a_bad_run
+    good = next(p for p in storage.rglob("*.json") if p != bad)
+    assert main(["compare", str(good), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "Traceback" not in err
+
+
+def test_compare_takes_run_ids_like_pytest_benchmark(smoke_runs, tmp_path, capsys) -> None:
+    first, second = sorted(smoke_runs.rglob("*.json"))
+    # Storage of two GPUs: the same ids exist in both, so the GPU must be named.
+    root = tmp_path / "benchmarks"
+    for gpu in ("NVIDIA_H100", "NVIDIA_H200"):
+        for path in (first, second):
+            target = root / gpu / "machine" / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(path.read_text())
+    number = first.name[:4]
+    assert main(["compare", number, second.stem, "--root", str(root), "--gpu", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"# {first.name} -> {second.name}")
+    assert main(["compare", number, second.stem, "--root", str(root)]) == 2
+    assert "ambiguous" in capsys.readouterr().err
+    assert main(["compare", "0099", number, "--root", str(root), "--gpu", "h100"]) == 2
+    assert "0099: no such file, and no run with that id" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("command", "shown"), [
+    ("results", "--root ROOT histories, searched at any depth (default: .benchmarks)"),
+    ("results", "the page (default: docs/RESULTS.md)"),
+    ("compare", "where run ids are looked up (default: .benchmarks)"),
+])
+def test_report_help_shows_defaults(command: str, shown: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert shown in " ".join(capsys.readouterr().out.split())

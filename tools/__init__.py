@@ -1,0 +1,1 @@
+"""Developer tools for this repository (not shipped with the package)."""

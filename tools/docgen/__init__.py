@@ -1,0 +1,1 @@
+"""The generators behind the docs' generated blocks: `python -m tools.docgen`."""

@@ -1,0 +1,347 @@
+"""Generated doc blocks quoted from the backward experiments, each pass timed alone beside
+our two-pass backward and cuDNN's: `studies/attention_dq_reduce/study.py` (a fused Triton
+backward whose dQ is summed by TMA bulk reductions) and `studies/attention_gluon_backward/study.py`
+(the backward of 5 matmuls in Gluon with FA3's schedule, and its ablations); the forward
+in Gluon beside ours and cuDNN's (`studies/attention_gluon_forward/study.py`); and the
+forward + backward kernel by kernel (`studies/attention_kernel_breakdown/study.py`)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from systems.accounting import attention_flops
+from systems.common.formatting import markdown_table
+from systems.profiling.step_breakdown import DEFAULT_MATMUL_TFLOPS
+from tools.docgen.doc_attention import VARIANT_LABELS, VARIANT_RIVAL, ratio_spread
+from tools.docgen.doc_blocks import read_source
+
+# Tile matmuls per (query tile, key tile) pair: ours recomputes S and dP in its dQ pass.
+TWO_PASS_MATMULS, FUSED_MATMULS = 7, 5
+
+
+def _experiment(repo: Path, name: str) -> dict:
+    data = read_source(repo, name, "backward experiment")
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise ValueError(f"{name}: not a backward experiment (no rows)")
+    return data
+
+
+def _shape(row: dict) -> str:
+    return f"{row['batch']}x{row['seq']}x{row['head_dim']}"
+
+
+def _ms(row: dict, field: str) -> str:
+    return f"{row[field]:.3f}" if field in row else "-"
+
+
+def _ratio(numerator: dict, denominator: dict) -> str:
+    if "backward_ms" not in numerator or "backward_ms" not in denominator:
+        return "-"
+    return f"{numerator['backward_ms'] / denominator['backward_ms']:.2f}"
+
+
+def _tflops(flops: float, ms: float) -> float:
+    return flops / ms / 1e9
+
+
+def _summary_table(ours_rows: list[dict], fused_rows: list[dict], cudnn: dict[str, dict]
+                   ) -> str:
+    rows = []
+    for ours in ours_rows:
+        shape = _shape(ours)
+        fused = [r for r in fused_rows if _shape(r) == shape and "backward_ms" in r]
+        best = min(fused, key=lambda r: r["backward_ms"]) if fused else {}
+        rival = cudnn.get(shape, {})
+        rows.append([
+            shape, _ms(ours, "forward_ms"), _ms(rival, "forward_ms"), _ms(ours, "backward_ms"),
+            _ms(best, "backward_ms"), str(tuple(best["config"])) if best else "-",
+            _ms(rival, "backward_ms"), _ratio(ours, rival), _ratio(best, ours)])
+    return markdown_table(["b x seq x d", "ours forward ms", "cuDNN forward ms",
+                           "ours backward (two passes) ms", "dQ by TMA reductions ms",
+                           "its tiles (m, n, warps, stages)", "cuDNN backward ms",
+                           "two passes / cuDNN", "TMA reductions / two passes"], rows)
+
+
+def _configs_table(fused_rows: list[dict]) -> str:
+    rows = [[_shape(r), str(tuple(r["config"])),
+             f"failed: {r['error']}" if "error" in r else _ms(r, "backward_ms"),
+             f"{r['dq_run_to_run']:.1e}" if "dq_run_to_run" in r else "-"]
+            for r in fused_rows]
+    return markdown_table(["b x seq x d", "tiles (m, n, warps, stages)", "backward ms",
+                           "dQ max diff, two runs"], rows)
+
+
+def _rates_table(ours_rows: list[dict], cudnn: dict[str, dict]) -> str:
+    """The matmul rate of cuDNN's backward and of our two passes, and the rate our 7
+    matmuls would need to take cuDNN's time, against the bf16 matmul ceiling."""
+    rows = []
+    for ours in ours_rows:
+        rival = cudnn.get(_shape(ours), {})
+        if "backward_ms" not in rival:
+            continue
+        # The usual count: a backward is 2.5 forwards' matmuls, i.e. 5 tile matmuls.
+        useful = attention_flops(ours["batch"], ours["seq"], ours["seq"], ours["head_dim"],
+                                 ours.get("causal", True), "backward")
+        ours_flops = useful / FUSED_MATMULS * TWO_PASS_MATMULS
+        needed = _tflops(ours_flops, rival["backward_ms"])
+        rows.append([_shape(ours), f"{_tflops(useful, rival['backward_ms']):.0f}",
+                     f"{_tflops(ours_flops, ours['backward_ms']):.0f}", f"{needed:.0f}",
+                     f"{needed / DEFAULT_MATMUL_TFLOPS:.0%}"])
+    return markdown_table(["b x seq x d", f"cuDNN backward TFLOP/s ({FUSED_MATMULS} matmuls)",
+                           f"ours, two passes, TFLOP/s run ({TWO_PASS_MATMULS} matmuls)",
+                           f"TFLOP/s {TWO_PASS_MATMULS} matmuls need for cuDNN's time",
+                           f"that of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s (bf16 matmul "
+                           "ceiling)"], rows)
+
+
+def backward_passes(repo: Path, file: str) -> str:
+    """Per shape: the forwards and backwards of ours and cuDNN, the fused variant's best
+    tiles, and ratios; every fused tile config with how far two of its runs' dQ differ
+    (its reduction order is not fixed); and the matmul rates (`_rates_table`)."""
+    data = _experiment(repo, file)
+    of_kind = {kind: [r for r in data["rows"] if r.get("kind") == kind]
+               for kind in ("two_pass", "fused_tma_reduce", "cudnn")}
+    cudnn = {_shape(r): r for r in of_kind["cudnn"]}
+    tables = [_summary_table(of_kind["two_pass"], of_kind["fused_tma_reduce"], cudnn),
+              _configs_table(of_kind["fused_tma_reduce"]),
+              _rates_table(of_kind["two_pass"], cudnn)]
+    timed = of_kind["two_pass"] or data["rows"]
+    dtypes = ", ".join(sorted({str(r.get("dtype")) for r in timed}))
+    masks = ", ".join(sorted({"causal" if r.get("causal", True) else "full" for r in timed}))
+    return ("\n\n".join(t for t in tables if t)
+            + "\n\nTime: device time (`triton.testing.do_bench` medians), each pass alone, "
+            f"{dtypes}, {masks}; FLOP rates are matmul FLOPs run over those times, a tile matmul "
+            "being a fifth of the usual backward count (cuDNN's counted at FA2's 5). "
+            f"From `{file}` ({data.get('device')}, torch {data.get('torch')}, "
+            f"Triton {data.get('triton')}; kernels of commit {data.get('commit')}).\n")
+
+
+def _gluon_config(row: dict) -> str:
+    """What a Gluon config changes, in words: MMA mode, how dQ is added, program order."""
+    config = row["config"]
+    # The library's kernel (configs with "ordered") runs key blocks fastest. The study's
+    # own kernels named a dQ mode; those saved before a field existed ran the other order:
+    # matrices fastest, and key blocks last to first (the shortest programs first).
+    library = "ordered" in config
+    # Runs before the schedule field said longest_first (True or False).
+    schedule = config.get("schedule") or (
+        "longest_first" if config.get("longest_first", False) else "shortest_first")
+    order = ("keys" if config.get("keys_fastest", library) else "matrices") + " fastest, " + (
+        schedule.replace("_", " "))
+    mma = "async" if config.get("async_mma") else "sync"
+    writers = config.get("writers", 1)
+    mode = ("ordered" if config["ordered"] else "any order") if library else config.get(
+        "dq_mode")
+    # Every run before tiles of 128 query rows existed used 64.
+    block_m = config.get("block_m", 64)
+    return (f"{mma}, dQ {mode}, {order}"
+            + (f", {writers} writers" if writers != 1 else "")
+            + (f", {block_m}-row query tiles" if block_m != 64 else ""))
+
+
+# The study's Gluon dQ modes that added in a fixed order (the library's kernel says
+# "ordered"); a run's two dQs must also agree.
+DETERMINISTIC_DQ_MODES = ("tma_ordered",)
+
+
+def _deterministic(row: dict) -> bool:
+    config = row["config"]
+    return ((config.get("ordered") or config.get("dq_mode") in DETERMINISTIC_DQ_MODES)
+            and row.get("dq_run_to_run") == 0.0)
+
+
+def _total_ratio(forward: dict, backward: dict, rival: dict) -> str:
+    """(our forward + a backward) over cuDNN's forward + backward."""
+    if "forward_ms" not in forward or "backward_ms" not in backward or not {
+            "forward_ms", "backward_ms"} <= rival.keys():
+        return "-"
+    ours = forward["forward_ms"] + backward["backward_ms"]
+    return f"{ours / (rival['forward_ms'] + rival['backward_ms']):.2f}"
+
+
+def _gluon_dq_column(row: dict) -> str:
+    if row.get("ablation"):  # dQ left out, all or part
+        return "ablation: not checked"
+    return f"{row['dq_run_to_run']:.1e}" if "dq_run_to_run" in row else "-"
+
+
+def _preparation(rows: list[dict]) -> str:
+    """How a run computed D, the zeroing and the cast: its summary rows time the two
+    Triton kernels that do it; runs without that field used PyTorch ops."""
+    timed = [r for r in rows if r.get("kind") == "summary" and "prepare_finish_ms" in r]
+    if not timed:
+        return "by PyTorch ops"
+    each = ", ".join(f"{_shape(r)}: {r['prepare_finish_ms']:.3f} ms" for r in timed)
+    return f"by one Triton kernel before and one after, together {each}"
+
+
+def gluon_backward(repo: Path, file: str) -> str:
+    """Per shape: our two passes (and each pass alone), cuDNN's backward and the fastest
+    complete Gluon backward, with ratios; then every Gluon config, ablations included
+    ("discard": dQ computed, not added; "skip": dK and dV alone)."""
+    data = _experiment(repo, file)
+    of_kind = {kind: [r for r in data["rows"] if r.get("kind") == kind]
+               for kind in ("two_pass", "gluon", "cudnn")}
+    cudnn = {_shape(r): r for r in of_kind["cudnn"]}
+    summary, totals, configs = [], [], []
+    for ours in of_kind["two_pass"]:
+        shape = _shape(ours)
+        rival = cudnn.get(shape, {})
+        gluon = [r for r in of_kind["gluon"] if _shape(r) == shape]
+        complete = [r for r in gluon if "backward_ms" in r and not r.get("ablation")]
+        best = min(complete, key=lambda r: r["backward_ms"]) if complete else {}
+        fixed = [r for r in complete if _deterministic(r)]
+        best_fixed = min(fixed, key=lambda r: r["backward_ms"]) if fixed else {}
+        summary.append([shape, _ms(ours, "dq_pass_ms"), _ms(ours, "dkdv_pass_ms"),
+                        _ms(ours, "backward_ms"), _ms(rival, "backward_ms"),
+                        _ms(best, "backward_ms"), _gluon_config(best) if best else "-",
+                        _ratio(best, ours), _ratio(best, rival), _ratio(ours, rival),
+                        _ms(best_fixed, "backward_ms"), _ratio(best_fixed, rival)])
+        if "forward_ms" in ours and "forward_ms" in rival:
+            totals.append([shape, _ms(ours, "forward_ms"), _ms(rival, "forward_ms"),
+                           _total_ratio(ours, ours, rival), _total_ratio(ours, best, rival),
+                           _total_ratio(ours, best_fixed, rival)])
+        configs += [[shape, _gluon_config(r),
+                     f"failed: {r['error']}" if "error" in r else _ms(r, "backward_ms"),
+                     _ratio(r, ours), _ratio(r, rival), _gluon_dq_column(r)] for r in gluon]
+        if "dq_run_to_run" in rival:  # runs that asked whether cuDNN's dQ is fixed too
+            configs.append([shape, "cuDNN (SDPA)", _ms(rival, "backward_ms"),
+                            _ratio(rival, ours), _ratio(rival, rival), _gluon_dq_column(rival)])
+    tables = [markdown_table(["b x seq x d", "ours dQ pass ms", "ours dK/dV pass ms",
+                              "ours backward (two passes) ms", "cuDNN backward ms",
+                              "Gluon backward ms", "its config", "Gluon / two passes",
+                              "Gluon / cuDNN", "two passes / cuDNN",
+                              "fastest deterministic Gluon ms", "it / cuDNN"], summary),
+              markdown_table(["b x seq x d", "ours forward ms", "cuDNN forward ms",
+                              "ours fwd + two passes / cuDNN fwd + bwd",
+                              "ours fwd + fastest Gluon / cuDNN",
+                              "ours fwd + deterministic Gluon / cuDNN"], totals),
+              markdown_table(["b x seq x d", "Gluon config", "backward ms", "/ two passes",
+                              "/ cuDNN", "dQ max diff, two runs"], configs)]
+    return ("\n\n".join(t for t in tables if t)
+            + "\n\nTime: device time (`triton.testing.do_bench` medians), each backward "
+            "alone; the Gluon backwards' times include computing D, zeroing the fp32 dQ "
+            f"accumulator and its final cast ({_preparation(data['rows'])}). Deterministic: "
+            "dQ added in a fixed order (dQ ordered; in the study's own kernels, "
+            f"{', '.join(DETERMINISTIC_DQ_MODES)}) and two runs' dQs equal. "
+            f"From `{file}` ({data.get('device')}, torch {data.get('torch')}, "
+            f"Triton {data.get('triton')}; kernels of commit {data.get('commit')}).\n")
+
+
+# Each kernel of a forward + backward, by the part of the work it does: (part, substrings of
+# the kernel names of ours and of cuDNN's); a kernel no part names is "other".
+KERNEL_PARTS = (
+    ("forward", ("flash_forward_kernel", "gluon_forward_kernel", "fprop")),
+    ("D = rowsum(O dO)", ("prepare_kernel", "dot_do_o")),
+    ("backward", ("gluon_backward_kernel", "flash_backward", "bprop")),
+    ("dQ cast", ("finish_kernel", "convert_dq")),
+)
+
+
+def _kernel_parts(kernels: dict[str, float]) -> dict[str, float]:
+    """ms per step of each part (`KERNEL_PARTS`) and "other", from ms per kernel name."""
+    parts = dict.fromkeys([name for name, _ in KERNEL_PARTS] + ["other"], 0.0)
+    for kernel, ms in kernels.items():
+        part = next((name for name, marks in KERNEL_PARTS
+                     if any(mark in kernel for mark in marks)), "other")
+        parts[part] += ms
+    return parts
+
+
+def kernel_breakdown(repo: Path, *files: str) -> str:
+    """Per head dim and implementation, device ms per step of each part of a forward +
+    backward (kernels grouped by `KERNEL_PARTS`), their sum, and the sum over cuDNN's; the
+    median over the runs (one file each) and, from several, each run's own ratio's range."""
+    if not files:
+        raise ValueError("attention-kernel-breakdown needs at least one run file")
+    runs = [_experiment(repo, name) for name in files]
+    parts: dict[tuple[int, str], list[dict[str, float]]] = {}
+    ratios: dict[tuple[int, str], list[float]] = {}
+    for run in runs:
+        sums = {(row["head_dim"], row["implementation"]): row["kernel_ms_per_step"]
+                for row in run["rows"] if "kernels" in row}
+        for row in run["rows"]:
+            if "kernels" not in row:
+                continue
+            key = (row["head_dim"], row["implementation"])
+            parts.setdefault(key, []).append(
+                {**_kernel_parts(row["kernels"]), "all kernels": row["kernel_ms_per_step"],
+                 "CUDA events": row["event_ms_per_step"]})
+            rival = sums.get((row["head_dim"], VARIANT_RIVAL))
+            if rival:
+                ratios.setdefault(key, []).append(row["kernel_ms_per_step"] / rival)
+    if not parts:
+        raise ValueError(f"{', '.join(files)} hold no timed rows")
+    columns = [name for name, _ in KERNEL_PARTS] + ["other", "all kernels", "CUDA events"]
+    order = list(VARIANT_LABELS)
+    rows = []
+    for d, impl in sorted(parts, key=lambda key: (key[0], order.index(key[1])
+                                                  if key[1] in order else len(order))):
+        measured = parts[d, impl]
+        ratio = ratio_spread(ratios[d, impl]) if (d, impl) in ratios else "-"
+        rows.append([d, VARIANT_LABELS.get(impl, impl),
+                     *(f"{statistics.median(m[c] for m in measured):.3f}" for c in columns),
+                     ratio])
+    table = markdown_table(["d", "implementation", *(f"{c} ms" for c in columns),
+                            "all kernels / cuDNN's"], rows)
+    sources = "; ".join(f"`{name}` (commit {run.get('commit', 'not recorded')})"
+                        for name, run in zip(files, runs, strict=True))
+    return (f"{table}\n\nTime: device time per forward + backward step (torch.profiler's kernel "
+            "times, summed per part), and CUDA events around the same number of steps in "
+            f"their own window; medians over {len(runs)} run(s), a ratio the median of the "
+            f"runs' own (lowest to highest). {runs[0].get('header', '')} From {sources}.\n")
+
+
+def _forward_config(row: dict) -> str:
+    return (f"Gluon: {row['num_stages']} stages, "
+            f"{'softmax overlapped' if row['async_mma'] else 'no overlap'}, "
+            f"{'ping-pong' if row['pingpong'] else 'no ping-pong'}"
+            f"{', persistent' if row.get('persistent') else ''}")
+
+
+def gluon_forward(repo: Path, file: str) -> str:
+    """The Gluon forward study: per head dim each forward's do_bench median beside the
+    Triton forward's, with its errors against fp32; then its rounds (every entry timed
+    once per round, in turn): median ms over the rounds, and for the perf cases' steps
+    the median and range of their per-round ratios to cuDNN's step."""
+    data = _experiment(repo, file)
+    rows = data["rows"]
+    forwards = [r for r in rows if r.get("kind") in ("triton_forward", "gluon_forward")]
+    triton = {r["head_dim"]: r["ms"] for r in forwards if r["kind"] == "triton_forward"}
+    configs = []
+    for r in forwards:
+        label = "ours, Triton" if r["kind"] == "triton_forward" else _forward_config(r)
+        if "error" in r:
+            configs.append([r["head_dim"], label, f"failed: {r['error']}", "-", "-", "-"])
+            continue
+        configs.append([r["head_dim"], label, f"{r['ms']:.3f}",
+                        f"{r['ms'] / triton[r['head_dim']]:.2f}" if r["head_dim"] in triton
+                        else "-", f"{r['o_vs_ref']:.1e}", f"{r['lse_vs_ref']:.1e}"])
+    rounds = [r for r in rows if r.get("kind") == "rounds"]
+    if not configs or not rounds:
+        raise ValueError(f"{file}: no forward rows or no rounds")
+    timed = [[r["head_dim"], r["name"], f"{r['median_ms']:.3f}",
+              f"{min(r['ms_per_round']):.3f}–{max(r['ms_per_round']):.3f}",
+              _ratio_to_cudnn(r)] for r in rounds]
+    count = len(rounds[0]["ms_per_round"])
+    return (markdown_table(["d", "forward", "ms", "/ Triton forward", "O max error",
+                            "L max error"], configs)
+            + "\n\n" + markdown_table(["d", "timed", "median ms", "range ms",
+                                        "/ cuDNN's step"], timed)
+            + "\n\nTime: device time (`triton.testing.do_bench` medians), 16 matrices x "
+            "16384, bf16, causal. First table: each forward alone, errors against an fp32 "
+            "reference on two matrices. Second: "
+            f"{count} rounds, each timing every entry once in turn; a step's ratio is the "
+            "median of its per-round ratios to cuDNN's step of the same round (lowest to "
+            "highest). \"step\" rows are the perf cases' forward + backward through "
+            "autograd; the others call the kernels directly. "
+            f"From `{file}` ({data.get('device')}, torch {data.get('torch')}, Triton "
+            f"{data.get('triton')}, cuDNN {data.get('cudnn')}; commit {data.get('commit')}).\n")
+
+
+def _ratio_to_cudnn(row: dict) -> str:
+    if "over_cudnn_median" not in row:
+        return "-"
+    low, high = row["over_cudnn_range"]
+    return f"{row['over_cudnn_median']:.3f} ({low:.3f}–{high:.3f})"

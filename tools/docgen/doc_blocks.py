@@ -1,0 +1,129 @@
+"""Generated blocks in prose docs: numbers written by the report, never typed by hand.
+
+A block is
+
+    <!-- generated: NAME ARG... -->
+    ...body, rewritten by `python -m systems.report results`...
+    <!-- end generated -->
+
+NAME picks a generator in `tools.docgen.doc_sources`; ARGs (usually a history file,
+relative to the repository root) are passed to it. Text outside blocks is left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+Generator = Callable[..., str]
+
+_OPEN = re.compile(r"^<!-- generated: (?P<spec>.+?) -->$")
+_CLOSE = "<!-- end generated -->"
+
+
+def read_source(repo: Path, name: str, kind: str) -> object:
+    """A generator's JSON source file `name` under `repo`; a file that cannot be read or
+    parsed raises ValueError saying it is not a `kind`."""
+    try:
+        return json.loads((repo / name).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{name}: not a {kind} ({error})") from error
+
+
+class BlockError(ValueError):
+    """A doc's generated blocks cannot be rewritten; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    args: tuple[str, ...]
+    line: int  # 1-based line of the opening marker
+    body: str
+
+
+def _fail(doc: str, line: int, why: str) -> BlockError:
+    return BlockError(f"{doc}:{line}: {why}")
+
+
+def split_blocks(text: str, doc: str = "<doc>") -> list[str | Block]:
+    """The doc as alternating plain text (str) and generated blocks, in order; the markers
+    belong to the plain text. Markers in fenced code are plain text. Raises BlockError on
+    an unclosed, nested or stray marker."""
+    parts: list[str | Block] = []
+    plain: list[str] = []
+    opened: tuple[int, str] | None = None
+    body: list[str] = []
+    fenced = False  # markers inside fenced code are examples, not blocks
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        stripped = line.strip()
+        if not opened and stripped.startswith("```"):
+            fenced = not fenced
+        start = None if fenced else _OPEN.match(stripped)
+        if start and opened:
+            raise _fail(doc, number, f"generated block opened inside the one at line {opened[0]}")
+        if start:
+            plain.append(line)
+            parts.append("".join(plain))
+            plain, opened, body = [], (number, start["spec"]), []
+        elif stripped == _CLOSE and not fenced:
+            if not opened:
+                raise _fail(doc, number, "end of a generated block that was never opened")
+            name, *args = shlex.split(opened[1])
+            parts.append(Block(name, tuple(args), opened[0], "".join(body)))
+            plain, opened = [line], None
+        elif opened:
+            body.append(line)
+        else:
+            plain.append(line)
+    if opened:
+        raise _fail(doc, opened[0], f"generated block is never closed ({_CLOSE!r})")
+    parts.append("".join(plain))
+    return parts
+
+
+def render(text: str, generators: Mapping[str, Generator], doc: str = "<doc>") -> str:
+    """`text` with every generated block's body replaced by its generator's output."""
+    out = []
+    for part in split_blocks(text, doc):
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        if part.name not in generators:
+            raise _fail(doc, part.line, f"no generator named {part.name!r} (known: "
+                        f"{', '.join(sorted(generators))})")
+        try:
+            body = generators[part.name](*part.args)
+        except (ValueError, FileNotFoundError, TypeError) as error:
+            raise _fail(doc, part.line, f"{part.name}: {error}") from error
+        out.append(body.rstrip("\n") + "\n")
+    return "".join(out)
+
+
+def plain_lines(text: str, doc: str = "<doc>") -> Iterable[tuple[int, str]]:
+    """(line number, line) of every line outside generated blocks and their markers."""
+    number = 0
+    for part in split_blocks(text, doc):
+        if isinstance(part, Block):
+            number += part.body.count("\n")  # the closing marker opens the next part
+            continue
+        for line in part.splitlines():
+            number += 1
+            if not _OPEN.match(line.strip()) and line.strip() != _CLOSE:
+                yield number, line
+
+
+def rewrite_docs(paths: Iterable[Path], generators: Mapping[str, Generator]) -> list[Path]:
+    """Rewrite the generated blocks of each doc in place; returns the docs that changed."""
+    changed = []
+    for path in paths:
+        text = path.read_text()
+        new = render(text, generators, str(path))
+        if new != text:
+            path.write_text(new)
+            changed.append(path)
+    return changed

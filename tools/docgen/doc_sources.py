@@ -1,0 +1,37 @@
+"""The generators behind the docs' generated blocks (`tools.docgen.doc_blocks`), by the
+name a block uses. Each takes its sources as paths relative to the repository root and
+returns markdown that ends with what its numbers measure and which files (and commit) they
+come from."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+from tools.docgen import doc_attention, doc_backward, doc_gate, doc_profiles, doc_recipes
+from tools.docgen.doc_blocks import Generator
+
+
+def generators(repo: Path) -> dict[str, Generator]:
+    """Every generator by the name a doc's block uses, reading sources under `repo`."""
+    return {
+        "attention-eager": partial(doc_attention.attention_eager, repo),
+        "attention-eager-interleaved": partial(doc_attention.attention_eager_interleaved, repo),
+        "attention-device-time": partial(doc_attention.attention_device_time, repo),
+        "attention-device-in-turn": partial(doc_attention.attention_device_in_turn, repo),
+        "attention-backward-variants": partial(doc_attention.attention_backward_variants,
+                                               repo),
+        "attention-host-profile": partial(doc_profiles.host_profile, repo),
+        "attention-host-timings": partial(doc_profiles.host_timings, repo),
+        "attention-backward-passes": partial(doc_backward.backward_passes, repo),
+        "attention-gluon-backward": partial(doc_backward.gluon_backward, repo),
+        "attention-gluon-forward": partial(doc_backward.gluon_forward, repo),
+        "attention-kernel-breakdown": partial(doc_backward.kernel_breakdown, repo),
+        "gate-constants": doc_gate.gate_constants,
+        "gate-tallies": partial(doc_gate.gate_tallies, repo),
+        "gate-cases": partial(doc_gate.gate_cases, repo),
+        "gate-noise": partial(doc_gate.gate_noise, repo),
+        "drift": partial(doc_gate.drift_summary, repo),
+        "recipe-ratios": partial(doc_recipes.recipe_ratios, repo),
+        "breakdowns": partial(doc_recipes.breakdown_side_by_side, repo),
+    }
