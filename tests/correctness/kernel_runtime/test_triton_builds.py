@@ -77,7 +77,7 @@ def test_fused_adamw_kernel_builds_for_hopper():
 
 
 @pytest.mark.parametrize(("module", "configs", "stack_bytes"),
-                         [("gluon_launch", 4, 64), ("gluon_forward", 1, 0)],
+                         [("backward", 4, 64), ("forward", 1, 0)],
                          ids=["backward", "forward"])
 def test_gluon_kernels_build_for_hopper_and_fit_their_shared_memory(module, configs,
                                                                     stack_bytes):
@@ -91,7 +91,7 @@ def test_gluon_kernels_build_for_hopper_and_fit_their_shared_memory(module, conf
     S^T's."""
     built = _built("-c", (
         "import json\n"
-        f"from systems.attention.flash_triton import {module}\n"
+        f"from systems.attention.gluon import {module}\n"
         "print(json.dumps({str(key): "
         f"{module}.build(key[0] if isinstance(key, tuple) else key, config)\n"
         f"                  for key, config in {module}.CONFIGS.items()}}))\n"))
