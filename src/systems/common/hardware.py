@@ -2,20 +2,144 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import platform
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 
 import torch
 
-# Dense (no sparsity) datasheet peaks in TFLOP/s, SXM parts. "fp32" is the non-tensor-core
-# rate, which is what fp32 matmuls get unless TF32 is enabled.
-_PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "H100": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
-    "H200": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
-    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
-}
+
+@dataclass(frozen=True)
+class GpuModel:
+    """A GPU model's dense (no sparsity) datasheet peaks in TFLOP/s, tensor-core rates with
+    fp32 accumulation (what our kernels and PyTorch's matmuls use; GeForce cards run fp16
+    accumulation twice as fast). "fp32" is the non-tensor-core rate, which fp32 matmuls get
+    unless TF32 is enabled. `names`: the full names CUDA reports for it."""
+
+    model: str
+    names: str  # a regular expression matched against the whole name
+    bf16: float
+    tf32: float
+    fp32: float
+
+    def peak(self, precision: str) -> float | None:
+        rates = {"bf16": self.bf16, "fp16": self.bf16, "tf32": self.tf32, "fp32": self.fp32}
+        return rates.get(precision)
+
+
+# Whole names, so that no card takes another's peaks: an H100 PCIe is not an H100 SXM,
+# an L40 not an L40S, an RTX 4090 D not an RTX 4090.
+GPU_MODELS: tuple[GpuModel, ...] = (
+    GpuModel("A100 40GB", r"NVIDIA A100-(SXM4|PCIE)-40GB", 312.0, 156.0, 19.5),
+    GpuModel("A100 80GB", r"NVIDIA A100-(SXM4|PCIE)-80GB|NVIDIA A100 80GB PCIe",
+             312.0, 156.0, 19.5),
+    GpuModel("H100 SXM", r"NVIDIA H100 80GB HBM3|NVIDIA H100 SXM5 80GB", 989.4, 494.7, 66.9),
+    GpuModel("H100 PCIe", r"NVIDIA H100 PCIe", 756.5, 378.0, 51.2),
+    GpuModel("H100 NVL", r"NVIDIA H100 NVL", 835.5, 417.5, 60.0),
+    GpuModel("H200", r"NVIDIA H200|NVIDIA H200 141GB HBM3e", 989.4, 494.7, 66.9),
+    GpuModel("H200 NVL", r"NVIDIA H200 NVL", 835.5, 417.5, 60.0),
+    GpuModel("H800", r"NVIDIA H800|NVIDIA H800 80GB HBM3", 989.4, 494.7, 66.9),
+    GpuModel("H800 PCIe", r"NVIDIA H800 PCIe", 756.5, 378.0, 51.2),
+    GpuModel("L40S", r"NVIDIA L40S", 362.1, 183.0, 91.6),
+    GpuModel("RTX 4090", r"NVIDIA GeForce RTX 4090", 165.2, 82.6, 82.6),
+    GpuModel("RTX 5090", r"NVIDIA GeForce RTX 5090", 209.5, 104.8, 104.8),
+)
+
+
+def gpu_model(name: str) -> GpuModel | None:
+    """The model whose reported names include `name` exactly; None for any other card."""
+    for model in GPU_MODELS:
+        if re.fullmatch(model.names, name.strip()):
+            return model
+    return None
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    """What kernel configs are chosen by: a GPU's compute capability, the most shared
+    memory one block may use (the opt-in maximum), its 32-bit registers per block, and its
+    SM count (None for a target, which has no fixed count)."""
+
+    capability: tuple[int, int]
+    shared_bytes: int
+    registers: int = 65536
+    sm_count: int | None = None
+
+    @property
+    def arch(self) -> str:
+        """Triton's and CUDA's name for the target: 'sm_89'."""
+        return f"sm_{self.capability[0]}{self.capability[1]}"
+
+
+# The targets our users' GPUs are (CUDA's per-block opt-in limits): A100 (sm_80), RTX
+# 3090 and A6000 (sm_86), RTX 4090 and L40S (sm_89), H100, H200 and H800 (sm_90), RTX 5090
+# (sm_120).
+TARGETS: dict[str, GpuTarget] = {target.arch: target for target in (
+    GpuTarget((8, 0), 166912),
+    GpuTarget((8, 6), 101376),
+    GpuTarget((8, 9), 101376),
+    GpuTarget((9, 0), 232448),
+    GpuTarget((12, 0), 101376),
+)}
+# The target whose configs were measured (H100, H200), and which the CPU's interpreter
+# takes unless the switch below names another.
+MEASURED_TARGET = TARGETS["sm_90"]
+# The small-GPU switch: SYSTEMS_GPU_LIMITS=sm_89 makes every config choice see that
+# target's capability and shared memory (the GPU's own SM count stays), so that a big
+# GPU runs the configs a small one would pick.
+GPU_LIMITS_ENV = "SYSTEMS_GPU_LIMITS"
+
+
+def emulated_target() -> GpuTarget | None:
+    """The target the small-GPU switch names; None when it is off."""
+    arch = os.environ.get(GPU_LIMITS_ENV, "").strip()
+    if not arch:
+        return None
+    if arch not in TARGETS:
+        raise ValueError(f"{GPU_LIMITS_ENV}={arch!r}: name one of {sorted(TARGETS)}")
+    return TARGETS[arch]
+
+
+def device_target(device: torch.device | str | None = None) -> GpuTarget:
+    """The limits kernel configs are chosen for on `device` (default: the current GPU): the
+    GPU's own, or under the small-GPU switch its target's, smaller of the two, with the
+    GPU's SM count. The CPU (Triton's interpreter) takes the switch's target, else the
+    measured one."""
+    emulated = emulated_target()
+    device = torch.device(device if device is not None else
+                          "cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda":
+        return emulated or MEASURED_TARGET
+    own = _cuda_target(torch.cuda.current_device() if device.index is None else device.index)
+    if emulated is None:
+        return own
+    return GpuTarget(emulated.capability, min(emulated.shared_bytes, own.shared_bytes),
+                     min(emulated.registers, own.registers), own.sm_count)
+
+
+def capability(device: torch.device | str | None = None) -> tuple[int, int]:
+    """The compute capability configs are chosen for (`device_target`)."""
+    return device_target(device).capability
+
+
+def shared_bytes_per_block(device: torch.device | str | None = None) -> int:
+    """The shared memory per block configs are chosen for (`device_target`)."""
+    return device_target(device).shared_bytes
+
+
+@functools.cache
+def _cuda_target(index: int) -> GpuTarget:
+    """The GPU's own limits, as Triton's launcher checks them."""
+    import triton  # a CUDA torch on Linux comes with it
+
+    props = triton.runtime.driver.active.utils.get_device_properties(index)
+    capability = torch.cuda.get_device_capability(index)
+    return GpuTarget(capability, props["max_shared_mem"], props["max_num_regs"],
+                     props["multiprocessor_count"])
 
 
 def gpu_count() -> int:
@@ -41,12 +165,19 @@ def device_slug(device: torch.device | str | None = None) -> str:
 
 
 def peak_tflops(precision: str, device: torch.device | str | None = None) -> float | None:
-    """Nominal peak TFLOP/s of the device for `precision`, or None if unknown (e.g. CPU)."""
+    """Nominal peak TFLOP/s of the device for `precision`, or None where unknown: the CPU,
+    or a GPU not in GPU_MODELS (`peak_note` says which)."""
+    model = gpu_model(device_name(device))
+    return None if model is None else model.peak(precision)
+
+
+def peak_note(device: torch.device | str | None = None) -> str:
+    """Where MFU's peaks come from on this device, or why there is no MFU."""
     name = device_name(device)
-    for key, peaks in _PEAK_TFLOPS.items():
-        if key in name:
-            return peaks.get(precision)
-    return None
+    model = gpu_model(name)
+    if model is not None:
+        return f"MFU against the {model.model} datasheet's dense peaks"
+    return f"no datasheet peak for {name!r}: MFU shown as -"
 
 
 def software_versions() -> dict[str, str | None]:

@@ -1,9 +1,9 @@
-"""Building a Triton kernel for Hopper (sm_90) on a machine without that GPU.
+"""Building a Triton kernel for a GPU target (sm_80 .. sm_120) on a machine without that GPU.
 
-Triton compiles for a named target without a device: `build_for_hopper` returns what the
-build needs per block and per thread, so that a kernel that no longer compiles for the GPU,
-or a configuration that could not launch there, shows up on any machine (the correctness
-suite checks ours on the CPU). Registers and stack bytes per thread (spilled registers live
+Triton compiles for a named target without a device: `build_for` returns what the build
+needs per block and per thread, so that a kernel that no longer compiles for a GPU, or a
+configuration that could not launch there, shows up on any machine (`systems check-builds`,
+and the correctness suite on the CPU). Registers and stack bytes per thread (spilled registers live
 on the stack) are read from the binary with the `cuobjdump` that ships with Triton.
 
 Kernels must be compiled, not interpreted, in the calling process: TRITON_INTERPRET=0 has
@@ -22,9 +22,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource
 
-HOPPER = GPUTarget("cuda", 90, 32)
+from systems.common.hardware import TARGETS, GpuTarget
+
 # The most dynamic shared memory one block may use on sm_90 (H100, H200): 227 KiB.
-HOPPER_SHARED_BYTES = 232448
+HOPPER_SHARED_BYTES = TARGETS["sm_90"].shared_bytes
 _CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
@@ -47,7 +48,15 @@ def _resources(cubin: bytes) -> dict[str, int]:
 def build_for_hopper(kernel: triton.JITFunction, signature: dict[str, str],
                      constexprs: dict[str, object], *, num_warps: int, num_stages: int,
                      maxnreg: int | None = None) -> dict[str, int | list[int]]:
-    """Build `kernel` (a Triton or a Gluon JIT function) for sm_90 with Triton's type for
+    """`build_for` sm_90 (H100, H200)."""
+    return build_for(TARGETS["sm_90"], kernel, signature, constexprs, num_warps=num_warps,
+                     num_stages=num_stages, maxnreg=maxnreg)
+
+
+def build_for(target: GpuTarget, kernel: triton.JITFunction, signature: dict[str, str],
+              constexprs: dict[str, object], *, num_warps: int, num_stages: int,
+              maxnreg: int | None = None) -> dict[str, int | list[int]]:
+    """Build `kernel` (a Triton or a Gluon JIT function) for `target` with Triton's type for
     each parameter (`signature`, e.g. "*bf16", "i32", "constexpr") and the constexprs'
     values; every pointer is taken as 16-byte aligned, as launches that specialise on
     alignment pass them. `maxnreg` caps registers per thread as the launch option does
@@ -65,8 +74,9 @@ def build_for_hopper(kernel: triton.JITFunction, signature: dict[str, str],
     options: dict[str, int] = {"num_warps": num_warps, "num_stages": num_stages}
     if maxnreg is not None:
         options["maxnreg"] = maxnreg
-    compiled = triton.compile(source(kernel, signature, constexprs, aligned), target=HOPPER,
-                              options=options)
+    major, minor = target.capability
+    compiled = triton.compile(source(kernel, signature, constexprs, aligned),
+                              target=GPUTarget("cuda", major * 10 + minor, 32), options=options)
     built: dict[str, int | list[int]] = {"shared_bytes": compiled.metadata.shared,
                                          **_resources(compiled.asm["cubin"])}
     partitions = re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
