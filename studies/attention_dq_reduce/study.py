@@ -4,7 +4,7 @@ our two-pass backward (one CUDA GPU, bf16, causal).
 Our backward runs a dQ pass (3 tile matmuls per tile pair: S, dP, dQ) and a dK/dV pass
 (4: S, dP, dV, dK), 7 in all. FA2/FA3 run 5 by adding each key tile's dQ share into an fp32
 accumulator from inside the dK/dV pass. Per-element `tl.atomic_add` did that slower than the
-two passes (docs/attention.md, History); FA3 instead adds a whole tile
+two passes (studies/attention_dq_reduce/README.md); FA3 instead adds a whole tile
 per bulk op (cp.reduce.async.bulk.tensor, done by the copy engine), which is what
 `fused_backward_kernel` does through a tensor descriptor's `atomic_add`.
 

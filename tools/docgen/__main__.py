@@ -1,6 +1,7 @@
-"""Rewrite the generated blocks of README.md and docs/*.md from the sources they name.
+"""Rewrite the generated blocks of README.md, docs/*.md and studies/*/README.md from the
+sources they name.
 
-    python -m tools.docgen                 # README.md and every docs/*.md but RESULTS.md
+    python -m tools.docgen                 # every prose doc (docs/RESULTS.md is written whole)
     python -m tools.docgen docs/attention.md
 """
 
@@ -17,9 +18,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def default_docs(repo: Path) -> list[Path]:
-    """The prose docs: README.md and every .md under docs/ except the generated results page."""
+    """The prose docs: README.md, every .md under docs/ except the generated results page,
+    and each study's README (its log quotes its runs in generated blocks)."""
     return [repo / "README.md",
-            *sorted(p for p in (repo / "docs").glob("*.md") if p.name != "RESULTS.md")]
+            *sorted(p for p in (repo / "docs").glob("*.md") if p.name != "RESULTS.md"),
+            *sorted((repo / "studies").glob("*/README.md"))]
 
 
 def main(argv: list[str]) -> int:

@@ -31,9 +31,13 @@ def test_the_docs_that_are_checked_include_the_prose_docs() -> None:
     names = {p.relative_to(REPO).as_posix() for p in COMMITTED_DOCS}
     assert {"README.md", "docs/attention.md", "docs/benchmarking.md"} <= names
     assert "docs/RESULTS.md" not in names  # the page is generated whole
+    studies = {p.name for p in (REPO / "studies").iterdir()
+               if p.is_dir() and not p.name.startswith(("_", "."))}
+    assert {f"studies/{name}/README.md" for name in studies} <= names  # every study's log
 
 
-@pytest.mark.parametrize("doc", COMMITTED_DOCS, ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", COMMITTED_DOCS,
+                         ids=lambda p: p.relative_to(REPO).as_posix())
 def test_committed_generated_blocks_are_what_the_report_writes_now(doc: Path) -> None:
     text = doc.read_text()
     generated = render(text, generators(REPO), str(doc))

@@ -75,7 +75,7 @@ def _config(block_m: int, async_mma: bool, ordered: bool, schedule: str,
 
 
 # The fastest config per (head dim, deterministic) in H100 runs of the study at 16 x 16384
-# (studies/attention_gluon_backward/study.py; docs/attention.md, "The backward in Gluon" and
+# (studies/attention_gluon_backward/, its README: "The backward in Gluon" and
 # "Query tiles of 128 rows"). At d = 64 FA3's tiles of 128 query rows halve the tiles per
 # key block; at d = 128 their buffers outgrow shared memory. Overlapped MMAs leave too few
 # registers at d = 128. Ordered configs alternate, which no length can deadlock

@@ -335,7 +335,7 @@ class GluonForwardConfig:
 
 
 # The fastest config in H100 runs of studies/attention_gluon_forward/study.py at 16 x 16384, at
-# the head dims where it beat the Triton forward (docs/attention.md, "A forward in Gluon"
+# the head dims where it beat the Triton forward (its README: "A forward in Gluon"
 # and "A persistent forward"); at d = 64 none did, and the Gluon variants run the Triton
 # forward there.
 CONFIGS: dict[int, GluonForwardConfig] = {
