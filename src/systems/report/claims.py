@@ -45,6 +45,7 @@ class Claim:
     run: str
     # Where the two were timed in rounds taken in turn: the median of the rounds' ratios.
     paired_ratio: float | None = None
+    recorded: str = ""  # when the run was recorded (ISO date and time)
 
     @property
     def ratio(self) -> float:
@@ -82,7 +83,8 @@ def _round_claim(label: str, group: tuple, ours: Result, rival: Result, our_name
                  rival_name: str) -> Claim:
     """A claim from the pytest-benchmark rounds' medians."""
     return Claim(label, Side(our_name, ours.median, ours.time_kind),
-                 Side(rival_name, rival.median, rival.time_kind), group[0], group[1])
+                 Side(rival_name, rival.median, rival.time_kind), group[0], group[1],
+                 recorded=ours.datetime)
 
 
 def attention_claims(results: Sequence[Result]) -> list[Claim]:
@@ -105,7 +107,7 @@ def attention_claims(results: Sequence[Result]) -> list[Claim]:
         if all(isinstance(ms, int | float) for ms in device):
             claims.append(Claim(label, Side(our_name, device[0] / 1e3, keys.DO_BENCH_TIME),
                                 Side(rival_name, device[1] / 1e3, keys.DO_BENCH_TIME),
-                                *group[:2]))
+                                *group[:2], recorded=ours.datetime))
     return claims
 
 
@@ -150,7 +152,8 @@ def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
                 _attention_label(r),
                 Side(impl, statistics.median(rounds[impl]) / 1e3, keys.IN_TURN_TIME),
                 Side(rival, statistics.median(rounds[rival]) / 1e3, keys.IN_TURN_TIME),
-                *r.measured_in, paired_ratio=statistics.median(per_round)))
+                *r.measured_in, paired_ratio=statistics.median(per_round),
+                recorded=r.datetime))
     return claims
 
 
@@ -193,7 +196,7 @@ def ddp_claims(results: Sequence[Result]) -> list[Claim]:
             claims.append(Claim(label, Side(_ddp_name(our), our.get(keys.STEP_S),
                                             keys.RANK_EVENT_TIME),
                                 Side(rival_name, rival.get(keys.STEP_S), keys.RANK_EVENT_TIME),
-                                *group[:2]))
+                                *group[:2], recorded=our.datetime))
     return claims
 
 
@@ -208,6 +211,36 @@ def claims_table(claims: Sequence[Claim]) -> str:
                      f"{c.rival.seconds * 1e3:.3f}", f"{c.ratio:.2f}", kinds, source])
     return markdown_table(["comparison", "ours", "rival", "ours median ms", "rival median ms",
                            "ours / rival", "time", "history file"], rows)
+
+
+def _topic(claim: Claim) -> str:
+    """What a claim compares, without its workload: attention, train step or DDP."""
+    return {"attention": "attention", "train": "train step", "DDP": "data parallel"}.get(
+        claim.group.split()[0], claim.group)
+
+
+def summary_table(claims: Sequence[Claim]) -> str:
+    """One row per comparison (topic, ours, rival, kind of time): how many workloads it
+    was measured at, at how many ours took less time, the median of the claims' ratios
+    with the lowest and highest, and the newest history file among them. A single claim
+    shows its workload instead of a count."""
+    groups: dict[tuple[str, str, str, str], list[Claim]] = {}
+    for c in claims:
+        kinds = (c.ours.time_kind if c.ours.time_kind == c.rival.time_kind
+                 else f"ours: {c.ours.time_kind}; rival: {c.rival.time_kind}")
+        groups.setdefault((_topic(c), c.ours.name, c.rival.name, kinds), []).append(c)
+    rows = []
+    for (topic, ours, rival, kinds), members in sorted(groups.items()):
+        ratios = sorted(c.ratio for c in members)
+        spread = (f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}–{ratios[-1]:.2f})"
+                  if len(ratios) > 1 else f"{ratios[0]:.2f}")
+        newest = max(members, key=lambda c: (c.recorded, c.file))
+        where = members[0].group if len(members) == 1 else f"{len(members)} workloads"
+        rows.append([topic, ours, rival, kinds, where,
+                     sum(r < 1 for r in ratios), spread, newest.file])
+    return markdown_table(["comparison", "ours", "rival", "time", "measured at",
+                           "ours takes less time at", "ours / rival: median (lowest–highest)",
+                           "newest history file"], rows)
 
 
 def all_claims(results: Sequence[Result]) -> list[Claim]:

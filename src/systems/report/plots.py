@@ -1,33 +1,82 @@
-"""Matplotlib figures (Agg, PNG) of benchmark results; each returns None without data."""
+"""Figures (PNG) of benchmark results; each returns None without enough data to draw.
+
+Every figure compares within one run of one history file (the one with the most points it
+can draw), names that file, and says what its times measure. A series of one point is a
+marker, never a line; a line breaks where a point is missing; time and throughput axes
+start at zero unless the axis says it is logarithmic.
+
+Figures are drawn on matplotlib's non-interactive Agg canvas, chosen per figure; importing
+this module selects no backend.
+"""
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import groupby
 from pathlib import Path
 
-import matplotlib
+from systems.model import MODEL_CONFIGS
+from systems.runs import keys
+from systems.runs.history import Result
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+_FLOPS = "flops"
+_PEAK_TFLOPS = "peak_tflops"
+# Attention series in the order a reader compares them: ours first, then the rivals.
+_ATTENTION_ORDER = ("triton", "triton_gluon_bwd", "triton_gluon_bwd_unordered",
+                    "triton_compiled", "sdpa_cudnn", "sdpa_flash", "flex_compiled",
+                    "reference")
 
-from systems.model import MODEL_CONFIGS  # noqa: E402
-from systems.runs import keys  # noqa: E402
-from systems.runs.history import Result  # noqa: E402
+
+def _figure(rows: int = 1, cols: int = 1, size: tuple[float, float] = (6, 4)):
+    """A figure on the Agg canvas (no GUI backend, no pyplot state) and its axes grid."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(rows, cols, squeeze=False)
 
 
 def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
+
+
+def _colours(names: Sequence[str]) -> dict[str, object]:
+    """One colour per name in every panel, so a series can be followed across panels."""
+    from matplotlib import colormaps
+
+    palette = colormaps["tab10"]
+    return {name: palette(i % 10) for i, name in enumerate(names)}
 
 
 def _most_common(results: Sequence[Result], *fields: str) -> object:
     values = Counter(tuple(r.get(f) for f in fields) for r in results).most_common(1)[0][0]
     return values[0] if len(fields) == 1 else values
+
+
+def _one_run(results: Sequence[Result],
+             enough: Callable[[list[Result]], int]) -> list[Result] | None:
+    """The results of one run (history file and run): of those with the most `enough`
+    (0: nothing to draw), the newest. A figure compares within a run, never across runs,
+    and shows the newest code that it can."""
+    by_run: dict[tuple[str, str], list[Result]] = defaultdict(list)
+    for r in results:
+        by_run[r.measured_in].append(r)
+    drawable = [(score, rs) for rs in by_run.values() if (score := enough(rs)) > 0]
+    best = max(drawable, key=lambda s_rs: (s_rs[0], max(r.datetime for r in s_rs[1]),
+                                           s_rs[1][0].file), default=None)
+    return best[1] if best else None
+
+
+def _source(results: Sequence[Result]) -> str:
+    r = max(results, key=lambda r: r.datetime)
+    where = r.file if r.file.endswith(r.run) else f"{r.file}, run {r.short_run}"
+    return f"{where}, recorded {r.datetime[:10]}"
 
 
 def _series_style(points: int, label: str, colour: object) -> dict:
@@ -36,14 +85,12 @@ def _series_style(points: int, label: str, colour: object) -> dict:
             "linestyle": "-" if points > 1 else "none"}
 
 
-def _newest_per_seq_len(points: Sequence[Result]) -> list[Result]:
-    """One point per sequence length (the newest run's), sorted: a series of the latest
-    results may hold the same length from two runs or studies, which would draw a
-    vertical jump."""
-    newest: dict[int, Result] = {}
-    for r in sorted(points, key=lambda r: (r.datetime, r.file)):
-        newest[r.get(keys.SEQ_LEN)] = r
-    return [newest[n] for n in sorted(newest)]
+def _plot_series(ax, xs: Sequence[int], by_x: dict[int, float], label: str,
+                 colour: object) -> None:
+    """One series over the panel's x values: a gap (NaN) where it has no point, so no line
+    is drawn across a missing point."""
+    ys = [by_x.get(x, math.nan) for x in xs]
+    ax.plot(xs, ys, **_series_style(len(by_x), label, colour))
 
 
 def _time_axis_from_zero(ax, values_ms: Sequence[float]) -> None:
@@ -55,51 +102,151 @@ def _time_axis_from_zero(ax, values_ms: Sequence[float]) -> None:
             transform=ax.transAxes, fontsize=8)
 
 
-def attention_scaling(results: Sequence[Result], path: Path) -> Path | None:
-    """Time and peak memory vs sequence length, a line per implementation and a column per
-    pass, at the most common dtype, head dim, masking and batch x heads."""
-    rows = [r for r in results if r.kind == "attention" and r.get(keys.SEQ_LEN)]
+def _newest(results: Sequence[Result], key: Callable[[Result], tuple]) -> dict[tuple, Result]:
+    """The newest result per key (a run may repeat a case)."""
+    out: dict[tuple, Result] = {}
+    for r in sorted(results, key=lambda r: (r.datetime, r.file)):
+        out[key(r)] = r
+    return out
+
+
+def _impl_order(names: set[str]) -> list[str]:
+    return sorted(names, key=lambda n: (_ATTENTION_ORDER.index(n)
+                                        if n in _ATTENTION_ORDER else len(_ATTENTION_ORDER), n))
+
+
+def _attention_panels(rows: Sequence[Result], value: Callable[[Result], float | None],
+                      ylabel: str, title: str, path: Path, log_y: bool = False
+                      ) -> Path | None:
+    """A panel per head dim (of those with two or more sequence lengths), a line per
+    implementation against sequence length, from one run."""
     if not rows:
         return None
-    facet = (keys.DTYPE, keys.HEAD_DIM, keys.CAUSAL, keys.BATCH_HEADS)
-    dtype, head_dim, causal, batch_heads = _most_common(rows, *facet)
-    rows = [r for r in rows
-            if tuple(r.get(f) for f in facet) == (dtype, head_dim, causal, batch_heads)]
-    passes = sorted({str(r.get(keys.PASS, "-")) for r in rows})
-    # One colour per implementation in every panel, so lines can be followed across passes.
-    implementations = sorted({str(r.get(keys.IMPLEMENTATION)) for r in rows})
-    palette = plt.get_cmap("tab10")
-    colour = {impl: palette(i % 10) for i, impl in enumerate(implementations)}
-    panels = 2 if any(r.get(keys.PEAK_MEMORY) for r in rows) else 1  # CPU runs have none
-    fig, axes = plt.subplots(panels, len(passes), figsize=(5 * len(passes), 3.5 * panels),
-                             squeeze=False)
-    for col, pass_name in enumerate(passes):
-        lines: dict[str, list[Result]] = defaultdict(list)
-        for r in rows:
-            if str(r.get(keys.PASS, "-")) == pass_name:
-                lines[str(r.get(keys.IMPLEMENTATION))].append(r)
-        for impl, points in sorted(lines.items()):
-            points = _newest_per_seq_len(points)
-            seq = [r.get(keys.SEQ_LEN) for r in points]
-            style = _series_style(len(points), impl, colour[impl])
-            axes[0, col].plot(seq, [r.mean * 1e3 for r in points], **style)
-            memory = [(r.get(keys.SEQ_LEN), r.get(keys.PEAK_MEMORY)) for r in points
-                      if r.get(keys.PEAK_MEMORY)]
-            if memory and panels == 2:
-                axes[1, col].plot(*zip(*[(s, m / 2**20) for s, m in memory], strict=True),
-                                  **_series_style(len(memory), impl, colour[impl]))
-        axes[0, col].set_title(f"{pass_name}\n{dtype}, d={head_dim}, "
-                               f"{'causal, ' if causal else ''}batch x heads {batch_heads}",
-                               fontsize=10)
-        axes[0, col].set_ylabel("time (ms)")
-        axes[-1, col].set_ylabel("peak memory (MiB)" if panels == 2 else "time (ms)")
-        for ax in axes[:, col]:
-            ax.set_xscale("log", base=2)
+    facet = (keys.DTYPE, keys.CAUSAL, keys.PASS, keys.BATCH_HEADS)
+    common = _most_common(rows, *facet)
+    rows = _one_run([r for r in rows if tuple(r.get(f) for f in facet) == common
+                     and value(r) is not None], _two_series)
+    if rows is None:
+        return None  # no run compares two implementations over sequence length
+    points = {key: r for key, r in _series_points(rows).items()}
+    head_dims = sorted({d for d, _, _ in points})
+    dtype, causal, _, batch_heads = common
+    colour = _colours(_impl_order({impl for _, impl, _ in points}))
+    fig, axes = _figure(1, len(head_dims), (5.5 * len(head_dims), 4.2))
+    for ax, head_dim in zip(axes[0], head_dims, strict=True):
+        xs = sorted({n for d, _, n in points if d == head_dim})
+        for impl in colour:
+            by_x = {n: value(r) for (d, i, n), r in points.items() if d == head_dim and i == impl}
+            if by_x:
+                _plot_series(ax, xs, by_x, impl, colour[impl])
+        ax.set_xscale("log", base=2)
+        if log_y:
             ax.set_yscale("log")
-            ax.set_xlabel("sequence length (tokens)")
-            ax.grid(alpha=0.3, which="both")
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=8)
+        else:
+            ax.set_ylim(bottom=0)
+        ax.set_xlabel("sequence length (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"d = {head_dim}, {dtype}{', causal' if causal else ''}, "
+                     f"batch x heads {batch_heads}", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{title}\nfrom {_source(rows)}", fontsize=10)
+    return _save(fig, path)
+
+
+def _series_points(rows: Sequence[Result]) -> dict[tuple, Result]:
+    """(head dim, implementation, sequence length) -> result, keeping only series of
+    three or more sequence lengths (a line against sequence length needs them)."""
+    points = _newest(rows, lambda r: (r.get(keys.HEAD_DIM), str(r.get(keys.IMPLEMENTATION)),
+                                      r.get(keys.SEQ_LEN)))
+    lengths = Counter((d, impl) for d, impl, _ in points)
+    return {key: r for key, r in points.items() if lengths[key[:2]] >= 3}
+
+
+def _two_series(rows: list[Result]) -> int:
+    """1 where two or more implementations are drawn over sequence length at one head
+    dim, else 0 (any such run will do: the newest is drawn)."""
+    series = Counter(d for d, _ in {key[:2] for key in _series_points(rows)})
+    return int(any(n >= 2 for n in series.values()))
+
+
+def _forward_backward(r: Result) -> bool:
+    return str(r.get(keys.PASS, "")).startswith("forward_backward")
+
+
+def attention_device(results: Sequence[Result], path: Path) -> Path | None:
+    """Achieved TFLOP/s (the case's FLOPs over its median device time, CUDA-graph replay)
+    against sequence length, per implementation and head dim: forward + backward."""
+    rows = [r for r in results if r.kind == "attention" and r.time_kind == keys.REPLAY_TIME
+            and _forward_backward(r) and r.get(keys.SEQ_LEN) and r.get(_FLOPS)]
+
+    def tflops(r: Result) -> float:
+        return r.get(_FLOPS) / r.median / 1e12
+
+    return _attention_panels(rows, tflops, "achieved TFLOP/s (FLOPs / median)",
+                             "Attention forward + backward, device time (CUDA-graph replay)",
+                             path)
+
+
+def attention_eager(results: Sequence[Result], path: Path) -> Path | None:
+    """Eager forward + backward latency (host included, what a caller sees) at batch 1
+    against sequence length, per implementation and head dim."""
+    rows = [r for r in results if r.kind == "attention" and r.time_kind == keys.EAGER_TIME
+            and r.name.startswith("test_attention[") and _forward_backward(r)
+            and r.get(keys.BATCH_HEADS) == 1 and r.get(keys.SEQ_LEN)]
+    return _attention_panels(rows, lambda r: r.median * 1e3, "median ms (log scale)",
+                             "Attention forward + backward at batch 1, eager end-to-end "
+                             "(host included)", path, log_y=True)
+
+
+def _recipe_panels(rows: Sequence[Result]) -> dict[str, dict[str, Result]]:
+    """"size, ctx N" -> {recipe: result}, for workloads measured with two or more recipes."""
+    by_panel: dict[str, dict[str, Result]] = defaultdict(dict)
+    for (size, seq_len, recipe), r in _newest(
+            rows, lambda r: (str(r.get(keys.SIZE)), r.get(keys.SEQ_LEN),
+                             str(r.get(keys.RECIPE)))).items():
+        by_panel[f"{size}, ctx {seq_len}"][recipe] = r
+    return {k: v for k, v in by_panel.items() if len(v) >= 2}
+
+
+def train_step_recipes(results: Sequence[Result], path: Path) -> Path | None:
+    """Train step time per recipe, a panel per model size (of those with two or more
+    recipes), beside the step's floor: its model FLOPs at the GPU's nominal dense peak."""
+    rows = _one_run([r for r in results if r.kind == "recipe"],
+                    lambda rs: len(_recipe_panels(rs)))
+    if rows is None:
+        return None
+    by_panel = _recipe_panels(rows)
+    panels = sorted(by_panel, key=lambda k: (
+        list(MODEL_CONFIGS).index(k.split(",")[0]) if k.split(",")[0] in MODEL_CONFIGS
+        else 99, k))
+    cols = min(2, len(panels))
+    grid_rows = -(-len(panels) // cols)
+    fig, axes = _figure(grid_rows, cols, (max(9.0, 6.5 * cols), 2.8 * grid_rows + 0.9))
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        recipes = sorted(by_panel[panel].items(), key=lambda kv: -kv[1].median)
+        labels = [f"{name}\n({'device' if r.time_kind != keys.EAGER_TIME else 'eager'})"
+                  for name, r in recipes]
+        times = [r.median * 1e3 for _, r in recipes]
+        ax.barh(labels, times, color="tab:blue")
+        for y, ms in enumerate(times):
+            ax.text(ms, y, f" {ms:.1f}", va="center", fontsize=8)
+        floors = {r.get(_FLOPS) / (r.get(_PEAK_TFLOPS) * 1e12) * 1e3 for _, r in recipes
+                  if r.get(_FLOPS) and r.get(_PEAK_TFLOPS)}
+        if len(floors) == 1:
+            (floor,) = floors
+            ax.axvline(floor, color="black", linestyle="--",
+                       label=f"floor {floor:.1f} ms: model FLOPs at the nominal peak")
+            ax.legend(fontsize=8, loc="lower right")
+        ax.set_xlim(0, max(times) * 1.2)
+        ax.set_xlabel("train step, median ms")
+        ax.set_title(panel, fontsize=10)
+        ax.tick_params(axis="y", labelsize=8)
+        ax.grid(alpha=0.3, axis="x")
+    fig.suptitle("Train step per recipe (forward, loss, backward, AdamW; bf16)\n"
+                 f"from {_source(rows)}", fontsize=10)
     return _save(fig, path)
 
 
@@ -116,7 +263,8 @@ def model_step_times(results: Sequence[Result], path: Path) -> Path | None:
     rows = [r for r in rows if r.get(keys.SEQ_LEN) == context]
     sizes = sorted({r.get(keys.SIZE) for r in rows}, key=list(MODEL_CONFIGS).index)
     variants = sorted({(r.get(keys.PRECISION), bool(r.get(keys.COMPILED))) for r in rows})
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(sizes)), 4.5))
+    fig, axes = _figure(1, 1, (max(6, 1.6 * len(sizes)), 4.5))
+    ax = axes[0, 0]
     width = 0.8 / len(variants)
     for i, (precision, compiled) in enumerate(variants):
         by_size = {r.get(keys.SIZE): r for r in rows
@@ -164,8 +312,7 @@ def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
     fixed = sorted((r for r in rows if not in_sweep(r)),
                    key=lambda r: (r.get(keys.WORLD_SIZE) or 0, str(r.get(keys.VARIANT))),
                    reverse=True)
-    fig, axes = plt.subplots(1, 2 if swept else 1, figsize=(12 if swept else 6, 5),
-                             squeeze=False)
+    fig, axes = _figure(1, 2 if swept else 1, (12 if swept else 6, 5))
     ax = axes[0, 0]
     ax.barh([_ddp_label(r) for r in fixed], [_step_ms(r) for r in fixed])
     ax.set_xlabel("train step time (ms), slowest rank")
@@ -198,7 +345,8 @@ def allreduce_bandwidth(results: Sequence[Result], path: Path) -> Path | None:
     lines: dict[str, list[Result]] = defaultdict(list)
     for r in rows:
         lines[f"{r.get(keys.BACKEND, '?')}, {r.get(keys.WORLD_SIZE, '?')} ranks"].append(r)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, axes = _figure(1, 1, (7, 4.5))
+    ax = axes[0, 0]
     for label, points in sorted(lines.items()):
         points.sort(key=lambda r: r.get(keys.SIZE_BYTES))
         ax.plot([r.get(keys.SIZE_BYTES) / 1e6 for r in points],

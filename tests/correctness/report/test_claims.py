@@ -3,13 +3,13 @@ kind of time each side measured."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pytest
 
 from systems.report import plots
-from systems.report.claims import all_claims, claims_table
+from systems.report.claims import all_claims, claims_table, summary_table
 from systems.report.tables import provenance, recipes_table, speedup_table
 from systems.runs import keys
 from systems.runs.history import Result
@@ -143,9 +143,7 @@ def figures(monkeypatch) -> list:
     """The figures the plot functions save, kept open for inspection."""
     kept = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: kept.append(fig) or path)
-    yield kept
-    for fig in kept:
-        plt.close(fig)
+    return kept
 
 
 def test_bucket_sweep_time_axis_starts_at_zero(figures, tmp_path) -> None:
@@ -159,19 +157,82 @@ def test_bucket_sweep_time_axis_starts_at_zero(figures, tmp_path) -> None:
     assert any("+0.2%" in t.get_text() for t in sweep.texts)  # the spread, written out
 
 
-def test_attention_series_of_one_point_is_a_marker(figures, tmp_path) -> None:
-    results = [_attention("triton", 1e-3 * n / 1024, "G/1.json", shape=(1, n, 64))
-               for n in (1024, 2048)]
-    results += [_attention("sdpa_flash", 1e-3, "G/1.json"),
-                _attention("triton", 9e-3, "G/0.json", when="2025-01-01",
-                           shape=(1, 1024, 64))]  # an older run at the same length
-    plots.attention_scaling(results, tmp_path / "a.png")
+def _device(impl: str, n: int, ms: float, file: str, when: str = "2026-01-01",
+            d: int = 64) -> Result:
+    return _attention(impl, ms * 1e-3, file, test="test_attention_device_time",
+                      mode="forward_backward (CUDA graph replay)", shape=(1, 1, n, d),
+                      when=when, flops=4e12 * ms * 1e-3, timing="device")
+
+
+def test_attention_device_plot_draws_tflops_of_one_run_with_gaps_not_bridges(
+        figures, tmp_path) -> None:
+    lengths = (1024, 2048, 4096, 8192)
+    results = [_device("triton", n, 1.0, "G/2.json", "2026-02-01") for n in lengths]
+    results += [_device("sdpa_flash", n, 2.0, "G/2.json", "2026-02-01")
+                for n in lengths if n != 4096]  # one length missing
+    results += [_device("sdpa_cudnn", 1024, 0.5, "G/2.json", "2026-02-01")]  # one point
+    results += [_device(impl, n, 9.0, "G/1.json") for impl in ("triton", "sdpa_flash")
+                for n in lengths]  # an older run: never mixed in
+    plots.attention_device(results, tmp_path / "a.png")
     (fig,) = figures
-    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
-    assert lines["sdpa_flash"].get_linestyle() == "None"
-    assert lines["triton"].get_linestyle() == "-"
-    assert list(lines["triton"].get_xdata()) == [1024, 2048]
-    assert list(lines["triton"].get_ydata()) == pytest.approx([1.01, 2.02])  # means, ms
+    (ax,) = fig.axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {"triton", "sdpa_flash"}  # a single point is no line
+    assert list(lines["triton"].get_ydata()) == pytest.approx([4.0] * 4)  # TFLOP/s
+    flash = list(lines["sdpa_flash"].get_ydata())
+    assert math.isnan(flash[2]) and flash[3] == pytest.approx(4.0)  # a gap, not a bridge
+    assert ax.get_ylim()[0] == 0
+    assert "G/2.json" in fig.texts[0].get_text()
+
+
+def test_attention_eager_plot_takes_batch_one_and_says_its_scale_is_log(figures,
+                                                                        tmp_path) -> None:
+    results = [_attention(impl, ms * n / 1024 * 1e-3, "G/1.json", shape=(1, 1, n, 128))
+               for impl, ms in (("triton", 0.2), ("sdpa_flash", 0.3))
+               for n in (1024, 4096, 16384)]
+    results += [_attention("triton", 1e-3, "G/1.json", shape=(4, 1, 1024, 128))]  # batch 4
+    plots.attention_eager(results, tmp_path / "e.png")
+    (fig,) = figures
+    (ax,) = fig.axes
+    assert "log scale" in ax.get_ylabel() and ax.get_yscale() == "log"
+    assert "d = 128" in ax.get_title()
+    assert list(ax.get_lines()[0].get_xdata()) == [1024, 4096, 16384]
+
+
+def test_attention_plots_need_two_series_of_three_lengths(tmp_path) -> None:
+    results = [_device("triton", n, 1.0, "G/1.json") for n in (1024, 2048, 4096)]
+    results += [_device("sdpa_flash", n, 1.0, "G/1.json") for n in (1024, 2048)]
+    assert plots.attention_device(results, tmp_path / "a.png") is None
+
+
+def test_train_step_plot_sets_each_recipe_beside_its_floor(figures, tmp_path) -> None:
+    results = [_result(f"test_training_recipe[2.7b-{name}]", ms * 1e-3, "G/1.json",
+                       size="2.7b", seq_len=512, mode="train_step", recipe=name,
+                       flops=40e12, peak_tflops=1000.0)
+               for name, ms in (("eager", 300.0), ("pytorch_baseline", 120.0),
+                                ("optimized", 100.0))]
+    plots.train_step_recipes(results, tmp_path / "t.png")
+    (fig,) = figures
+    ax = fig.axes[0]
+    assert [p.get_width() for p in ax.patches] == pytest.approx([300.0, 120.0, 100.0])
+    (floor,) = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert floor.get_xdata()[0] == pytest.approx(40.0)  # 40 TFLOP at 1000 TFLOP/s
+    assert ax.get_xlim()[0] == 0
+
+
+def test_plots_select_no_backend_at_import() -> None:
+    source = Path(plots.__file__).read_text()
+    assert "matplotlib.use(" not in source and "import matplotlib.pyplot" not in source
+
+
+def test_claims_summary_gathers_a_comparison_into_one_row() -> None:
+    results = []
+    for n, ours in ((1024, 1e-3), (2048, 3e-3), (4096, 1e-3)):
+        results += [_attention("triton", ours, "G/0001_a.json", shape=(1, 1, n, 64)),
+                    _attention("sdpa_flash", 2e-3, "G/0001_a.json", shape=(1, 1, n, 64))]
+    table = summary_table(all_claims(results))
+    assert "| attention | triton | sdpa_flash | eager end-to-end (host included) | " \
+        "3 workloads | 2 | 0.50 (0.50–1.50) | G/0001_a.json |" in table
 
 
 def test_histories_at_any_depth_are_found_and_named_relative_to_the_root(tmp_path) -> None:

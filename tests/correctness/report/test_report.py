@@ -11,7 +11,7 @@ from smoke_runs import save_smoke_runs
 
 from systems.report.cli import main
 from systems.report.compare import change_label, compare_runs
-from systems.report.plots import allreduce_bandwidth, attention_scaling, ddp_variants
+from systems.report.plots import allreduce_bandwidth, ddp_variants
 from systems.report.tables import (
     attention_table,
     collective_table,
@@ -82,13 +82,9 @@ def test_results_command_writes_page_and_plots(smoke_runs, tmp_path) -> None:
     assert main(["results", "--root", str(smoke_runs), "--out", str(out),
                  "--include-cpu"]) == 0
     page = out.read_text()
-    for heading in ("End-to-end model steps", "Analytic accounting", "The XXL FFN model"):
+    for heading in ("Model step time by size", "Analytic accounting", "The XXL FFN model"):
         assert heading in page
-    # The newest fp32 and bf16 steps come from different runs: no speedup across runs.
-    assert "Speedup: fp32 vs bf16 autocast" not in page
-    first, second = (p.relative_to(smoke_runs).as_posix()
-                     for p in sorted(smoke_runs.rglob("*.json")))
-    assert f"Time: eager end-to-end (host included). From: `{first}`, `{second}`." in page
+    assert "systems report latest --gpu" in page  # every case's newest result is there
     assert "### Attention" not in page  # no attention results, no section
     images = [line.split("(")[1].rstrip(")") for line in page.splitlines()
               if line.startswith("![")]
@@ -170,7 +166,6 @@ def test_attention_tables_pair_implementations_and_plot(tmp_path) -> None:
     speedups = speedup_table(results, "implementation", "reference", "triton",
                              ["mode", "seq_len"])
     assert speedups.count("4.00x") == 3
-    assert attention_scaling(results, tmp_path / "a.png").read_bytes()[:8] == PNG
 
 
 def test_distributed_sections_render_only_with_data(tmp_path) -> None:
@@ -251,7 +246,9 @@ def test_report_commands_skip_a_malformed_history_with_one_warning(
     assert main(["results", "--root", str(storage), "--out", str(out), "--include-cpu"]) == 0
     err = capsys.readouterr().err
     assert err.count(str(bad)) == 1 and "skipping" in err
-    assert good.name in out.read_text() and bad.name not in out.read_text()
+    page = out.read_text()
+    runs = sum(1 for p in storage.rglob("*.json") if p != bad)
+    assert f"{runs} saved runs" in page and bad.name not in page
     assert main(["latest", "--root", str(storage), "--gpu", "cpu"]) == 0
     captured = capsys.readouterr()
     assert captured.err.count(str(bad)) == 1 and good.name in captured.out
