@@ -8,7 +8,14 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from tools.docgen import doc_attention, doc_backward, doc_gate, doc_profiles, doc_recipes
+from tools.docgen import (
+    doc_attention,
+    doc_backward,
+    doc_claims,
+    doc_gate,
+    doc_profiles,
+    doc_recipes,
+)
 from tools.docgen.doc_blocks import Generator
 
 
@@ -34,4 +41,5 @@ def generators(repo: Path) -> dict[str, Generator]:
         "drift": partial(doc_gate.drift_summary, repo),
         "recipe-ratios": partial(doc_recipes.recipe_ratios, repo),
         "breakdowns": partial(doc_recipes.breakdown_side_by_side, repo),
+        "claims-summary": partial(doc_claims.claims_summary, repo),
     }

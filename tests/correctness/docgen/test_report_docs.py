@@ -712,3 +712,14 @@ def test_gluon_forward_block_divides_by_the_triton_forward_and_cudnns_step_per_r
             "0.986 (0.900–1.014) |") in out
     assert "| 128 | forward gluon | 1.800 | 1.700–1.900 | - |" in out
     assert "3 rounds" in out and "commit abc1234" in out
+
+
+def test_claims_summary_block_gathers_one_files_claims_and_names_it(tmp_path: Path) -> None:
+    history = _write_history(tmp_path)
+    out = render(f"<!-- generated: claims-summary {history} -->\n<!-- end generated -->\n",
+                 generators(tmp_path))
+    assert "| attention | triton | sdpa_flash | eager end-to-end (host included) |" in out
+    assert f"From `{history}` (recorded 2026-11-22)." in out and "GPU: GPU fixture." in out
+    with pytest.raises(BlockError):
+        render("<!-- generated: claims-summary hist/none.json -->\n<!-- end generated -->\n",
+               generators(tmp_path))
