@@ -1,4 +1,4 @@
-"""`systems {bench,profile,report,dist,tune} ...`: one command for every tool of the suite.
+"""`systems {bench,profile,report,dist,tune,check-builds} ...`: every tool of the suite.
 
 Each subcommand is its module's own command line (`systems bench --help` shows its flags);
 the same thing has the same flag everywhere (`systems.cli_flags`). `dist` runs on every rank
@@ -31,6 +31,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                        "all-reduce and data-parallel train steps (run under torchrun)"),
     "tune": Subcommand("systems.attention.flash_triton.tune",
                        "time the Triton attention kernel's candidate configurations"),
+    "check-builds": Subcommand("systems.bench.check_builds",
+                               "build the kernels for each GPU target, check their limits"),
 }
 
 

@@ -52,16 +52,22 @@ def allocated_memory_bytes(device: torch.device | str) -> int | None:
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """True for CUDA OOM errors, including those re-raised by torch.compile / Triton."""
+    """True for CUDA OOM errors, including those re-raised by torch.compile / Triton, and for
+    Triton's "out of resource" (a kernel needs more shared memory or registers per block
+    than this GPU has): both are properties of the workload on this device."""
     if isinstance(error, torch.cuda.OutOfMemoryError):
         return True
     text = str(error)
-    return "out of memory" in text.lower() or "OutOfMemoryError" in text
+    return ("out of memory" in text.lower() or "OutOfMemoryError" in text
+            or "out of resource" in text.lower())
 
 
 def out_of_memory_reason(error: BaseException) -> str:
     """The skip reason recorded for a workload that does not fit on the device."""
-    return f"out of memory (a property of this workload): {str(error).splitlines()[0][:200]}"
+    first = str(error).splitlines()[0][:200]
+    if "out of resource" in first.lower():
+        return f"out of resource on this GPU (a property of this workload): {first}"
+    return f"out of memory (a property of this workload): {first}"
 
 
 @dataclass(frozen=True)

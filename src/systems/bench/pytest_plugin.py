@@ -496,8 +496,10 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         terminalreporter.write_sep("-", f"throughput ({device_slug()})")
         terminalreporter.write_line(throughput_table(run.results))
     skipped = terminalreporter.stats.get("skipped", [])
-    for report in (r for r in skipped if "out of memory" in str(r.longrepr)):
-        terminalreporter.write_line(f"{report.nodeid}: out of memory (recorded as skip)")
+    for report in skipped:
+        for outcome in ("out of memory", "out of resource"):
+            if outcome in str(report.longrepr):
+                terminalreporter.write_line(f"{report.nodeid}: {outcome} (recorded as skip)")
     if run.gate is not None:
         failed = regressions(run.gate)
         terminalreporter.write_sep("-", f"perf gate: medians vs {run.gate_target}",

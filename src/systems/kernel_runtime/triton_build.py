@@ -84,3 +84,16 @@ def build_for(target: GpuTarget, kernel: triton.JITFunction, signature: dict[str
     if partitions:
         built["setmaxnreg"] = sorted({int(count) for count in partitions})
     return built
+
+
+def overflow(target: GpuTarget, built: dict[str, int | list[int]], num_warps: int) -> list[str]:
+    """What a build (`build_for`'s answer) needs beyond `target`'s limits: shared memory per
+    block, or registers per block (registers per thread times its threads); empty when it
+    fits. Spills (stack bytes) cost speed, not the launch, and are not counted."""
+    found = []
+    if built["shared_bytes"] > target.shared_bytes:
+        found.append(f"shared memory {built['shared_bytes']} > {target.shared_bytes} bytes")
+    registers = built.get("registers")
+    if registers is not None and registers * 32 * num_warps > target.registers:
+        found.append(f"registers {registers} x {32 * num_warps} threads > {target.registers}")
+    return found

@@ -27,8 +27,13 @@ import torch
 import triton
 import triton.language as tl
 
+from systems.common.hardware import GpuTarget
 from systems.kernel_runtime import interpreter  # sets TRITON_INTERPRET before the kernel exists
+from systems.kernel_runtime.triton_build import build_for
 
+# The kernel's tile on every GPU: it is element-wise (no shared memory, no tensor cores), so
+# no GPU property bounds it but registers per block, 32 elements per thread at 4 warps,
+# which `systems check-builds` holds against every target's.
 BLOCK_SIZE = 4096
 NUM_WARPS = 4
 _TRITON_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16,
@@ -241,3 +246,24 @@ def launch_fused_adamw_(
         SPLIT_MASTER=masters[0].dtype == torch.int16, BLOCK_SIZE=block_size,
         num_warps=num_warps,
     )
+
+
+def build(target: GpuTarget) -> dict[str, dict[str, int | list[int]]]:
+    """The kernel built for `target` at its tile (TRITON_INTERPRET=0), by launch it
+    specialises to: bf16 and fp16 parameters and gradients, bf16 parameters over split
+    masters, each with addresses aligned or not (`ALIGNED`)."""
+    pointers = {"block_tensor": "*i32", "block_start": "*i64", "addresses": "*i64",
+                "numels": "*i64", "corrections": "*fp32"}
+    scalars = {"num_tensors": "i32", **dict.fromkeys(
+        ("lr", "beta1", "beta2", "eps", "weight_decay"), "fp32")}
+    built = {}
+    for name, dtype, split in (("bf16", tl.bfloat16, False), ("fp16", tl.float16, False),
+                               ("bf16-split", tl.bfloat16, True)):
+        for aligned in (True, False):
+            constexprs = {"PARAM_DTYPE": dtype, "GRAD_DTYPE": dtype, "ALIGNED": aligned,
+                          "SPLIT_MASTER": split, "BLOCK_SIZE": BLOCK_SIZE}
+            signature = {**pointers, **scalars, **dict.fromkeys(constexprs, "constexpr")}
+            built[f"{name}{'' if aligned else '-unaligned'}"] = build_for(
+                target, _adamw_kernel, signature, constexprs, num_warps=NUM_WARPS,
+                num_stages=3)
+    return built

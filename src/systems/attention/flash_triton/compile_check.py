@@ -1,11 +1,12 @@
 """`TRITON_INTERPRET=0 python -m systems.attention.flash_triton.compile_check`: build the
-kernels for Hopper on any machine.
+kernels for a GPU target on any machine.
 
-Builds the forward, dQ and dK/dV kernels at every tile config `launch.py` can pick
-(`systems.kernel_runtime.triton_build`) and reports each build's shared memory against
-sm_90's limit per block, registers and stack bytes per thread; exits 1 when a build does
-not fit. What it cannot see: speed, and the numbers the kernels compute (the interpreter
+Builds the forward, dQ and dK/dV kernels at every tile config `configs.config_for` can pick
+on a target (`systems.kernel_runtime.triton_build`) and reports each build's shared memory
+per block, registers and stack bytes per thread; exits 1 when a build does not fit the
+target. What it cannot see: speed, and the numbers the kernels compute (the interpreter
 tests those). The builds are this Triton's: another version builds otherwise.
+`systems check-builds` runs it for every target, with the other kernels.
 """
 
 from __future__ import annotations
@@ -17,15 +18,21 @@ import sys
 import torch
 import triton
 
-from systems.attention.flash_triton import launch
+from systems.attention.flash_triton import configs, launch
 from systems.attention.flash_triton.kernels import (
     flash_backward_dkdv_kernel,
     flash_backward_dq_kernel,
     flash_forward_kernel,
 )
 from systems.common.cli_help import HelpFormatter
+from systems.common.hardware import TARGETS, GpuTarget
 from systems.kernel_runtime.interpreter import INTERPRETED
-from systems.kernel_runtime.triton_build import HOPPER_SHARED_BYTES, build_for_hopper
+from systems.kernel_runtime.triton_build import build_for, overflow
+
+# The head dims the suite runs: powers of two from 16 to 128, the 2.7b model's 80, and 96,
+# which splits into 64 + 32 columns.
+HEAD_DIMS = (16, 32, 64, 80, 96, 128)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 # A length no tile divides, so that the kernels build their masked paths.
 _SEQ = 1000
@@ -34,20 +41,24 @@ _SIZE_ARGS = ("n_heads", "n_q", "n_k")
 _FP32_POINTERS = ("L", "Delta")
 
 
-def configured() -> dict[str, tuple[int, torch.dtype, launch.FlashConfig]]:
-    """Every tile config `launch.default_config` can pick, by label: (head dim, dtype,
-    config). The few-program tiles serve every half-precision head dim: they are built at
-    the largest. d = 96 builds d = 128's tiles split into 64 + 32 columns (d = 80's own
-    tiles build split too)."""
-    rows = {f"half-d{d}": (d, torch.bfloat16, config)
-            for d, config in launch._HALF_CONFIGS.items()}
-    rows |= {f"half-d{d}-own": (d, torch.bfloat16, config)
-             for d, config in launch._HALF_HEAD_DIM_CONFIGS.items()}
-    rows["half-d96-split"] = (96, torch.bfloat16, launch.default_config(96, torch.bfloat16))
-    rows["half-few-programs"] = (launch.MAX_HEAD_DIM, torch.bfloat16,
-                                 launch._HALF_FEW_PROGRAM_CONFIG)
-    rows |= {f"fp32-d{d}": (d, torch.float32, config)
-             for d, config in launch._FP32_CONFIGS.items()}
+def configured(target: GpuTarget = TARGETS["sm_90"], head_dims: tuple[int, ...] = HEAD_DIMS,
+               dtypes: tuple[str, ...] = tuple(DTYPES)
+               ) -> dict[str, tuple[int, torch.dtype, configs.FlashConfig]]:
+    """Every tile config `configs.config_for` can pick on `target`, by label: (head dim,
+    dtype, config). On sm_90 that includes what the small-GPU switch makes it pick (it
+    runs those configs there)."""
+    picks = {target.arch: target}
+    if configs.is_measured(target):
+        picks |= TARGETS
+    rows = {}
+    for arch, chosen_for in picks.items():
+        chosen = configs.configs_for(chosen_for, head_dims, tuple(DTYPES[n] for n in dtypes))
+        for (d, dtype), options in chosen.items():
+            for index, config in enumerate(options):
+                if (d, dtype, config) not in rows.values():
+                    suffix = "" if arch == target.arch else f"-as-{arch}"
+                    label = f"{_TRITON_TYPES[dtype]}-d{d}{'-few' if index else ''}{suffix}"
+                    rows[label] = (d, dtype, config)
     return rows
 
 
@@ -74,10 +85,10 @@ def _signature(kernel: triton.JITFunction, dtype: torch.dtype, constexprs: dict[
     return types
 
 
-def build(head_dim: int, dtype: torch.dtype, config: launch.FlashConfig
-          ) -> dict[str, dict[str, int]]:
-    """Per kernel built for Hopper with `config` (causal): shared memory in bytes per block,
-    and registers and stack bytes per thread where cuobjdump can tell."""
+def build(head_dim: int, dtype: torch.dtype, config: launch.FlashConfig,
+          target: GpuTarget = TARGETS["sm_90"]) -> dict[str, dict[str, int]]:
+    """Per kernel built for `target` with `config` (causal): shared memory in bytes per
+    block, and registers and stack bytes per thread where cuobjdump can tell."""
     problem = launch._Problem(1, 1, _SEQ, _SEQ, head_dim, dtype, torch.device("cuda"), True,
                               config)
     kernels = (
@@ -94,39 +105,59 @@ def build(head_dim: int, dtype: torch.dtype, config: launch.FlashConfig
                        if kind == "constexpr" and arg not in constexprs}
         # Every pointer a launcher passes is 16-byte aligned (`KernelLauncher`), as
         # build_for_hopper assumes.
-        built[name] = build_for_hopper(kernel, signature, constexprs,
-                                       num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        built[name] = build_for(target, kernel, signature, constexprs,
+                                num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return built
+
+
+def check(target: GpuTarget, labels: list[str] | None = None, *,
+          head_dims: tuple[int, ...] = HEAD_DIMS, dtypes: tuple[str, ...] = tuple(DTYPES),
+          as_json: bool = False) -> int:
+    """Build each config for `target`, print a line per config; the number of kernels that
+    do not fit it."""
+    rows = configured(target, head_dims, dtypes)
+    over = 0
+    if not as_json:
+        print(f"Triton {triton.__version__}, {target.arch}: shared memory per block (limit "
+              f"{target.shared_bytes / 1024:.0f} KiB), registers and stack bytes per thread")
+    for label in labels or list(rows):
+        d, dtype, config = rows[label]
+        built = build(d, dtype, config, target)
+        tiles = {"forward": config.forward, "dq": config.backward_dq,
+                 "dkdv": config.backward_dkdv}
+        problems = {name: overflow(target, kernel, tiles[name].num_warps)
+                    for name, kernel in built.items()}
+        over += sum(bool(found) for found in problems.values())
+        if as_json:
+            print(json.dumps({"config": label, "target": target.arch, "kernels": built,
+                              "triton": triton.__version__,
+                              "over": {k: v for k, v in problems.items() if v}}), flush=True)
+        else:
+            print(f"{label}: " + "; ".join(
+                f"{name} {kernel['shared_bytes'] / 1024:.0f} KiB"
+                + "".join(f", {kernel[key]} {unit}" for key, unit in
+                          (("registers", "regs"), ("stack_bytes", "B stack")) if key in kernel)
+                + "".join(f" OVER: {problem}" for problem in problems[name])
+                for name, kernel in built.items()), flush=True)
+    return over
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m systems.attention.flash_triton.compile_check",
                                      description=__doc__.split("\n\n")[0],
                                      formatter_class=HelpFormatter)
-    parser.add_argument("--config", action="append", choices=sorted(configured()),
-                        help="repeatable (default: all)")
+    parser.add_argument("--arch", choices=sorted(TARGETS), default="sm_90")
+    parser.add_argument("--config", action="append",
+                        help="a label the full run prints; repeatable (default: all)")
     parser.add_argument("--json", action="store_true", help="one JSON object per config")
     args = parser.parse_args(argv)
     if INTERPRETED:
         parser.error("the kernels are interpreted here: run with TRITON_INTERPRET=0")
-    rows = configured()
-    over = 0
-    if not args.json:
-        print(f"Triton {triton.__version__}, sm_90; shared memory per block (limit "
-              f"{HOPPER_SHARED_BYTES / 1024:.0f} KiB), registers and stack bytes per thread")
-    for label in args.config or list(rows):
-        built = build(*rows[label])
-        over += sum(kernel["shared_bytes"] > HOPPER_SHARED_BYTES for kernel in built.values())
-        if args.json:
-            print(json.dumps({"config": label, "triton": triton.__version__, "kernels": built}),
-                  flush=True)
-        else:
-            print(f"{label}: " + "; ".join(
-                f"{name} {kernel['shared_bytes'] / 1024:.0f} KiB"
-                + "".join(f", {kernel[key]} {unit}" for key, unit in
-                          (("registers", "regs"), ("stack_bytes", "B stack")) if key in kernel)
-                for name, kernel in built.items()), flush=True)
-    return 1 if over else 0
+    target = TARGETS[args.arch]
+    unknown = set(args.config or ()) - configured(target).keys()
+    if unknown:
+        parser.error(f"no config {sorted(unknown)} on {args.arch}")
+    return 1 if check(target, args.config, as_json=args.json) else 0
 
 
 if __name__ == "__main__":

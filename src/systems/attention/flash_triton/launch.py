@@ -1,4 +1,5 @@
-"""Host side of the FlashAttention-2 kernels: input checks, tile configs and launches."""
+"""Host side of the FlashAttention-2 kernels: input checks and launches (tile configs:
+`configs`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ from dataclasses import dataclass, field
 import torch
 import triton
 
+from systems.attention.flash_triton.configs import (
+    FlashConfig,
+    TileConfig,
+    _next_power_of_2,
+    default_config,
+)
 from systems.attention.flash_triton.kernels import (
     flash_backward_dkdv_kernel,
     flash_backward_dq_kernel,
@@ -23,91 +30,10 @@ from systems.kernel_runtime.launcher import DescriptorLayout, KernelLauncher, Te
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-# Plain-int helpers: triton.cdiv and triton.next_power_of_2 are constexpr functions whose
-# host-side calls cost microseconds each, several times per attention call.
+# A plain-int helper (`configs._next_power_of_2` is another): triton.cdiv is a constexpr
+# function whose host-side calls cost microseconds each, several times per attention call.
 def _cdiv(n: int, block: int) -> int:
     return -(-n // block)
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
-
-
-@dataclass(frozen=True)
-class TileConfig:
-    """One kernel's launch shape. block_m tiles queries, block_n tiles keys."""
-
-    block_m: int
-    block_n: int
-    num_warps: int = 4
-    num_stages: int = 2
-
-
-@dataclass(frozen=True)
-class FlashConfig:
-    forward: TileConfig
-    backward_dq: TileConfig
-    backward_dkdv: TileConfig
-
-
-def _tiles(forward: tuple[int, ...], dq: tuple[int, ...], dkdv: tuple[int, ...]) -> FlashConfig:
-    return FlashConfig(TileConfig(*forward), TileConfig(*dq), TileConfig(*dkdv))
-
-
-# (block_m, block_n, num_warps, num_stages) for the forward, dQ and dK/dV kernels, keyed by
-# the padded head dim. Chosen with `python -m systems.attention.flash_triton.tune` on an
-# H100 80GB HBM3 (bf16, causal, 16 x 16384 x d, d = 64 and 128); fp16 shares them, and
-# d = 16 and 32 take d = 64's. dQ at d <= 64 was re-tuned after the TMA descriptors: one
-# warpgroup beat two in each of five interleaved leaderboard rounds (4.98 vs 5.04 ms).
-_HALF_CONFIGS: dict[int, FlashConfig] = {
-    16: _tiles((128, 128, 4, 3), (128, 64, 4, 3), (32, 128, 4, 5)),
-    32: _tiles((128, 128, 4, 3), (128, 64, 4, 3), (32, 128, 4, 5)),
-    64: _tiles((128, 128, 4, 3), (128, 64, 4, 3), (32, 128, 4, 5)),
-    128: _tiles((128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3)),
-}
-# Head dims between the powers of two take their padded dim's tiles (`head_dim_tiles`
-# splits or pads them), and for the one such dim measured, the 2.7b model's 80, narrower
-# key tiles won at its in-model sizes (bf16, causal, 128 matrices x 512 and x 2048 rows,
-# the tune module on an H100 when 80 was padded to 128; runs in
-# studies/attention_tune/runs/2026-11-23/). They stayed best or close to it for the split
-# kernels on an H200 (studies/attention_tune/runs/2026-11-23-split/). Keyed by the head
-# dim itself.
-_HALF_HEAD_DIM_CONFIGS: dict[int, FlashConfig] = {
-    80: _tiles((128, 32, 4, 3), (128, 32, 4, 3), (32, 64, 4, 3)),
-}
-# fp32 runs its dots as three TF32 products (`dot_precision`), whose operand splits take
-# several times the shared memory of a half-precision tile: at d = 128 only small tiles
-# fit. Chosen with the tune module on an H100 (fp32, full mask, 8 x 4096 x d).
-_FP32_LARGE_TILES = _tiles((128, 64, 8, 3), (128, 64, 8, 3), (64, 128, 8, 2))
-_FP32_CONFIGS: dict[int, FlashConfig] = {
-    16: _FP32_LARGE_TILES,
-    32: _FP32_LARGE_TILES,
-    64: _FP32_LARGE_TILES,
-    128: _tiles((128, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
-}
-
-
-# Half precision when the problem is too small to fill the GPU with the tiles above (see
-# `default_config`): 64-row query tiles and 64-key dK/dV tiles double the programs, and
-# halve the longest one's work under the causal mask.
-_HALF_FEW_PROGRAM_CONFIG = _tiles((64, 64, 4, 3), (64, 64, 4, 3), (32, 64, 4, 3))
-# Fewer (matrices x 128-row query tiles) than this many per SM count as a small problem,
-# keyed by the padded head dim (measured on an H100 at batch 1, seq 4096..65536: at d = 128
-# the default tiles win again from 2 programs per SM).
-_FEW_PROGRAMS_PER_SM = {16: 2, 32: 2, 64: 2, 128: 1}
-
-
-def default_config(head_dim: int, dtype: torch.dtype, programs: int | None = None,
-                   device: torch.device | None = None) -> FlashConfig:
-    """The tiles for this head dim and dtype. `programs`, the number of (matrix x 128-row
-    query tile) pairs, picks smaller half-precision tiles when it would leave SMs idle."""
-    padded = _next_power_of_2(head_dim)
-    if dtype == torch.float32:
-        return _FP32_CONFIGS[padded]
-    on_gpu = programs is not None and device is not None and device.type == "cuda"
-    if on_gpu and programs < _FEW_PROGRAMS_PER_SM[padded] * _sm_count(device):
-        return _HALF_FEW_PROGRAM_CONFIG
-    return _HALF_HEAD_DIM_CONFIGS.get(head_dim) or _HALF_CONFIGS[padded]
 
 
 @functools.cache
