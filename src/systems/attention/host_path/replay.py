@@ -61,8 +61,11 @@ def _load() -> ModuleType | None:
         try:
             _module = load_extension("attention_replay", _SOURCE)
         except NativeBuildError as error:
-            _enabled = False
-            warnings.warn(f"attention calls stay on the Python launch path: {error}",
+            _enabled = False  # once per process: later calls take the Python path quietly
+            warnings.warn(f"eager attention stays on the Python launch path (same results, "
+                          f"more host time per call) because its C++ replay is unavailable: "
+                          f"{error}\nFix that and restart, or set SYSTEMS_ATTENTION_REPLAY=0 "
+                          "to choose the Python path without this warning.",
                           RuntimeWarning, stacklevel=3)
             return None
         _module.set_poison(_poison)
