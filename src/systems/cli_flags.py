@@ -2,7 +2,8 @@
 
 Every subcommand adds these through the functions here, so `--seq-len` is `--seq-len`
 wherever a sequence length is asked for. Spellings retired when the commands were unified
-still parse for now: each use prints one line naming the new flag.
+still parse for now: each use prints one line naming the new flag. Counts and sizes are
+checked as they parse, and a refusal is one line and exit status 2, before any work.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from systems.common.cli_help import non_negative_int, positive_float, positive_int
 from systems.model import MODEL_CONFIGS
 
 
@@ -52,14 +54,14 @@ def add_size(parser: argparse.ArgumentParser, *, default: str | list[str],
 
 def add_batch_size(parser: argparse.ArgumentParser, *, default: int,
                    help: str = "sequences per step", retired: Sequence[str] = ()) -> None:
-    _add(parser, "--batch-size", retired, type=int, default=default, help=help)
+    _add(parser, "--batch-size", retired, type=positive_int, default=default, help=help)
 
 
 def add_seq_len(parser: argparse.ArgumentParser, *, default: int | list[int],
                 retired: Sequence[str] = ("--context-length",)) -> None:
     """`--seq-len`: tokens per sequence of the run (the model's `max_seq_len` is the most
     it may be), or several where `default` is a list."""
-    _add(parser, "--seq-len", retired, type=int, default=default,
+    _add(parser, "--seq-len", retired, type=positive_int, default=default,
          nargs="+" if isinstance(default, list) else None, help="tokens per sequence")
 
 
@@ -70,12 +72,12 @@ def add_device(parser: argparse.ArgumentParser) -> None:
 
 def add_bucket_size_mb(parser: argparse.ArgumentParser, *, default: float,
                        retired: Sequence[str] = ()) -> None:
-    _add(parser, "--bucket-size-mb", retired, type=float, default=default,
+    _add(parser, "--bucket-size-mb", retired, type=positive_float, default=default,
          help="bucketed DDP's bucket, MiB")
 
 
 def add_warmup_steps(parser: argparse.ArgumentParser, *, warmup: int, steps: int,
                      warmup_help: str = "untimed steps first",
                      steps_help: str = "timed steps") -> None:
-    parser.add_argument("--warmup", type=int, default=warmup, help=warmup_help)
-    parser.add_argument("--steps", type=int, default=steps, help=steps_help)
+    parser.add_argument("--warmup", type=non_negative_int, default=warmup, help=warmup_help)
+    parser.add_argument("--steps", type=positive_int, default=steps, help=steps_help)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from systems.attention import ATTENTION_BACKENDS
+from systems.attention import ATTENTION_BACKENDS, unsupported_reason
 from systems.bench.checkpoint_fit import fit_to_device
 from systems.bench.metrics import (
     is_out_of_memory,
@@ -34,15 +34,21 @@ from systems.bench.workloads import (
     PRECISIONS,
     build_model_workload,
 )
-from systems.cli_flags import add_batch_size, add_device, add_seq_len, add_size, add_warmup_steps
-from systems.common.cli_help import HelpFormatter
+from systems.cli_flags import (
+    add_batch_size,
+    add_device,
+    add_seq_len,
+    add_size,
+    add_warmup_steps,
+)
+from systems.common.cli_help import ArgumentParser, HelpFormatter
 from systems.common.formatting import fmt
 from systems.common.hardware import machine_description
 from systems.model import get_config
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="systems bench",
         description="Time a Transformer LM step with explicit warm-up and device sync.",
         formatter_class=HelpFormatter,
@@ -153,6 +159,22 @@ def check_device(name: str) -> torch.device:
     return device
 
 
+def check_attention(args: argparse.Namespace, overrides: dict[str, object],
+                    device: torch.device) -> None:
+    """The run's attention backend can run on this device, dtype and sequence length (else
+    its times would be reported under the name of a backend that did not run)."""
+    if args.recipe is None:
+        attention, precision = args.attention or "reference", args.precision or "fp32"
+    else:
+        recipe = get_recipe(args.recipe, **overrides)
+        attention, precision = recipe.attention, recipe.precision
+    dtype = PRECISIONS[precision] or torch.float32
+    reason = unsupported_reason(attention, device, dtype, args.seq_len)
+    if reason is not None:
+        raise ValueError(f"attention {attention!r} cannot run on {device} at {precision}: "
+                         f"{reason}")
+
+
 def check_json_destination(path: Path) -> None:
     """Fail now, not after the whole run, if `path` cannot be written: its folder is made
     and a scratch file is created (and removed) in it."""
@@ -170,9 +192,10 @@ def run_benchmark(args: argparse.Namespace) -> list[dict[str, object]]:
     """Every check on the input comes before the first workload is built."""
     if args.json:
         check_json_destination(args.json)
-    check_device(args.device)
+    device = check_device(args.device)
     config = _config_from_args(args)
     overrides = _recipe_overrides(args)
+    check_attention(args, overrides, device)
     return [_run_mode(config, args, mode, overrides) for mode in args.mode or MODES]
 
 

@@ -19,6 +19,10 @@ SAFE_MULTI_GPU_ENV = {
 }
 
 
+class RendezvousError(RuntimeError):
+    """The ranks did not all join the process group within the timeout."""
+
+
 def apply_safe_env() -> None:
     """Set the multi-GPU safety variables unless the caller already chose values."""
     for key, value in SAFE_MULTI_GPU_ENV.items():
@@ -50,18 +54,26 @@ def init_rank(
 ) -> torch.device:
     """Join the default process group and pin this process to its device.
 
-    `timeout_s` bounds every collective, so a rank whose peers died raises instead of
-    waiting forever.
+    `timeout_s` bounds the rendezvous and every collective, so a rank whose peers never
+    started or died raises instead of waiting forever (RendezvousError at the rendezvous).
     """
     apply_safe_env()
     device = rank_device(backend, rank if local_rank is None else local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend=backend, init_method=init_method, rank=rank, world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
-        **({"device_id": device} if device.type == "cuda" else {}),
-    )
+    try:
+        dist.init_process_group(
+            backend=backend, init_method=init_method, rank=rank, world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+            **({"device_id": device} if device.type == "cuda" else {}),
+        )
+    except dist.DistError as error:  # torch's text starts with what was missing, then C++ frames
+        where = (f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+                 if init_method == "env://" else init_method)
+        raise RendezvousError(
+            f"rank {rank} of a world of {world_size} could not form the process group at "
+            f"{where} within {timeout_s:g} s: {str(error).splitlines()[0]} (start every rank, "
+            "or allow longer)") from None
     return device
 
 

@@ -18,12 +18,19 @@ from pathlib import Path
 
 import torch
 
+from systems.attention import ATTENTION_BACKENDS
 from systems.bench.checkpoint_fit import fit_to_device
 from systems.bench.cli import recipe_overrides
 from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe, runnable_on
 from systems.bench.workloads import CUDA_GRAPH_WARMUP, MODES, PRECISIONS, build_model_workload
-from systems.cli_flags import add_batch_size, add_device, add_seq_len, add_size, add_warmup_steps
-from systems.common.cli_help import HelpFormatter
+from systems.cli_flags import (
+    add_batch_size,
+    add_device,
+    add_seq_len,
+    add_size,
+    add_warmup_steps,
+)
+from systems.common.cli_help import ArgumentParser, HelpFormatter, positive_int
 from systems.common.hardware import device_name
 from systems.model import get_config
 from systems.profiling import step_breakdown
@@ -39,7 +46,7 @@ from systems.profiling.memory import (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="systems profile", description=__doc__,
+    parser = ArgumentParser(prog="systems profile", description=__doc__,
                                      formatter_class=HelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, modes in (("compute", list(MODES)), ("memory", ["forward", "train_step"])):
@@ -56,10 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     compute = commands.choices["compute"]
     add_warmup_steps(compute, warmup=2, steps=3, warmup_help="untraced steps first",
                      steps_help="traced steps")
-    compute.add_argument("--attention", default="reference", help="attention backend")
+    compute.add_argument("--attention", default="reference", choices=sorted(ATTENTION_BACKENDS),
+                         help="attention backend")
     add_device(compute)
     memory = commands.choices["memory"]
-    memory.add_argument("--steps", type=int, default=2, help="recorded steps after model build")
+    memory.add_argument("--steps", type=positive_int, default=2,
+                        help="recorded steps after model build")
     memory.add_argument("--no-html", action="store_true", help="skip the HTML viewers")
     _add_breakdown_parser(commands)
     return parser

@@ -13,7 +13,7 @@ import pytest
 
 import systems
 from systems import cli
-from systems.common.cli_help import HelpFormatter
+from systems.common.cli_help import HelpFormatter, positive_float, positive_int
 
 ROOT = Path(systems.__file__).parents[2]
 
@@ -119,8 +119,8 @@ def test_shared_flags_mean_the_same_everywhere(monkeypatch) -> None:
             for action in visible_flags(parser):
                 if action.dest in ("size", "batch_size", "seq_len", "bucket_size_mb"):
                     types.setdefault(action.dest, set()).add(action.type)
-    assert types == {"size": {None}, "batch_size": {int}, "seq_len": {int},
-                     "bucket_size_mb": {float}}
+    assert types == {"size": {None}, "batch_size": {positive_int}, "seq_len": {positive_int},
+                     "bucket_size_mb": {positive_float}}
 
 
 @pytest.mark.parametrize("subcommand", _per_subcommand())

@@ -7,7 +7,6 @@ lands from the default config's. The winners go into `launch._HALF_CONFIGS`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from systems.attention.flash_triton.launch import (
     default_config,
     flash_forward,
 )
-from systems.common.cli_help import HelpFormatter
+from systems.common.cli_help import ArgumentParser, HelpFormatter, positive_int
 
 # (block_m, block_n, num_warps, num_stages); block_m tiles queries, block_n keys.
 CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
@@ -91,13 +90,13 @@ def tune_kernel(kernel: str, inputs: dict[str, torch.Tensor], is_causal: bool
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m systems.attention.flash_triton.tune",
+    parser = ArgumentParser(prog="python -m systems.attention.flash_triton.tune",
                                      description=__doc__.split("\n\n")[0],
                                      formatter_class=HelpFormatter)
-    parser.add_argument("--batch-heads", type=int, default=16,
+    parser.add_argument("--batch-heads", type=positive_int, default=16,
                         help="attention matrices: batch x heads")
-    parser.add_argument("--seq-len", type=int, default=16384, help="queries and keys")
-    parser.add_argument("--head-dim", type=int, action="append",
+    parser.add_argument("--seq-len", type=positive_int, default=16384, help="queries and keys")
+    parser.add_argument("--head-dim", type=positive_int, action="append",
                         help="repeatable (default: 64)")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--no-causal", action="store_true", help="full attention")
@@ -105,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="repeatable (default: all)")
     parser.add_argument("--json", type=Path, help="write all rows here")
     args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("times kernels on a CUDA GPU and this machine has none")
     is_causal = not args.no_causal
     rows = []
     for head_dim in args.head_dim or [64]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 
 import torch.distributed as dist
 
@@ -29,9 +30,10 @@ from systems.cli_flags import (
     add_size,
     add_warmup_steps,
 )
-from systems.common.cli_help import HelpFormatter
+from systems.common.cli_help import ArgumentParser, HelpFormatter, positive_float, positive_int
+from systems.common.hardware import gpu_count
 from systems.distributed.launch import worker_state
-from systems.distributed.process_group import init_from_env
+from systems.distributed.process_group import RendezvousError, init_from_env
 
 
 def _max_over_ranks(value: float) -> float:
@@ -62,15 +64,17 @@ def _train(args: argparse.Namespace) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchrun ... -m systems dist",
+    parser = ArgumentParser(prog="torchrun ... -m systems dist",
                                      description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl on GPUs")
+    parser.add_argument("--timeout-s", type=positive_float, default=300.0,
+                        help="bounds the rendezvous (all ranks joining) and every collective")
     commands = parser.add_subparsers(dest="command", required=True)
     allreduce = commands.add_parser("allreduce", help="all-reduce of float32 tensors",
                                     formatter_class=HelpFormatter)
-    allreduce.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 10, 100, 1000],
+    allreduce.add_argument("--sizes-mb", type=positive_float, nargs="+", default=[1, 10, 100, 1000],
                            help="message sizes")
-    allreduce.add_argument("--iterations", type=int, default=10, help="timed all-reduces")
+    allreduce.add_argument("--iterations", type=positive_int, default=10, help="timed all-reduces")
     train = commands.add_parser("train", help="data-parallel train steps",
                                 formatter_class=HelpFormatter)
     train.add_argument("--variant", choices=VARIANTS, default="bucketed", help="DDP variant")
@@ -84,12 +88,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    worker_state["device"] = init_from_env(args.backend)
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.backend == "nccl" and gpu_count() == 0:
+        parser.error("--backend nccl needs a CUDA GPU per rank and this machine has none "
+                     "(use --backend gloo)")
+    try:
+        worker_state["device"] = init_from_env(args.backend, timeout_s=args.timeout_s)
+    except RendezvousError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 1
     results = _allreduce(args) if args.command == "allreduce" else _train(args)
     if dist.get_rank() == 0:
         for result in results:
             print(json.dumps({"world_size": dist.get_world_size(),
                               "backend": dist.get_backend(), **result}))
     dist.destroy_process_group()
+    return 0
