@@ -209,7 +209,7 @@ def compiled_model(device, rounds: int) -> list[dict]:
     for size, batch, seq in (("tiny", 2, 128), ("small", 4, 512)):
         config = MODEL_CONFIGS[size]
         torch.manual_seed(0)
-        model = TransformerLM(config, attention="flash_triton").to(device, torch.bfloat16)
+        model = TransformerLM(config, attention="triton").to(device, torch.bfloat16)
         tokens = torch.randint(0, config.vocab_size, (batch, seq), device=device)
         steps = {}
         for name, module in (("eager", model), ("compiled", torch.compile(model))):

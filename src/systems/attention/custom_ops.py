@@ -3,7 +3,7 @@
 torch.compile treats a custom op as one opaque call: a compiled block keeps a single graph
 around attention, and Dynamo never traces into the launch code (on the CPU it would trace
 into Triton's interpreter and fail). An eager call skips the op's dispatch and launches
-the same code directly. `FlashAttentionTriton` (function.py) is the autograd around both;
+the same code directly. `FlashAttentionTriton` (functions.py) is the autograd around both;
 the ops themselves carry no autograd formula.
 """
 
@@ -17,7 +17,6 @@ from systems.attention.flash_triton.launch import (
     flash_forward,
 )
 from systems.attention.gluon.backward import gluon_backward
-from systems.attention.gluon.forward import CONFIGS as GLUON_FORWARD_CONFIGS
 from systems.attention.gluon.forward import gluon_forward
 
 # Defined through torch.library.Library rather than torch.library.custom_op: custom_op
@@ -95,10 +94,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, L) from the Gluon forward for Hopper (`gluon_forward.py`) at the head dims where
-    it is the faster forward, else from the Triton forward."""
-    if q.shape[-1] not in GLUON_FORWARD_CONFIGS:
-        return attention_forward(q, k, v, is_causal)
+    """(o, L) from the Gluon forward for Hopper (`gluon/forward.py`)."""
     if torch.compiler.is_compiling():
         return flash_attention_forward_gluon(q, k, v, is_causal)
     return gluon_forward(q, k, v, is_causal)
@@ -118,7 +114,7 @@ def attention_backward_gluon(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     do: torch.Tensor, is_causal: bool, deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) from the fused Gluon backward for Hopper (`gluon_launch.py`)."""
+    """(dq, dk, dv) from the fused Gluon backward for Hopper (`gluon/backward.py`)."""
     if torch.compiler.is_compiling():
         return flash_attention_backward_gluon(q, k, v, o, lse, do, is_causal, deterministic)
     return gluon_backward(q, k, v, o, lse, do, is_causal, deterministic)

@@ -20,7 +20,7 @@ from systems.attention.shared.autograd import (
     refuse_double_backward,
 )
 from systems.attention.shared.causal import MASKED_SCORE, causal_mask
-from systems.attention.shared.inputs import check_attention_inputs
+from systems.attention.shared.inputs import check_attention_inputs, check_is_causal
 
 DEFAULT_TILE = 64
 MIN_TILE = 16
@@ -124,6 +124,7 @@ class FlashAttentionPytorch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 is_causal: bool = False) -> torch.Tensor:
+        check_is_causal("FlashAttentionPytorch", is_causal)
         check_attention_inputs(q, k, v)
         return forward_saving_lse(ctx, flash_forward, q, k, v, is_causal)
 

@@ -6,12 +6,14 @@ import functools
 
 import torch
 
+from systems.attention import dispatch
 from systems.attention.custom_ops import (
     attention_backward,
     attention_backward_gluon,
     attention_forward,
     attention_forward_gluon,
 )
+from systems.attention.dispatch import GLUON, GLUON_ORDERED, GLUON_UNORDERED, TRITON, TWO_PASS
 from systems.attention.gluon.backward import unsupported_reason as gluon_unsupported_reason
 from systems.attention.host_path import replay
 from systems.attention.shared.autograd import (
@@ -22,6 +24,7 @@ from systems.attention.shared.autograd import (
     refuse_double_backward,
 )
 from systems.attention.shared.causal import MASKED_SCORE, causal_mask
+from systems.attention.shared.inputs import check_is_causal
 
 
 class FlashAttentionTritonFunction(torch.autograd.Function):
@@ -39,8 +42,45 @@ class FlashAttentionTritonFunction(torch.autograd.Function):
         return backward_from_saved(ctx, attention_backward, do)
 
 
+class FlashAttentionTritonKernels(torch.autograd.Function):
+    """Attention with named kernels: `.apply(q, k, v, is_causal, forward, backward)`, a
+    forward of `dispatch.FORWARDS` and a backward of `dispatch.BACKWARDS`. FlashAttentionTriton
+    runs through it where the dispatch picks kernels other than the default pair, and the
+    named variants (`FlashAttentionTritonUnordered`, the registry's `triton_gluon_bwd`)
+    always. Inputs the Gluon kernels cannot take are refused up front, with the reason."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                forward: str, backward: str) -> torch.Tensor:
+        if forward == GLUON or backward != TWO_PASS:
+            reason = gluon_unsupported_reason(q, k, v, is_causal)
+            if reason is not None:
+                raise ValueError(f"attention with the {forward} forward and the {backward} "
+                                 f"backward {reason}")
+        ctx.backward_kernels = backward
+        return forward_saving_lse(ctx, _FORWARDS[forward], q, k, v, is_causal)
+
+    @staticmethod
+    @refuse_double_backward("FlashAttentionTriton")
+    def backward(ctx, do: torch.Tensor):
+        return (*backward_from_saved(ctx, _BACKWARDS[ctx.backward_kernels], do), None, None)
+
+
+_FORWARDS = {TRITON: attention_forward, GLUON: attention_forward_gluon}
+_BACKWARDS = {
+    TWO_PASS: attention_backward,
+    GLUON_ORDERED: functools.partial(attention_backward_gluon, deterministic=True),
+    GLUON_UNORDERED: functools.partial(attention_backward_gluon, deterministic=False),
+}
+
+
 class FlashAttentionTriton(FlashAttentionTritonFunction):
     """FlashAttention-2 in Triton: `FlashAttentionTriton.apply(q, k, v, is_causal)`.
+
+    Each call runs the fastest deterministic kernels of ours for its GPU, dtype, head dim,
+    length and mask (`dispatch.TABLE`): the Triton forward and two-pass backward described
+    below by default, the Gluon kernels for Hopper (FlashAttentionTritonKernels) where the
+    table names them. Gradients are bit-identical from run to run either way.
 
     q: (..., n_queries, d), k and v: (..., n_keys, d), fp16/bf16/fp32, on a CUDA device (or
     the CPU under TRITON_INTERPRET=1), with any strides: views whose rows are unit-stride
@@ -59,6 +99,11 @@ class FlashAttentionTriton(FlashAttentionTritonFunction):
     @classmethod
     def apply(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               is_causal: bool = False) -> torch.Tensor:
+        check_is_causal("FlashAttentionTriton", is_causal)
+        kernels = dispatch.choose(q, k, v, is_causal)
+        if kernels is not dispatch.DEFAULT:
+            return FlashAttentionTritonKernels.apply(q, k, v, is_causal, kernels.forward,
+                                                     kernels.backward)
         # Dynamo traces FlashAttentionTritonFunction's forward and backward instead.
         if not torch.compiler.is_compiling():
             o = replay.attend(q, k, v, is_causal)
@@ -114,30 +159,21 @@ class FlashAttentionTritonCompiledBackward(FlashAttentionTritonFunction):
         return backward_from_saved(ctx, _compiled_recompute_backward, do)
 
 
-class FlashAttentionTritonGluonBackward(torch.autograd.Function):
-    """The Gluon kernels for Hopper: `FlashAttentionTritonGluonBackward.apply(q, k, v,
-    is_causal, deterministic)`.
+class FlashAttentionTritonUnordered(FlashAttentionTritonKernels):
+    """The Gluon kernels for Hopper with dQ added in the order the shares arrive (FA3's
+    default): `FlashAttentionTritonUnordered.apply(q, k, v, is_causal)`. Faster than the
+    ordered backward FlashAttentionTriton may pick, with dQ's last bits free to differ from
+    run to run; never chosen unless asked for by this name.
 
-    The forward is warp-specialised as FA3's is (`gluon_forward.py`); the fused backward
-    (`gluon_launch.py`) runs one kernel of 5 tile matmuls per tile pair in place of the
-    two passes' 7. It takes causal bf16 self-attention on an sm_90 GPU with head dim 64 or
-    128 and a sequence length that is a multiple of 128; forward refuses other inputs.
-    `deterministic` adds dQ in a fixed order (gradients bit-identical from run to run);
-    else in the order the shares arrive (FA3's default): faster, with dQ's last bits free
-    to differ between runs."""
+    It takes causal bf16 self-attention on an sm_90 GPU with a head dim up to 128 and a
+    sequence length that is a multiple of 128 (`gluon.backward.unsupported_reason`), and
+    refuses other inputs with the reason. The forward is the Gluon one where it has a
+    config for the head dim, else the Triton one (`dispatch.with_gluon_backward`)."""
 
-    @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                deterministic: bool) -> torch.Tensor:
-        reason = gluon_unsupported_reason(q, k, v, is_causal)
-        if reason is not None:
-            raise ValueError(f"FlashAttentionTritonGluonBackward: the Gluon backward {reason}")
-        ctx.deterministic = deterministic
-        return forward_saving_lse(ctx, attention_forward_gluon, q, k, v, is_causal)
-
-    @staticmethod
-    @refuse_double_backward("FlashAttentionTritonGluonBackward")
-    def backward(ctx, do: torch.Tensor):
-        gluon_backward = functools.partial(attention_backward_gluon,
-                                           deterministic=ctx.deterministic)
-        return (*backward_from_saved(ctx, gluon_backward, do), None)
+    @classmethod
+    def apply(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              is_causal: bool = False) -> torch.Tensor:
+        check_is_causal("FlashAttentionTritonUnordered", is_causal)
+        kernels = dispatch.with_gluon_backward(q, GLUON_UNORDERED)
+        return FlashAttentionTritonKernels.apply(q, k, v, is_causal, kernels.forward,
+                                                 kernels.backward)

@@ -15,11 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
+from systems.attention.dispatch import GLUON_ORDERED, with_gluon_backward
 from systems.attention.flash_pytorch import FlashAttentionPytorch
 from systems.attention.functions import (
     FlashAttentionTriton,
     FlashAttentionTritonCompiledBackward,
-    FlashAttentionTritonGluonBackward,
+    FlashAttentionTritonKernels,
+    FlashAttentionTritonUnordered,
 )
 from systems.attention.gluon.backward import unsupported_setting as gluon_unsupported_setting
 from systems.attention.reference import reference_attention, sdpa_attention
@@ -39,7 +41,7 @@ def flash_pytorch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def flash_triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            is_causal: bool = False) -> torch.Tensor:
-    # The kernels read the model's per-head views of its projections in place.
+    # The Triton kernels read the model's per-head views of its projections in place.
     return FlashAttentionTriton.apply(q, k, v, is_causal)
 
 
@@ -48,13 +50,17 @@ def triton_compiled_backward_attention(q: torch.Tensor, k: torch.Tensor, v: torc
     return FlashAttentionTritonCompiledBackward.apply(q, k, v, is_causal)
 
 
-def _gluon_backward_attention(deterministic: bool) -> AttentionFn:
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               is_causal: bool = False) -> torch.Tensor:
-        return FlashAttentionTritonGluonBackward.apply(q, k, v, is_causal, deterministic)
+def triton_gluon_backward_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                    is_causal: bool = False) -> torch.Tensor:
+    """The ordered Gluon backward whatever the dispatch would pick: to compare with it."""
+    kernels = with_gluon_backward(q, GLUON_ORDERED)
+    return FlashAttentionTritonKernels.apply(q, k, v, is_causal, kernels.forward,
+                                             kernels.backward)
 
-    attend.__name__ = f"triton_gluon_bwd{'' if deterministic else '_unordered'}"
-    return attend
+
+def triton_unordered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               is_causal: bool = False) -> torch.Tensor:
+    return FlashAttentionTritonUnordered.apply(q, k, v, is_causal)
 
 
 # SDPA's backend switches: each backend's setter and getter (torch.backends.cuda).
@@ -143,8 +149,6 @@ class AttentionBackend:
         return self.limits(device, dtype, seq) if self.limits else None
 
 
-_FLASH_TRITON = AttentionBackend(flash_triton_attention, triton_kernels=True)
-
 ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
     "reference": AttentionBackend(reference_attention, saves_scores=True),
     "reference_compiled": AttentionBackend(torch.compile(reference_attention),
@@ -156,19 +160,18 @@ ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
                                    half_precision_only=True),
     "flex_compiled": AttentionBackend(flex_compiled_attention, needs_cuda=True),
     "flash_pytorch": AttentionBackend(flash_pytorch_attention, max_seq=FLASH_PYTORCH_MAX_SEQ),
-    "flash_triton": _FLASH_TRITON,
-    # The benchmarks' name for the same backend (their case ids carry it).
-    "triton": _FLASH_TRITON,
+    # FlashAttentionTriton: our fastest deterministic kernels for each problem (`dispatch`).
+    "triton": AttentionBackend(flash_triton_attention, triton_kernels=True),
     "triton_compiled": AttentionBackend(torch.compile(flash_triton_attention),
                                         triton_kernels=True),
     "triton_compiled_bwd": AttentionBackend(triton_compiled_backward_attention,
                                             triton_kernels=True),
-    # The fused Gluon backward (FlashAttentionTritonGluonBackward): causal bf16 on sm_90,
-    # d 64 or 128, seq a multiple of 128; ordered (deterministic) or not.
-    "triton_gluon_bwd": AttentionBackend(_gluon_backward_attention(deterministic=True),
+    # The fused Gluon backward for Hopper (causal bf16 on sm_90, d up to 128, seq a multiple
+    # of 128): ordered (what the dispatch may pick, here forced), and FlashAttentionTritonUnordered.
+    "triton_gluon_bwd": AttentionBackend(triton_gluon_backward_attention,
                                          limits=gluon_unsupported_setting),
-    "triton_gluon_bwd_unordered": AttentionBackend(
-        _gluon_backward_attention(deterministic=False), limits=gluon_unsupported_setting),
+    "triton_gluon_bwd_unordered": AttentionBackend(triton_unordered_attention,
+                                                   limits=gluon_unsupported_setting),
 }
 
 

@@ -36,7 +36,7 @@ RECIPES: dict[str, Recipe] = {
     # parameters over fp32 masters updated by one fused kernel launch, LM head +
     # cross-entropy without full logits, and the whole step replayed from a CUDA graph (CUDA
     # only: elsewhere turn it off with cuda_graph=False).
-    "optimized": Recipe("flash_triton", "bf16", True, StepOptions(
+    "optimized": Recipe("triton", "bf16", True, StepOptions(
         optimizer=OptimizerName.MIXED_PRECISION, fused_loss=True, cuda_graph=True)),
 }
 _OPTION_FIELDS = frozenset(f.name for f in fields(StepOptions))

@@ -106,11 +106,17 @@ RETIRED_KEYS = {"context_length": SEQ_LEN, "context": SEQ_LEN, "model": SIZE,
                 "bucket_mb": BUCKET_SIZE_MB}
 
 
+# Values runs saved before an implementation's names became one, and the name each now is.
+RETIRED_NAMES = {ATTENTION: {"flash_triton": "triton"}}
+
+
 def normalise(info: dict) -> dict:
     """extra_info with the derived keys the report reads (the original keys are kept),
-    retired keys included under their current names."""
+    retired keys included under their current names and retired names as the current."""
     info = {**{new: info[old] for old, new in RETIRED_KEYS.items()
                if old in info and new not in info}, **info}
+    info |= {key: names[info[key]] for key, names in RETIRED_NAMES.items()
+             if info.get(key) in names}
     shape = info.get(SHAPE)
     if IMPLEMENTATION not in info or not isinstance(shape, list) or len(shape) < 2:
         return info

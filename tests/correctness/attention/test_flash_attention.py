@@ -482,7 +482,7 @@ def test_cached_launches_tell_specialisations_apart(device, poisoned_outputs):
             check_against_reference(problem, FlashAttentionTriton.apply, torch.float16)
 
 
-@pytest.mark.parametrize("attention", ["flash_pytorch", "flash_triton"])
+@pytest.mark.parametrize("attention", ["flash_pytorch", "triton"])
 def test_model_with_flash_backend_matches_reference(attention, device):
     from systems.model import MODEL_CONFIGS, TransformerLM
 
@@ -510,7 +510,7 @@ def test_model_hands_the_kernels_views_they_use_in_place(device, monkeypatch, py
     plans = {}  # the plans this model's calls make, from an empty cache
     monkeypatch.setattr(launch, "_PLANS", plans)
     config = MODEL_CONFIGS["tiny"]
-    model = TransformerLM(config, attention="flash_triton").to(device)
+    model = TransformerLM(config, attention="triton").to(device)
     tokens = torch.randint(0, config.vocab_size, (2, 40), device=device)
     model(tokens).float().square().mean().backward()
     forward, backward = (launch._ForwardPlan, launch._BackwardPlan)

@@ -1,4 +1,4 @@
-"""The Gluon kernels for Hopper (`FlashAttentionTritonGluonBackward`: the warp-specialised
+"""The Gluon kernels for Hopper (`FlashAttentionTritonKernels` with them: the warp-specialised
 forward and the fused backward) against a float64 reference, as the Triton kernels are
 judged (test_flash_attention.py): at most twice PyTorch's own error in bf16, plus a few
 ulps. Ordered, the gradients are bit-identical from run to run. Inputs they cannot take
@@ -20,7 +20,7 @@ from test_flash_attention import Problem, _logsumexp, _reference, assert_close_a
 
 from systems.attention import custom_ops, get_attention, unsupported_reason
 from systems.attention.flash_triton import flash_forward
-from systems.attention.functions import FlashAttentionTritonGluonBackward
+from systems.attention.functions import FlashAttentionTritonKernels, FlashAttentionTritonUnordered
 from systems.attention.gluon.backward import CONFIGS, SCHEDULES, GluonConfig, gluon_backward
 from systems.attention.gluon.backward import unsupported_reason as gluon_unsupported_reason
 from systems.attention.gluon.forward import CONFIGS as GLUON_FORWARD_CONFIGS
@@ -253,13 +253,14 @@ def test_double_backward_is_refused():
 @pytest.mark.parametrize(("change", "reason"), [
     ({"is_causal": False}, "needs is_causal=True"),
     ({"n_k": 256}, "of one .* shape"),
-    ({"d": 96}, "head dim in"),
+    ({"d": 160}, "head dim of at most 128"),
     ({"dtype": torch.float32}, None),
 ])
-def test_inputs_it_cannot_take_are_refused_in_forward(change, reason):
-    """Refused by FlashAttentionTritonGluonBackward's forward with the reason, on any
-    machine (no kernel runs); fp32 is refused as not bf16 where the GPU is an sm_90, and
-    for the device elsewhere."""
+@pytest.mark.parametrize("unordered", [False, True], ids=["ordered", "unordered"])
+def test_inputs_it_cannot_take_are_refused_in_forward(change, reason, unordered):
+    """Refused by FlashAttentionTritonKernels' forward with the reason, on any machine (no
+    kernel runs), and so by FlashAttentionTritonUnordered; fp32 is refused as not bf16
+    where the GPU is an sm_90, and for the device elsewhere."""
     d, n_k = change.get("d", 64), change.get("n_k", 128)
     dtype = change.get("dtype", torch.bfloat16)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -267,8 +268,12 @@ def test_inputs_it_cannot_take_are_refused_in_forward(change, reason):
     k, v = (torch.randn(2, n_k, d, dtype=dtype, device=device) for _ in range(2))
     expected = gluon_unsupported_reason(q, k, v, change.get("is_causal", True))
     assert expected is not None and (reason is None or re.search(reason, expected)), expected
-    with pytest.raises(ValueError, match="the Gluon backward needs"):
-        FlashAttentionTritonGluonBackward.apply(q, k, v, change.get("is_causal", True), True)
+    is_causal = change.get("is_causal", True)
+    with pytest.raises(ValueError, match=f"gluon_{'un' * unordered}ordered backward needs"):
+        if unordered:
+            FlashAttentionTritonUnordered.apply(q, k, v, is_causal)
+        else:
+            FlashAttentionTritonKernels.apply(q, k, v, is_causal, "triton", "gluon_ordered")
 
 
 def test_registry_says_where_it_cannot_run():
@@ -304,7 +309,7 @@ def test_compiled_gives_what_eager_gives():
                              True, seed=4)
 
     def attention(q, k, v, is_causal):
-        return FlashAttentionTritonGluonBackward.apply(q, k, v, is_causal, True)
+        return FlashAttentionTritonKernels.apply(q, k, v, is_causal, "gluon", "gluon_ordered")
 
     eager = problem.run(attention)
     compiled = problem.run(torch.compile(attention))
@@ -321,12 +326,12 @@ def test_model_with_it_compiles_to_one_graph_and_trains_as_with_ours():
     torch.manual_seed(5)
     tokens = torch.randint(0, config.vocab_size, (2, 256), device="cuda")
     grads = {}
-    for attention in ("triton_gluon_bwd", "flash_triton"):
+    for attention in ("triton_gluon_bwd", "triton"):
         torch.manual_seed(6)
         model = TransformerLM(config, attention=attention).to("cuda", torch.bfloat16)
         model(tokens, tokens).backward()
         grads[attention] = [p.grad.float() for p in model.parameters()]
-    for ours, two_pass in zip(grads["triton_gluon_bwd"], grads["flash_triton"], strict=True):
+    for ours, two_pass in zip(grads["triton_gluon_bwd"], grads["triton"], strict=True):
         torch.testing.assert_close(ours, two_pass, atol=2e-2, rtol=2e-2)
     torch._dynamo.reset()
     model = TransformerLM(config, attention="triton_gluon_bwd").to("cuda", torch.bfloat16)

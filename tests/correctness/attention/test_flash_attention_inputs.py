@@ -51,6 +51,23 @@ def test_mismatched_shapes(attention, q_shape, k_shape, v_shape, message, device
 
 
 @BOTH
+@pytest.mark.parametrize("is_causal", ["yes", "", None, 1, 0.0, torch.tensor(True)],
+                         ids=["str", "empty-str", "none", "int", "float", "tensor"])
+def test_is_causal_must_be_a_bool(attention, is_causal, device):
+    """A truth value is not a mask flag: "no" would read as causal, None as full."""
+    q, k, v = _qkv(device)
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        attention.apply(q, k, v, is_causal)
+
+
+def test_triton_refuses_meta_tensors_clearly():
+    """Meta tensors hold no data: refused up front, not a NotImplementedError from inside."""
+    q, k, v = _qkv("meta")
+    with pytest.raises(ValueError, match="meta tensors"):
+        FlashAttentionTriton.apply(q, k, v, True)
+
+
+@BOTH
 def test_integer_inputs(attention, device):
     q, k, v = (torch.ones(2, 8, 16, dtype=torch.int32, device=device) for _ in range(3))
     with pytest.raises(ValueError, match="floating"):

@@ -274,7 +274,7 @@ def test_flash_style_attention_saves_no_scores() -> None:
     # Mask, bf16 and fp32 probabilities per layer, against one log-sum-exp per query/head.
     per_layer = 1024 * 1024 * acc.BOOL + scores * (acc.BF16 + acc.FP32) - lse
     assert with_scores - flash == config.num_layers * per_layer
-    assert saves_scores("reference") and not saves_scores("flash_triton")
+    assert saves_scores("reference") and not saves_scores("triton")
     assert not saves_scores("sdpa")
 
 

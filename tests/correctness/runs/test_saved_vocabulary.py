@@ -23,6 +23,20 @@ def test_retired_keys_read_under_their_current_names() -> None:
         assert keys.kind(read_old) == keys.kind(read_new)
 
 
+def test_retired_attention_names_read_as_the_one_name_now() -> None:
+    """Recipe runs saved when the Triton backend had two names read as today's one, as
+    the registry knows it."""
+    from systems.attention import ATTENTION_BACKENDS
+
+    old = keys.normalise({"recipe": "optimized", "attention": "flash_triton"})
+    assert old[keys.ATTENTION] == "triton" and "triton" in ATTENTION_BACKENDS
+    assert "flash_triton" not in ATTENTION_BACKENDS
+    assert keys.normalise({"attention": "sdpa"})[keys.ATTENTION] == "sdpa"
+    one_gpu = load_run(BENCHMARKS / "NVIDIA_H100_80GB_HBM3" / "baseline_1gpu.json")
+    attention = {r.get(keys.ATTENTION) for r in one_gpu.results} - {None}
+    assert "triton" in attention and attention <= set(ATTENTION_BACKENDS)
+
+
 def test_a_current_key_wins_over_a_retired_one() -> None:
     assert keys.normalise({"seq_len": 64, "context_length": 32})[keys.SEQ_LEN] == 64
 

@@ -179,7 +179,7 @@ def test_cross_entropy_shape_mismatch_is_a_clear_error() -> None:
         cross_entropy(torch.randn(4, 10), torch.randint(10, (5,)))
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "flash_triton"])
+@pytest.mark.parametrize("attention", ["sdpa", "triton"])
 def test_compiled_model_is_one_graph(attention, device) -> None:
     """torch.compile traces the whole model, attention included (a split graph would run
     attention eagerly between two compiled pieces and copy its inputs' gradients)."""

@@ -59,6 +59,9 @@ _MAX_CHECKED_SIGNATURES = 4096
 
 def _check_signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     check_attention_inputs(q, k, v)
+    if q.device.type == "meta":
+        raise ValueError("meta tensors hold no data for the Triton kernels to read: pass "
+                         "CUDA tensors (or CPU ones under TRITON_INTERPRET=1)")
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"dtype {q.dtype} unsupported; use one of {SUPPORTED_DTYPES}")
     if INTERPRETED and q.dtype == torch.bfloat16:

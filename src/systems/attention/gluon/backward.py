@@ -1,8 +1,9 @@
 """Launching the fused Gluon backward (`gluon_kernels.py`) on Hopper: configs, the inputs it
 takes, descriptors, and the kernels before and after it.
 
-It takes causal self-attention in bf16 on an sm_90 GPU (H100, H200) with head dim 64 or 128
-and a sequence length that is a multiple of 128; `unsupported_reason` says why other inputs
+It takes causal self-attention in bf16 on an sm_90 GPU (H100, H200) with a head dim up to
+128 (64 and 128 natively, others zero-padded to the next of the two: `gluon_head_dim`) and
+a sequence length that is a multiple of 128; `unsupported_reason` says why other inputs
 are refused. `deterministic=True` adds dQ in a fixed order (bit-identical from run to run),
 else in the order the shares arrive, as FA3 does by default.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -27,7 +29,7 @@ from systems.attention.gluon.backward_kernel import (
 from systems.kernel_runtime.triton_build import build_for_hopper
 
 SM_REGISTERS = 65536
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128)  # the kernels' own; other head dims run zero-padded to one of them
 PREPARE_ROWS = 64  # rows per program of the kernels before and after the backward
 
 
@@ -90,6 +92,22 @@ CONFIGS: dict[tuple[int, bool], GluonConfig] = {
 }
 
 
+def gluon_head_dim(head_dim: int) -> int | None:
+    """The head dim the Gluon kernels run `head_dim` at: the least of HEAD_DIMS that holds
+    it (zero columns add nothing to a score, and their outputs are cut off), or None."""
+    return next((dim for dim in HEAD_DIMS if 1 <= head_dim <= dim), None)
+
+
+def padded_to(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """t with zero columns up to head_dim (t itself where it has as many)."""
+    return t if t.shape[-1] == head_dim else F.pad(t, (0, head_dim - t.shape[-1]))
+
+
+def cut_to(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """t's first head_dim columns, contiguous (t itself where it has as many)."""
+    return t if t.shape[-1] == head_dim else t[..., :head_dim].contiguous()
+
+
 def unsupported_setting(device: torch.device, dtype: torch.dtype, seq: int) -> str | None:
     """Why the Gluon backward cannot run on this device, dtype and sequence length; None if
     it can (`unsupported_reason` checks the rest)."""
@@ -115,8 +133,8 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if {t.dtype for t in (q, k, v)} != {q.dtype} or {t.device for t in (q, k, v)} != {q.device}:
         return (f"needs q, k and v of one dtype on one device, got {q.dtype}, {k.dtype}, "
                 f"{v.dtype} on {q.device}, {k.device}, {v.device}")
-    if q.shape[-1] not in HEAD_DIMS:
-        return f"needs head dim in {HEAD_DIMS}, got {q.shape[-1]}"
+    if gluon_head_dim(q.shape[-1]) is None:
+        return f"needs a head dim of at most {HEAD_DIMS[-1]}, got {q.shape[-1]}"
     return unsupported_setting(q.device, q.dtype, q.shape[-2])
 
 
@@ -141,8 +159,12 @@ def descriptor_specs(config: GluonConfig, head_dim: int
     return specs
 
 
-def constexprs(head_dim: int, config: GluonConfig) -> dict[str, object]:
-    return {"SM_SCALE": head_dim ** -0.5, "NUM_STAGES": config.num_stages,
+def constexprs(head_dim: int, config: GluonConfig, sm_scale: float | None = None
+               ) -> dict[str, object]:
+    """The kernel's compile-time arguments; `sm_scale` is the caller's head dim's (the
+    kernels' own by default: it differs where they run a zero-padded one)."""
+    return {"SM_SCALE": head_dim ** -0.5 if sm_scale is None else sm_scale,
+            "NUM_STAGES": config.num_stages,
             "PRODUCER_WARPS": config.producer_warps, "WORKER_REGS": config.worker_regs,
             "ASYNC_MMA": config.async_mma, "ORDERED": config.ordered,
             "SCHEDULE": config.schedule, "WRITERS": config.writers}
@@ -153,21 +175,23 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                    deterministic: bool = True, config: GluonConfig | None = None,
                    poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) shaped like q, k, v from flash_forward's o and L (natural log, shape
-    (..., seq)); inputs of any strides (copied to contiguous rows where they are not).
-    `config` overrides the one CONFIGS holds for (d, deterministic); `poison` fills every
+    (..., seq)); inputs of any strides (copied to contiguous rows where they are not), and
+    of head dims the kernels run zero-padded (`gluon_head_dim`). `config` overrides the one
+    CONFIGS holds for (padded d, deterministic); `poison` fills every
     buffer the kernels write (D, the dQ accumulator, dq, dk, dv) with NaN first, so that
     an element they skip shows."""
     reason = unsupported_reason(q, k, v, is_causal)
     if reason is not None:
         raise ValueError(f"the Gluon backward {reason}")
-    seq, head_dim = q.shape[-2:]
+    seq, d = q.shape[-2:]
+    head_dim = gluon_head_dim(d)
     config = config or CONFIGS[head_dim, deterministic]
     if config.writers not in (1, 2) or config.block_m not in (64, 128) or (
             config.schedule not in SCHEDULES):
         raise ValueError(f"{config}: writers must be 1 or 2, block_m 64 or 128, and the "
                          f"schedule one of {SCHEDULES}")
     _check_launch_order(config, seq // BLOCK_N, q.device)
-    q2, k2, v2, o2, do2 = (aligned_rows(t) for t in (q, k, v, o, do))
+    q2, k2, v2, o2, do2 = (aligned_rows(padded_to(t, head_dim)) for t in (q, k, v, o, do))
     rows = q2.shape[0]
 
     def new(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -183,10 +207,11 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
             "dq_desc": acc}
     descs = descriptors(descriptor_specs(config, head_dim), flat)
     gluon_backward_kernel[(seq // BLOCK_N, rows // seq)](
-        *descs, dk, dv, semaphores, seq, **constexprs(head_dim, config),
+        *descs, dk, dv, semaphores, seq, **constexprs(head_dim, config, d ** -0.5),
         num_warps=CONSUMER_WARPS, maxnreg=config.max_regs)
-    finish(acc, dq)
-    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+    finish(acc, dq, d ** -0.5)
+    return tuple(cut_to(grad, d).view(like.shape)
+                 for grad, like in ((dq, q), (dk, k), (dv, v)))
 
 
 def output_buffer(shape: torch.Size | tuple[int, ...], dtype: torch.dtype,
@@ -241,10 +266,10 @@ def prepare(o: torch.Tensor, do: torch.Tensor, delta: torch.Tensor, acc: torch.T
                                             ROWS=PREPARE_ROWS)
 
 
-def finish(acc: torch.Tensor, dq: torch.Tensor) -> None:
+def finish(acc: torch.Tensor, dq: torch.Tensor, sm_scale: float) -> None:
     """dQ (rows, d) of its own dtype from the accumulator of the unscaled dS K."""
     rows, head_dim = acc.shape
-    finish_kernel[(rows // PREPARE_ROWS,)](acc, dq, head_dim ** -0.5, HEAD_DIM=head_dim,
+    finish_kernel[(rows // PREPARE_ROWS,)](acc, dq, sm_scale, HEAD_DIM=head_dim,
                                            ROWS=PREPARE_ROWS)
 
 

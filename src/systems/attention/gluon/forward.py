@@ -43,9 +43,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from systems.attention.flash_triton.launch import _sm_count
 from systems.attention.gluon.backward import (
     aligned_rows,
+    cut_to,
     descriptor_signature,
     descriptors,
+    gluon_head_dim,
     output_buffer,
+    padded_to,
     register_cap,
     unsupported_reason,
 )
@@ -354,8 +357,11 @@ def descriptor_specs(config: GluonForwardConfig, head_dim: int
             for arg, block in blocks.items()}
 
 
-def constexprs(head_dim: int, config: GluonForwardConfig) -> dict[str, object]:
-    return {"SM_SCALE": head_dim ** -0.5, "NUM_STAGES": config.num_stages,
+def constexprs(head_dim: int, config: GluonForwardConfig, sm_scale: float | None = None
+               ) -> dict[str, object]:
+    """The kernel's compile-time arguments; `sm_scale` as in `gluon.backward.constexprs`."""
+    return {"SM_SCALE": head_dim ** -0.5 if sm_scale is None else sm_scale,
+            "NUM_STAGES": config.num_stages,
             "CONSUMER_REGS": config.consumer_regs, "PRODUCER_REGS": config.producer_regs,
             "ASYNC": config.async_mma, "PINGPONG": config.pingpong}
 
@@ -365,15 +371,17 @@ def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
                   programs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, L) as `flash_forward` returns them, for what the Gluon backward takes
     (`gluon_launch.unsupported_reason`): o contiguous, shaped like q; L (..., seq) fp32,
-    natural log. Inputs of any strides (copied to contiguous rows where they are not).
-    `config` overrides CONFIGS[d] (and is needed where it has none); `poison` fills o
+    natural log. Inputs of any strides (copied to contiguous rows where they are not), and
+    of head dims it runs zero-padded (`gluon_head_dim`). `config` overrides CONFIGS[padded
+    d] (and is needed where it has none); `poison` fills o
     and L with NaN first, so that an element the kernel skips shows. `programs` caps a
     persistent launch's grid (one program per SM otherwise), so that a few tiles can
     give each program several."""
     reason = unsupported_reason(q, k, v, is_causal)
     if reason is not None:
         raise ValueError(f"the Gluon forward {reason}")
-    seq, head_dim = q.shape[-2:]
+    seq, d = q.shape[-2:]
+    head_dim = gluon_head_dim(d)
     if config is None and head_dim not in CONFIGS:
         raise ValueError(f"the Gluon forward has a tuned config for head dims "
                          f"{sorted(CONFIGS)}, not {head_dim}: pass one")
@@ -382,8 +390,8 @@ def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
         raise ValueError("programs caps a persistent launch; this config is not persistent")
     if programs is not None and programs < 1:
         raise ValueError(f"programs must be at least 1, got {programs}")
-    q2, k2, v2 = (aligned_rows(t) for t in (q, k, v))
-    o = output_buffer(q.shape, q.dtype, q.device, poison)
+    q2, k2, v2 = (aligned_rows(padded_to(t, head_dim)) for t in (q, k, v))
+    o = output_buffer((*q.shape[:-1], head_dim), q.dtype, q.device, poison)
     lse = output_buffer(q.shape[:-1], torch.float32, q.device, poison)
     descs = descriptors(descriptor_specs(config, head_dim),
                         {"q_desc": q2, "k_desc": k2, "v_desc": v2})
@@ -392,9 +400,9 @@ def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     if config.persistent:
         grid = min(grid, programs or _sm_count(q.device))
     gluon_forward_kernel[(grid,)](*descs, o, lse, seq, n_matrices,
-                                  **constexprs(head_dim, config), num_warps=4,
+                                  **constexprs(head_dim, config, d ** -0.5), num_warps=4,
                                   maxnreg=config.max_regs)
-    return o, lse
+    return cut_to(o, d), lse
 
 
 def build(head_dim: int, config: GluonForwardConfig) -> dict[str, int | list[int]]:

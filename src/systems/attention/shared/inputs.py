@@ -1,4 +1,5 @@
-"""Checks shared by every attention implementation: what q, k, v must look like."""
+"""Checks shared by every attention implementation: what q, k, v and the mask flag must look
+like."""
 
 from __future__ import annotations
 
@@ -32,3 +33,11 @@ def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
         raise ValueError(
             f"empty attention: q {tuple(q.shape)}, k {tuple(k.shape)} (need seq, d >= 1)"
         )
+
+
+def check_is_causal(name: str, is_causal: object) -> None:
+    """Raise a TypeError unless is_causal is a bool: a string, None or a tensor would
+    otherwise be read as a truth value ("no" as True)."""
+    if type(is_causal) is not bool:
+        raise TypeError(f"{name}: is_causal must be a bool (True or False), got "
+                        f"{type(is_causal).__name__} {is_causal!r}")

@@ -1,0 +1,133 @@
+"""Which of our kernels `FlashAttentionTriton` runs for a problem: the dispatch table.
+
+A forward (the Triton kernel, or the persistent Gluon forward for Hopper where
+`gluon.forward.CONFIGS` holds a config for the head dim) and a backward (the two Triton
+passes, or the fused Gluon backward with dQ added in a fixed order) per GPU capability,
+dtype, head dim, sequence length, number of tokens (batch x heads x seq) and mask. Every
+backward the table may name is deterministic; the Gluon backward that adds dQ in arrival
+order is only reached by asking for it (`FlashAttentionTritonUnordered`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from systems.attention.gluon.backward import BLOCK_N as GLUON_BLOCK_N
+from systems.attention.gluon.backward import gluon_head_dim
+from systems.attention.gluon.forward import CONFIGS as GLUON_FORWARD_CONFIGS
+
+TRITON, GLUON = "triton", "gluon"  # forwards
+TWO_PASS, GLUON_ORDERED, GLUON_UNORDERED = "two_pass", "gluon_ordered", "gluon_unordered"
+FORWARDS = (TRITON, GLUON)
+BACKWARDS = (TWO_PASS, GLUON_ORDERED, GLUON_UNORDERED)
+DETERMINISTIC_BACKWARDS = (TWO_PASS, GLUON_ORDERED)
+HOPPER = (9, 0)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """One forward and one backward."""
+
+    forward: str
+    backward: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.forward}+{self.backward}"
+
+
+DEFAULT = Kernels(TRITON, TWO_PASS)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Causal self-attention (q, k, v of one shape) of this capability, dtype and head dim,
+    at least `min_seq` long and `min_tokens` tokens (batch x heads x seq), runs `kernels`."""
+
+    capability: tuple[int, int]
+    dtype: torch.dtype
+    head_dim: int
+    min_seq: int
+    min_tokens: int
+    kernels: Kernels
+
+    def matches(self, capability: tuple[int, int], dtype: torch.dtype, head_dim: int,
+                seq: int, tokens: int) -> bool:
+        return (capability == self.capability and dtype == self.dtype
+                and head_dim == self.head_dim and seq >= self.min_seq
+                and tokens >= self.min_tokens)
+
+
+# Measured on one H100 80GB HBM3 (torch 2.11, Triton 3.6), bf16, causal, forward+backward,
+# five do_bench rounds taken in turn (issue 43's table; re-measure and print the table this
+# should hold with `python studies/attention_dispatch/study.py`). The Gluon backward beat
+# the two passes at 1 x 16 x 16384 (d 64: 4.46 against 5.01 ms; d 128: 7.61 against 8.99)
+# and at 4 x 16 x 4096 x 128 (2.43 against 2.71), and tied at 4 x 16 x 4096 x 64 (1.46
+# against 1.45). Below that its eager launches from Python cost more than the kernels
+# (0.8 to 1.4 ms of host time at 8 x 16 x 1024, 16 x 1 x 4096, 16 x 1 x 2048). No row
+# names a shape that was not measured: everything else runs DEFAULT.
+TABLE: tuple[Rule, ...] = (
+    Rule(HOPPER, torch.bfloat16, 128, min_seq=4096, min_tokens=64 * 4096,
+         kernels=Kernels(GLUON, GLUON_ORDERED)),
+    Rule(HOPPER, torch.bfloat16, 64, min_seq=16384, min_tokens=16 * 16384,
+         kernels=Kernels(TRITON, GLUON_ORDERED)),
+)
+
+
+def runnable(kernels: Kernels, capability: tuple[int, int], dtype: torch.dtype,
+             head_dim: int, seq: int, is_causal: bool) -> bool:
+    """Whether these kernels take causal self-attention of this kind (the Triton ones take
+    everything the input checks pass)."""
+    gluon_forward = kernels.forward == GLUON
+    gluon_backward = kernels.backward != TWO_PASS
+    if not (gluon_forward or gluon_backward):
+        return True
+    padded = gluon_head_dim(head_dim)
+    return (is_causal and capability == HOPPER and dtype == torch.bfloat16
+            and padded is not None and seq % GLUON_BLOCK_N == 0
+            and (not gluon_forward or padded in GLUON_FORWARD_CONFIGS))
+
+
+def with_gluon_backward(q: torch.Tensor, backward: str) -> Kernels:
+    """`backward` (a Gluon one) after the Gluon forward where it has a config for q's head
+    dim, else after the Triton forward: the named variants' kernels."""
+    padded = gluon_head_dim(q.shape[-1]) if q.dim() else None
+    return Kernels(GLUON if padded in GLUON_FORWARD_CONFIGS else TRITON, backward)
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, seq: int,
+            tokens: int, table: tuple[Rule, ...]) -> Kernels:
+    for rule in table:
+        if (rule.matches(capability, dtype, head_dim, seq, tokens)
+                and runnable(rule.kernels, capability, dtype, head_dim, seq, True)):
+            return rule.kernels
+    return DEFAULT
+
+
+@torch.compiler.assume_constant_result
+def _capability(device: torch.device) -> tuple[int, int]:
+    return _capabilities(device.index if device.index is not None
+                         else torch.cuda.current_device())
+
+
+@functools.cache
+def _capabilities(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def choose(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> Kernels:
+    """The kernels for this call: the first rule of TABLE that matches it, else DEFAULT
+    (which also serves everything but causal self-attention on CUDA, and calls the input
+    checks will refuse)."""
+    shape = q.shape
+    if (not is_causal or q.device.type != "cuda" or len(shape) < 2 or k.shape != shape
+            or v.shape != shape or not q.dtype == k.dtype == v.dtype
+            or not q.device == k.device == v.device):
+        return DEFAULT
+    return _choose(_capability(q.device), q.dtype, shape[-1], shape[-2],
+                   math.prod(shape[:-1]), TABLE)

@@ -1,0 +1,204 @@
+"""The dispatch (`systems.attention.dispatch`): which kernels FlashAttentionTriton runs, that
+it only ever picks deterministic ones, and that every pair it can pick is right.
+
+The rules and the plumbing are checked on any machine; the Gluon pairs (and head dims the
+Gluon kernels run zero-padded, 80 and 96 among them) against a float64 reference with
+every output NaN-poisoned first, on an sm_90 GPU only."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_flash_attention import Problem, _reference, assert_close_as_pytorch
+
+from systems.attention import FlashAttentionTriton, FlashAttentionTritonUnordered, dispatch
+from systems.attention.dispatch import (
+    DEFAULT,
+    DETERMINISTIC_BACKWARDS,
+    FORWARDS,
+    GLUON,
+    GLUON_ORDERED,
+    GLUON_UNORDERED,
+    HOPPER,
+    TABLE,
+    TRITON,
+    TWO_PASS,
+    Kernels,
+    Rule,
+)
+from systems.attention.functions import FlashAttentionTritonKernels
+from systems.attention.gluon import backward as gluon_backward_module
+from systems.attention.gluon import forward as gluon_forward_module
+from systems.attention.gluon.backward import cut_to, gluon_head_dim, padded_to
+
+GRADS = ("dq", "dk", "dv")
+BF16 = torch.bfloat16
+# Every pair the table may name: the unordered backward is never one.
+PICKABLE = [Kernels(f, b) for f, b in itertools.product(FORWARDS, DETERMINISTIC_BACKWARDS)]
+
+
+def _on_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == HOPPER
+
+
+def hopper(test):
+    """A GPU test that runs on an sm_90 GPU only."""
+    return pytest.mark.gpu(pytest.mark.skipif(
+        not _on_hopper(), reason="needs an sm_90 GPU (H100, H200)")(test))
+
+
+def test_the_table_names_only_deterministic_kernels_that_can_run_its_rows():
+    for rule in TABLE:
+        assert rule.kernels.forward in FORWARDS
+        assert rule.kernels.backward in DETERMINISTIC_BACKWARDS
+        seq = -(-rule.min_seq // 128) * 128
+        assert dispatch.runnable(rule.kernels, rule.capability, rule.dtype, rule.head_dim,
+                                 seq, True), rule
+
+
+def _pick(capability=HOPPER, dtype=BF16, head_dim=128, seq=4096, tokens=1 << 30,
+          table=TABLE) -> Kernels:
+    return dispatch._choose(capability, dtype, head_dim, seq, tokens, table)
+
+
+def test_a_rule_applies_where_it_matches_and_the_kernels_take_the_problem():
+    rule = Rule(HOPPER, BF16, 80, min_seq=1024, min_tokens=4096,
+                kernels=Kernels(GLUON, GLUON_ORDERED))
+    table = (rule,)
+    assert _pick(head_dim=80, seq=1024, tokens=4096, table=table) is rule.kernels
+    for change in ({"capability": (8, 0)}, {"dtype": torch.float16}, {"head_dim": 64},
+                   {"seq": 896}, {"tokens": 4095},
+                   {"seq": 1100}):  # the Gluon kernels take multiples of 128 only
+        problem = {"head_dim": 80, "seq": 1024, "tokens": 4096, **change}
+        assert _pick(**problem, table=table) is DEFAULT, change
+
+
+def test_the_first_matching_rule_wins():
+    first = Rule(HOPPER, BF16, 128, 1024, 0, Kernels(TRITON, GLUON_ORDERED))
+    second = Rule(HOPPER, BF16, 128, 1024, 0, Kernels(GLUON, GLUON_ORDERED))
+    assert _pick(table=(first, second)) is first.kernels
+
+
+def test_calls_off_cuda_or_not_causal_self_attention_run_the_default(device):
+    q = torch.randn(2, 256, 64, device=device)
+    assert dispatch.choose(q, q, q, True) is DEFAULT  # a CPU or (here) a fp32 problem
+    assert dispatch.choose(q, q[:, :128], q[:, :128], True) is DEFAULT
+    assert dispatch.choose(q, q, q, False) is DEFAULT
+
+
+@pytest.mark.parametrize("head_dim", [1, 16, 64, 72, 80, 96, 127, 128, 129])
+def test_gluon_head_dims_pad_to_the_kernels_own(head_dim):
+    expected = 64 if head_dim <= 64 else 128 if head_dim <= 128 else None
+    assert gluon_head_dim(head_dim) == expected
+    if expected is None:
+        return
+    t = torch.randn(3, 5, head_dim)
+    padded = padded_to(t, expected)
+    assert padded.shape == (3, 5, expected) and padded.is_contiguous()
+    assert torch.equal(padded[..., :head_dim], t) and not padded[..., head_dim:].any()
+    assert torch.equal(cut_to(padded, head_dim), t) and cut_to(padded, head_dim).is_contiguous()
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_named_kernels_give_what_the_public_function_gives(is_causal, device):
+    """The Function the dispatch hands non-default pairs to, with the default pair (the
+    only one that runs off an sm_90 GPU): the same outputs and gradients, bit for bit."""
+    dtype = torch.float32 if device.type == "cpu" else BF16
+    problem = Problem.random(((2,), 70, 70, 32), dtype, device, is_causal, seed=11)
+    public = problem.run(FlashAttentionTriton.apply)
+    named = problem.run(lambda q, k, v, c: FlashAttentionTritonKernels.apply(
+        q, k, v, c, TRITON, TWO_PASS))
+    for name in public:
+        assert torch.equal(named[name], public[name]), name
+
+
+def test_the_unordered_backward_is_refused_off_hopper():
+    if _on_hopper():
+        pytest.skip("an sm_90 GPU runs it")
+    q = torch.randn(1, 128, 64, dtype=BF16, device="cuda" if torch.cuda.is_available()
+                    else "cpu")
+    with pytest.raises(ValueError, match="gluon_unordered backward needs"):
+        FlashAttentionTritonUnordered.apply(q, q, q, True)
+
+
+@pytest.fixture
+def poisoned_gluon_outputs(monkeypatch):
+    """Every buffer the Gluon kernels write starts as NaN (as their `poison` flag does)."""
+    original = gluon_backward_module.output_buffer
+
+    def poisoned(shape, dtype, device, poison):
+        return original(shape, dtype, device, True)
+
+    for module in (gluon_backward_module, gluon_forward_module):
+        monkeypatch.setattr(module, "output_buffer", poisoned)
+
+
+def _check(problem: Problem, attention) -> dict[str, torch.Tensor]:
+    exact = problem.run(_reference, torch.float64)
+    same_dtype = problem.run(_reference, BF16)
+    ours = problem.run(attention)
+    for name in exact:
+        assert ours[name].shape == exact[name].shape
+        assert_close_as_pytorch(ours[name], same_dtype[name], exact[name], name)
+    return ours
+
+
+def _named(kernels: Kernels):
+    return lambda q, k, v, c: FlashAttentionTritonKernels.apply(q, k, v, c, kernels.forward,
+                                                                kernels.backward)
+
+
+@hopper
+@pytest.mark.parametrize("kernels", PICKABLE + [Kernels(GLUON, GLUON_UNORDERED)],
+                         ids=lambda k: k.name)
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128])
+def test_every_pair_matches_float64(kernels, head_dim, poisoned_outputs,
+                                    poisoned_gluon_outputs):
+    """Each pair at each head dim the model uses, on (batch, heads) matrices of 640 rows."""
+    problem = Problem.random(((2, 3), 640, 640, head_dim), BF16, torch.device("cuda"), True,
+                             seed=head_dim)
+    ours = _check(problem, _named(kernels))
+    if kernels.backward != GLUON_UNORDERED:
+        again = problem.run(_named(kernels))
+        for name in GRADS:
+            assert torch.equal(again[name], ours[name]), name
+
+
+@hopper
+@settings(max_examples=16, deadline=None)
+@given(lead=st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple),
+       blocks=st.integers(1, 10), head_dim=st.sampled_from([16, 40, 72, 80, 96, 112]),
+       kernels=st.sampled_from([Kernels(GLUON, GLUON_ORDERED), Kernels(TRITON, GLUON_ORDERED),
+                                Kernels(GLUON, TWO_PASS)]),
+       seed=st.integers(0, 2**16))
+def test_padded_head_dims_at_any_shape(lead, blocks, head_dim, kernels, seed):
+    """Head dims the Gluon kernels run zero-padded, at 1 to 10 key blocks, 1 to 9
+    matrices; fresh inputs each time."""
+    problem = Problem.random((lead, 128 * blocks, 128 * blocks, head_dim), BF16,
+                             torch.device("cuda"), True, seed)
+    _check(problem, _named(kernels))
+
+
+@hopper
+@pytest.mark.parametrize("seq", [640, 700])
+def test_the_public_function_runs_what_the_table_names(monkeypatch, seq, poisoned_outputs,
+                                                       poisoned_gluon_outputs):
+    """A table naming the Gluon pair at a small shape: FlashAttentionTriton runs it there
+    (its graph node says so), deterministically, and the default at a length the Gluon
+    kernels do not take (700)."""
+    rule = Rule(HOPPER, BF16, 80, min_seq=512, min_tokens=0,
+                kernels=Kernels(GLUON, GLUON_ORDERED))
+    monkeypatch.setattr(dispatch, "TABLE", (rule,))
+    problem = Problem.random(((2, 2), seq, seq, 80), BF16, torch.device("cuda"), True,
+                             seed=seq)
+    ours = _check(problem, FlashAttentionTriton.apply)
+    q = problem.q.detach().requires_grad_()
+    node = type(FlashAttentionTriton.apply(q, problem.k, problem.v, True).grad_fn).__name__
+    assert ("FlashAttentionTritonKernels" in node) == (seq % 128 == 0), node
+    again = problem.run(FlashAttentionTriton.apply)
+    for name in GRADS:
+        assert torch.equal(again[name], ours[name]), name
