@@ -20,6 +20,11 @@ Four studies:
   flex_attention on the same shape; the device time of `triton.testing.do_bench` (median
   and mean, through `systems.bench.timing.device_time`) goes into extra_info beside
   pytest-benchmark's own numbers, with ours in do_bench rounds taken in turn as above.
+- `test_attention_table`: issue 43's table of shapes (batch x heads from 16 to 128,
+  seq 1024 to 16384, d 64 and 128) and the 2.7b model's heads (4 x 32 x 512 and 2048,
+  d = 80), bf16, causal, forward+backward of ours (the dispatch's pick, recorded in
+  `extra_info["kernels"]`), with short do_bench rounds taken in turn with SDPA's cuDNN and
+  flash backends (`extra_info["interleaved_device_ms"]`).
 - `test_attention_device_time`: the batch-1 forward + backward of the rivals (SDPA flash and
   cuDNN, compiled flex_attention, the Triton kernels) captured in a CUDA graph and timed by
   replay. Up to seq 8192 the eager rounds above time the host queuing kernels; replay
@@ -31,8 +36,8 @@ minutes on one H100): eager bf16 forward+backward at batch 1, seq 1024..65536, d
 128, ours against SDPA flash, SDPA cuDNN and compiled flex_attention; 16 x 16384 x 128 and
 the leaderboard (16 x 16384 x 64) for ours, with our default backward and the fused Gluon
 one (ordered and not), against the two SDPA backends, each also timed by do_bench; and
-graph replay at seq 1024 and 16384; `full` (every study, and the Gluon backwards in graph
-replay at d = 64 and 128 too; select with -k).
+graph replay at seq 1024 and 16384; `full` (every study, the table's shapes, and the Gluon
+backwards in graph replay at d = 64 and 128 too; select with -k).
 
 Implementations are looked up by name in `systems.attention.registry`.
 """
@@ -46,6 +51,7 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
+from systems.attention.dispatch import kernels_for
 from systems.bench.attention import (
     ATTENTION_MODES,
     AttentionWorkload,
@@ -217,12 +223,13 @@ def _interleaved_medians(case: AttentionCase, device: torch.device,
 
 
 def record_device_time_in_turn(synced_benchmark, impl: str, step: Callable[[], object],
-                               rival_steps: dict[str, Callable[[], object]]) -> None:
-    """Ours and the rivals' device time in DEVICE_ROUNDS do_bench rounds taken in turn:
-    each one's median per round, in ms, into extra_info; a ratio is then read round by
-    round."""
-    medians = interleaved_device_time({impl: step, **rival_steps}, rounds=DEVICE_ROUNDS,
-                                      **DEVICE_ROUND_SPANS_MS)
+                               rival_steps: dict[str, Callable[[], object]],
+                               rounds: int = DEVICE_ROUNDS,
+                               spans_ms: dict[str, int] = DEVICE_ROUND_SPANS_MS) -> None:
+    """Ours and the rivals' device time in `rounds` do_bench rounds taken in turn: each
+    one's median per round, in ms, into extra_info; a ratio is then read round by round."""
+    medians = interleaved_device_time({impl: step, **rival_steps}, rounds=rounds,
+                                      **spans_ms)
     synced_benchmark.benchmark.extra_info[keys.INTERLEAVED_DEVICE_MS] = {
         name: [seconds * 1e3 for seconds in per_round] for name, per_round in medians.items()}
 
@@ -314,6 +321,45 @@ def leaderboard_step(impl: str, device: torch.device) -> Callable[[], None]:
 
 
 test_attention_leaderboard.perf_cases = leaderboard_cases
+
+
+# Issue 43's shapes (batch, heads, seq, d) and the 2.7b model's heads, where our default
+# is compared with SDPA in device time. Short rounds keep each case to a few seconds.
+TABLE_SHAPES = ((1, 16, 16384, 64), (1, 16, 16384, 128), (4, 16, 4096, 64),
+                (4, 16, 4096, 128), (8, 16, 1024, 64), (16, 1, 4096, 64), (16, 1, 2048, 128),
+                (4, 32, 512, 80), (4, 32, 2048, 80))
+TABLE_ROUNDS = 5
+TABLE_ROUND_SPANS_MS = {"warmup_ms": 25, "rep_ms": 100}
+
+
+def table_cases(profile: str) -> list[AttentionCase]:
+    # In the full profile until the H100 baseline is recorded with them: the quick
+    # profile's every case must be in the committed baseline (test_perf_baseline.py).
+    if profile != "full":
+        return []
+    return [AttentionCase("triton", shape, "bf16", "forward_backward", is_causal=True,
+                          warmup=3, rounds=5) for shape in TABLE_SHAPES]
+
+
+@pytest.mark.gpu
+def test_attention_table(perf_case: AttentionCase, device, synced_benchmark) -> None:
+    """Ours as the dispatch runs it against SDPA cuDNN and flash, in device time taken in
+    turn (the eager rounds beside them are what a caller sees)."""
+    synced_benchmark.benchmark.group = f"{perf_case.group}-table"
+    workload = build_case_workload(perf_case, device)
+    synced_benchmark(workload.step, warmup=perf_case.warmup, rounds=perf_case.rounds,
+                     precision=perf_case.dtype, flops=workload.flops, info=workload.info,
+                     cold_start=True)
+    if synced_benchmark.benchmark.disabled:
+        return
+    synced_benchmark.benchmark.extra_info[keys.KERNELS] = kernels_for(
+        perf_case.shape, DTYPES[perf_case.dtype], device, perf_case.is_causal).name
+    record_device_time_in_turn(synced_benchmark, perf_case.impl, workload.step,
+                               _rival_steps(perf_case, device), rounds=TABLE_ROUNDS,
+                               spans_ms=TABLE_ROUND_SPANS_MS)
+
+
+test_attention_table.perf_cases = table_cases
 
 
 def device_time_cases(profile: str) -> list[AttentionCase]:

@@ -125,9 +125,16 @@ def choose(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -
     (which also serves everything but causal self-attention on CUDA, and calls the input
     checks will refuse)."""
     shape = q.shape
-    if (not is_causal or q.device.type != "cuda" or len(shape) < 2 or k.shape != shape
-            or v.shape != shape or not q.dtype == k.dtype == v.dtype
+    if (k.shape != shape or v.shape != shape or not q.dtype == k.dtype == v.dtype
             or not q.device == k.device == v.device):
         return DEFAULT
-    return _choose(_capability(q.device), q.dtype, shape[-1], shape[-2],
-                   math.prod(shape[:-1]), TABLE)
+    return kernels_for(shape, q.dtype, q.device, is_causal)
+
+
+def kernels_for(shape: torch.Size | tuple[int, ...], dtype: torch.dtype,
+                device: torch.device, is_causal: bool) -> Kernels:
+    """The kernels for self-attention with q, k and v of this shape, dtype and device."""
+    if not is_causal or device.type != "cuda" or len(shape) < 2:
+        return DEFAULT
+    return _choose(_capability(device), dtype, shape[-1], shape[-2], math.prod(shape[:-1]),
+                   TABLE)

@@ -77,6 +77,8 @@ DO_BENCH_TIMING = "do_bench_timing"  # which clock: "device" (systems.bench.timi
 # in turn with the SDPA backends (`systems.bench.timing.interleaved_device_time`); round i of
 # every list was timed together. A pooled baseline holds every run's rounds, run after run.
 INTERLEAVED_DEVICE_MS = "interleaved_device_ms"
+# The kernels FlashAttentionTriton's dispatch ran ("forward+backward", systems.attention.dispatch).
+KERNELS = "kernels"
 # A recipe whose whole step is replayed from one CUDA graph.
 CUDA_GRAPH = "cuda_graph"
 TIMING = "timing"  # "wall" or "device": which clock the rounds read (systems.bench.timing)

@@ -1,0 +1,201 @@
+"""Which of our kernel pairs is fastest per shape, and the dispatch table that follows
+(`systems.attention.dispatch.TABLE`): one sm_90 GPU, bf16, causal, forward + backward.
+
+Over a grid of lengths (512 to 16384), head dims (64, 80, 96, 128) and two numbers of
+tokens (batch x heads x seq: a few query tiles per SM, and enough to fill the GPU several
+times), every pair the dispatch could pick (the Triton or Gluon forward, the two-pass or
+ordered Gluon backward, where they take the shape) is first checked against SDPA's flash
+backend (o and the three gradients within twice the distance of SDPA's cuDNN backend from
+it, plus a few bf16 ulps), then timed with SDPA cuDNN and flash in do_bench rounds taken
+in turn (device time; calls whose host path is longer than their kernels show that time,
+as an eager caller sees it). The default pair runs as FlashAttentionTriton runs it (with
+launches replayed from C++); the others through FlashAttentionTritonKernels. A pair wins
+a shape where its median per-round ratio to the default is below WIN; the table holds,
+per head dim, each winning pair's largest region of (seq >= s, tokens >= t) in which it
+wins at every grid point.
+
+Usage: PYTHONPATH=src python studies/attention_dispatch/study.py [--out FILE.json]
+(about 4 to 5 minutes on one H100).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from systems.attention import FlashAttentionTriton, dispatch, get_attention
+from systems.attention.dispatch import (
+    DEFAULT,
+    DETERMINISTIC_BACKWARDS,
+    FORWARDS,
+    HOPPER,
+    Kernels,
+    Rule,
+)
+from systems.attention.functions import FlashAttentionTritonKernels
+from systems.bench.timing import interleaved_device_time
+
+SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+HEAD_DIMS = (64, 80, 96, 128)
+# batch x heads x seq: at 128-row tiles, about 2 tiles per SM of an H100 (132 SMs), and 16.
+TOKENS = (32768, 262144)
+ROUNDS = 3
+SPANS_MS = {"warmup_ms": 25, "rep_ms": 100}
+WIN = 0.98  # a pair must beat the default by 2%: a tie keeps the default's lean launches
+RIVALS = ("sdpa_cudnn", "sdpa_flash")
+SLACK_ULPS = 8
+Shape = tuple[int, int, int]  # (seq, head dim, tokens)
+
+
+def pairs(seq: int, head_dim: int, capability: tuple[int, int]) -> list[Kernels]:
+    """Every deterministic pair that takes this shape, the default first."""
+    found = [Kernels(f, b) for f, b in itertools.product(FORWARDS, DETERMINISTIC_BACKWARDS)]
+    return [DEFAULT] + [k for k in found if k != DEFAULT and dispatch.runnable(
+        k, capability, torch.bfloat16, head_dim, seq, True)]
+
+
+def attention(kernels: Kernels) -> Callable[..., torch.Tensor]:
+    if kernels == DEFAULT:
+        return FlashAttentionTriton.apply
+    return lambda q, k, v, c: FlashAttentionTritonKernels.apply(q, k, v, c, kernels.forward,
+                                                                kernels.backward)
+
+
+def inputs(seq: int, head_dim: int, tokens: int) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator(device="cuda").manual_seed(seq + head_dim + tokens)
+    shape = (max(1, tokens // seq), seq, head_dim)  # (batch x heads, seq, d)
+    return tuple(torch.randn((1, *shape), generator=generator, device="cuda",
+                             dtype=torch.bfloat16) for _ in range(4))
+
+
+def step(attend: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+         v: torch.Tensor, do: torch.Tensor) -> Callable[[], tuple[torch.Tensor, ...]]:
+    """o and the three gradients of one forward + backward (as the perf cases' step)."""
+    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+
+    def run() -> tuple[torch.Tensor, ...]:
+        o = attend(*leaves, True)
+        return (o, *torch.autograd.grad(o, leaves, do))
+
+    return run
+
+
+def _distance(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> list[float]:
+    return [(x.float() - y.float()).abs().max().item() for x, y in zip(a, b, strict=True)]
+
+
+def check(ours: tuple[torch.Tensor, ...], flash: tuple[torch.Tensor, ...],
+          cudnn: tuple[torch.Tensor, ...]) -> str | None:
+    """None where each output is as close to SDPA flash's as cuDNN's is (twice, plus a few
+    bf16 ulps of its scale), else what is not."""
+    eps = torch.finfo(torch.bfloat16).eps
+    for name, mine, theirs, ref in zip(("o", "dq", "dk", "dv"), _distance(ours, flash),
+                                       _distance(cudnn, flash), flash, strict=True):
+        limit = 2 * theirs + SLACK_ULPS * eps * ref.abs().max().item()
+        if not mine <= limit:  # NaN fails too
+            return f"{name}: {mine:.3g} from SDPA flash, allowed {limit:.3g}"
+    return None
+
+
+def measure(seq: int, head_dim: int, tokens: int, capability: tuple[int, int]
+            ) -> dict[str, object]:
+    q, k, v, do = inputs(seq, head_dim, tokens)
+    steps = {name: step(get_attention(name), q, k, v, do) for name in RIVALS}
+    flash, cudnn = steps["sdpa_flash"](), steps["sdpa_cudnn"]()
+    row: dict[str, object] = {"seq": seq, "head_dim": head_dim, "tokens": tokens,
+                              "matrices": q.shape[1], "wrong": {}}
+    for kernels in pairs(seq, head_dim, capability):
+        run = step(attention(kernels), q, k, v, do)
+        problem = check(run(), flash, cudnn)
+        if problem is None:
+            steps[kernels.name] = run
+        else:
+            row["wrong"][kernels.name] = problem
+    per_round = interleaved_device_time(steps, rounds=ROUNDS, **SPANS_MS)
+    row["ms"] = {name: statistics.median(times) * 1e3 for name, times in per_round.items()}
+    default = per_round.get(DEFAULT.name)
+    row["over_default"] = {} if default is None else {
+        name: statistics.median(t / d for t, d in zip(times, default, strict=True))
+        for name, times in per_round.items()}
+    return row
+
+
+def winner(row: dict[str, object]) -> str:
+    """The pair that beats the default by WIN at this shape, or the default."""
+    ratios = {name: r for name, r in row["over_default"].items() if name not in RIVALS}
+    best = min(ratios, key=ratios.get, default=DEFAULT.name)
+    return best if ratios.get(best, 1.0) < WIN else DEFAULT.name
+
+
+def table(rows: list[dict[str, object]], capability: tuple[int, int]) -> list[Rule]:
+    """Per head dim, each winning pair's largest (seq >= s, tokens >= t) region in which
+    it wins at every measured shape, larger regions first."""
+    rules: list[tuple[int, Rule]] = []
+    for head_dim in HEAD_DIMS:
+        wins = {(r["seq"], r["tokens"]): winner(r) for r in rows if r["head_dim"] == head_dim}
+        for name in set(wins.values()) - {DEFAULT.name}:
+            best: tuple[int, int, int] | None = None
+            for s, t in itertools.product(SEQS, TOKENS):
+                region = [w for (seq, tok), w in wins.items() if seq >= s and tok >= t]
+                wins_all = bool(region) and all(w == name for w in region)
+                if wins_all and (best is None or len(region) > best[0]):
+                    best = (len(region), s, t)
+            if best is not None:
+                forward, backward = name.split("+")
+                rules.append((best[0], Rule(capability, torch.bfloat16, head_dim, best[1],
+                                            best[2], Kernels(forward, backward))))
+    return [rule for _, rule in sorted(rules, key=lambda item: -item[0])]
+
+
+def _print_row(row: dict[str, object]) -> None:
+    cudnn = row["ms"].get("sdpa_cudnn")
+    cells = ", ".join(f"{name} {ms:.3f}" + (f" ({ms / cudnn:.2f}x cuDNN)" if cudnn else "")
+                      for name, ms in row["ms"].items())
+    print(f"seq {row['seq']:>5} d {row['head_dim']:>3} tokens {row['tokens']:>6}: {cells}; "
+          f"wins: {winner(row)}" + (f"; WRONG {row['wrong']}" if row["wrong"] else ""),
+          flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="write every row as JSON here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    capability = torch.cuda.get_device_capability()
+    if capability != HOPPER:
+        print(f"the Gluon pairs need an sm_90 GPU; this is {capability}: only the default "
+              "is timed", file=sys.stderr)
+    dispatch.TABLE = ()  # FlashAttentionTriton runs the default pair whatever the table says
+    started = time.perf_counter()
+    rows = []
+    for seq, head_dim, tokens in itertools.product(SEQS, HEAD_DIMS, TOKENS):
+        rows.append(measure(seq, head_dim, tokens, capability))
+        _print_row(rows[-1])
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"{time.perf_counter() - started:.0f} s. The table these rounds give:\n")
+    print("TABLE: tuple[Rule, ...] = (")
+    for rule in table(rows, capability):
+        print(f"    Rule({rule.capability}, torch.bfloat16, {rule.head_dim}, "
+              f"min_seq={rule.min_seq}, min_tokens={rule.min_tokens},\n"
+              f"         kernels=Kernels({rule.kernels.forward.upper()}, "
+              f"{rule.kernels.backward.upper()})),")
+    print(")")
+    if args.out:
+        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                        "torch": torch.__version__, "rows": rows}, indent=1))
+    wrong = [row for row in rows if row["wrong"]]
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
