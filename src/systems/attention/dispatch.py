@@ -43,7 +43,7 @@ class Kernels:
 DEFAULT = Kernels(TRITON, TWO_PASS)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: a table is hashed on every call
 class Rule:
     """Causal self-attention (q, k, v of one shape) of this capability, dtype and head dim,
     at least `min_seq` long and `min_tokens` tokens (batch x heads x seq), runs `kernels`."""
@@ -100,8 +100,9 @@ def with_gluon_backward(q: torch.Tensor, backward: str) -> Kernels:
 
 
 @functools.lru_cache(maxsize=4096)
-def _choose(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, seq: int,
-            tokens: int, table: tuple[Rule, ...]) -> Kernels:
+def _choose(capability: tuple[int, int], dtype: torch.dtype, shape: tuple[int, ...],
+            table: tuple[Rule, ...]) -> Kernels:
+    head_dim, seq, tokens = shape[-1], shape[-2], math.prod(shape[:-1])
     for rule in table:
         if (rule.matches(capability, dtype, head_dim, seq, tokens)
                 and runnable(rule.kernels, capability, dtype, head_dim, seq, True)):
@@ -109,32 +110,29 @@ def _choose(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, seq:
     return DEFAULT
 
 
-@torch.compiler.assume_constant_result
-def _capability(device: torch.device) -> tuple[int, int]:
-    return _capabilities(device.index if device.index is not None
-                         else torch.cuda.current_device())
-
-
+@torch.compiler.assume_constant_result  # Dynamo reads the GPU's capability once, as a constant
 @functools.cache
-def _capabilities(index: int) -> tuple[int, int]:
+def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
 def choose(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> Kernels:
     """The kernels for this call: the first rule of TABLE that matches it, else DEFAULT
-    (which also serves everything but causal self-attention on CUDA, and calls the input
-    checks will refuse)."""
-    shape = q.shape
-    if (k.shape != shape or v.shape != shape or not q.dtype == k.dtype == v.dtype
-            or not q.device == k.device == v.device):
+    (which also serves everything but causal self-attention on CUDA). Inputs the chosen
+    kernels cannot take (dtypes or devices that differ) are refused by their checks. Every
+    eager call pays for each attribute read here: the fewest and cheapest are."""
+    if not is_causal or not q.is_cuda:
         return DEFAULT
-    return kernels_for(shape, q.dtype, q.device, is_causal)
+    shape = q.shape
+    if k.shape != shape or v.shape != shape or len(shape) < 2:
+        return DEFAULT
+    return _choose(_capability(q.get_device()), q.dtype, shape, TABLE)
 
 
-def kernels_for(shape: torch.Size | tuple[int, ...], dtype: torch.dtype,
-                device: torch.device, is_causal: bool) -> Kernels:
+def kernels_for(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                is_causal: bool) -> Kernels:
     """The kernels for self-attention with q, k and v of this shape, dtype and device."""
     if not is_causal or device.type != "cuda" or len(shape) < 2:
         return DEFAULT
-    return _choose(_capability(device), dtype, shape[-1], shape[-2], math.prod(shape[:-1]),
-                   TABLE)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return _choose(_capability(index), dtype, shape, TABLE)

@@ -60,20 +60,21 @@ def test_the_table_names_only_deterministic_kernels_that_can_run_its_rows():
                                  seq, True), rule
 
 
-def _pick(capability=HOPPER, dtype=BF16, head_dim=128, seq=4096, tokens=1 << 30,
+def _pick(capability=HOPPER, dtype=BF16, head_dim=128, seq=4096, matrices=64,
           table=TABLE) -> Kernels:
-    return dispatch._choose(capability, dtype, head_dim, seq, tokens, table)
+    return dispatch._choose(capability, dtype, (2, matrices // 2, seq, head_dim), table)
 
 
 def test_a_rule_applies_where_it_matches_and_the_kernels_take_the_problem():
-    rule = Rule(HOPPER, BF16, 80, min_seq=1024, min_tokens=4096,
+    rule = Rule(HOPPER, BF16, 80, min_seq=1024, min_tokens=4 * 1024,
                 kernels=Kernels(GLUON, GLUON_ORDERED))
     table = (rule,)
-    assert _pick(head_dim=80, seq=1024, tokens=4096, table=table) is rule.kernels
+    assert _pick(head_dim=80, seq=1024, matrices=4, table=table) is rule.kernels
     for change in ({"capability": (8, 0)}, {"dtype": torch.float16}, {"head_dim": 64},
-                   {"seq": 896}, {"tokens": 4095},
+                   {"seq": 896, "matrices": 6},  # as many tokens, too short
+                   {"matrices": 2},  # too few tokens
                    {"seq": 1100}):  # the Gluon kernels take multiples of 128 only
-        problem = {"head_dim": 80, "seq": 1024, "tokens": 4096, **change}
+        problem = {"head_dim": 80, "seq": 1024, "matrices": 4, **change}
         assert _pick(**problem, table=table) is DEFAULT, change
 
 
