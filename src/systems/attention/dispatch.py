@@ -111,9 +111,20 @@ def _choose(capability: tuple[int, int], dtype: torch.dtype, shape: tuple[int, .
 
 
 @torch.compiler.assume_constant_result  # Dynamo reads the GPU's capability once, as a constant
-@functools.cache
 def _capability(index: int) -> tuple[int, int]:
+    return _device_capability(index)
+
+
+@functools.cache
+def _device_capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
+
+
+def _choice(index: int, dtype: torch.dtype, shape: tuple[int, ...]) -> Kernels:
+    """The table's kernels for a causal self-attention problem on CUDA device `index`.
+    Dynamo traces the rules themselves (shapes are what it guards on), not their cache."""
+    pick = _choose.__wrapped__ if torch.compiler.is_compiling() else _choose
+    return pick(_capability(index), dtype, shape, TABLE)
 
 
 def choose(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> Kernels:
@@ -126,7 +137,7 @@ def choose(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -
     shape = q.shape
     if k.shape != shape or v.shape != shape or len(shape) < 2:
         return DEFAULT
-    return _choose(_capability(q.get_device()), q.dtype, shape, TABLE)
+    return _choice(q.get_device(), q.dtype, shape)
 
 
 def kernels_for(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
@@ -134,5 +145,5 @@ def kernels_for(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     """The kernels for self-attention with q, k and v of this shape, dtype and device."""
     if not is_causal or device.type != "cuda" or len(shape) < 2:
         return DEFAULT
-    index = torch.cuda.current_device() if device.index is None else device.index
-    return _choose(_capability(index), dtype, shape, TABLE)
+    return _choice(torch.cuda.current_device() if device.index is None else device.index,
+                   dtype, shape)

@@ -91,6 +91,24 @@ def test_calls_off_cuda_or_not_causal_self_attention_run_the_default(device):
     assert dispatch.choose(q, q, q, False) is DEFAULT
 
 
+def test_dynamo_traces_the_choice_in_one_graph(monkeypatch):
+    """Under torch.compile the dispatch is traced (the capability read once, as a
+    constant): a graph break there would split every compiled model at its attention."""
+    monkeypatch.setattr(dispatch, "_device_capability", lambda index: HOPPER)
+
+    def kernels_code(x: torch.Tensor) -> torch.Tensor:
+        kernels = dispatch._choice(0, BF16, x.shape)
+        return x.new_ones(()) * (1 + FORWARDS.index(kernels.forward)
+                                 + 2 * DETERMINISTIC_BACKWARDS.index(kernels.backward))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(kernels_code, fullgraph=True, backend="eager")
+    for shape in ((2, 32, 4096, 128), (2, 32, 4096, 64), (2, 32, 4000, 128)):
+        x = torch.ones(1).expand(shape)
+        assert compiled(x).item() == kernels_code(x).item(), shape
+    assert kernels_code(torch.ones(1).expand(2, 32, 4096, 128)).item() == 4  # Gluon + Gluon
+
+
 @pytest.mark.parametrize("head_dim", [1, 16, 64, 72, 80, 96, 127, 128, 129])
 def test_gluon_head_dims_pad_to_the_kernels_own(head_dim):
     expected = 64 if head_dim <= 64 else 128 if head_dim <= 128 else None

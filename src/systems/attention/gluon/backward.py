@@ -95,7 +95,10 @@ CONFIGS: dict[tuple[int, bool], GluonConfig] = {
 def gluon_head_dim(head_dim: int) -> int | None:
     """The head dim the Gluon kernels run `head_dim` at: the least of HEAD_DIMS that holds
     it (zero columns add nothing to a score, and their outputs are cut off), or None."""
-    return next((dim for dim in HEAD_DIMS if 1 <= head_dim <= dim), None)
+    for dim in HEAD_DIMS:  # a plain loop: Dynamo traces it (the dispatch asks under compile)
+        if 1 <= head_dim <= dim:
+            return dim
+    return None
 
 
 def padded_to(t: torch.Tensor, head_dim: int) -> torch.Tensor:
