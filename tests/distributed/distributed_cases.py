@@ -7,6 +7,7 @@ must match after every run. Functions here run inside rank processes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 from collections.abc import Callable
@@ -160,7 +161,8 @@ def train_and_compare(variant: str, model_name: str, *, options: dict | None = N
                       steps: int = 3, batch_per_rank: int = 2, seed: int = 0,
                       lr: float = 1e-2, exact: bool = False, rtol: float = 1e-5,
                       atol: float = 1e-6, sharded_optimizer: bool = False,
-                      update_rtol: float | None = None) -> dict:
+                      update_rtol: float | None = None, microbatches: int = 1,
+                      sync_last: bool = True) -> dict:
     """Train wrapped and reference models side by side; assert equal parameters.
 
     Inexact (random-data) runs use SGD with momentum, whose update is proportional to the
@@ -168,7 +170,9 @@ def train_and_compare(variant: str, model_name: str, *, options: dict | None = N
     turn rounding noise in a near-zero gradient into a full step of size lr. Exact runs use
     AdamW: with bit-identical gradients its update must be bit-identical too. With
     `update_rtol` (low-precision compute) each parameter's total change must match the
-    reference's to that relative error in norm.
+    reference's to that relative error in norm. With `microbatches` > 1 each rank splits its
+    slice and runs the backwards of all but the last (with `sync_last` False, of all)
+    inside no_sync().
 
     Returns what the parent test checks as well: bucket count and the largest difference.
     """
@@ -201,7 +205,11 @@ def train_and_compare(variant: str, model_name: str, *, options: dict | None = N
         ref_optimizer.step()
         mine = slice(rank * batch_per_rank, (rank + 1) * batch_per_rank)
         optimizer.zero_grad(set_to_none=True)
-        loss_fn(model_name, wrapped(inputs[mine]), targets[mine], weights[mine]).backward()
+        for m, part in enumerate(torch.arange(mine.start, mine.stop).chunk(microbatches)):
+            inside = m < microbatches - 1 or not sync_last
+            with wrapped.no_sync() if inside else contextlib.nullcontext():
+                loss = loss_fn(model_name, wrapped(inputs[part]), targets[part], weights[part])
+                (loss / microbatches).backward()  # powers of 2: exact
         wrapped.finish_gradient_synchronization()
         optimizer.step()
     got, want = params_of(wrapped), dict(reference.named_parameters())

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.distributed as dist
-from distributed_cases import SEQ, VOCAB, BranchToyModel, make_wrapper
+from distributed_cases import SEQ, VOCAB, BranchToyModel, make_wrapper, params_of
 from torch import nn
 
 from systems.distributed.launch import worker_state
@@ -199,3 +199,47 @@ def test_one_usage_count_per_step_and_nothing_for_unused(run_on_ranks, backend, 
     # is not communicated, and the only extra collective is the usage count at the sync.
     counts = run_on_ranks(collectives_per_step, variant, options)
     assert counts == [[(gradient_all_reduces, 1)] * 2] * 2
+
+
+def step_inside_no_sync(variant: str, options: dict) -> dict:
+    """optimizer.step() inside no_sync(): the error; then the right loop must work and leave
+    the replicas equal."""
+    device = worker_state["device"]
+    torch.manual_seed(dist.get_rank())  # different data on each rank
+    wrapped = make_wrapper(variant, BranchToyModel().to(device), **options)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    unrelated = nn.Parameter(torch.ones(3, device=device))
+    other_optimizer = torch.optim.SGD([unrelated], lr=0.1)
+    tokens = torch.randint(VOCAB, (2, 2, SEQ + 1), device=device)
+    message = None
+    with wrapped.no_sync():
+        microbatch_loss(wrapped, tokens[0], branch=False).backward()
+        before = [p.detach().clone() for p in wrapped.parameters()]
+        try:
+            optimizer.step()
+        except RuntimeError as error:
+            message = str(error)
+        unchanged = all(torch.equal(a, p) for a, p in zip(before, wrapped.parameters(),
+                                                          strict=True))
+        unrelated.grad = torch.ones_like(unrelated)
+        other_optimizer.step()  # parameters of no wrapper: allowed
+    microbatch_loss(wrapped, tokens[1], branch=False).backward()
+    wrapped.finish_gradient_synchronization()
+    optimizer.step()
+    params = params_of(wrapped) if variant == "fsdp" else dict(wrapped.module.named_parameters())
+    return {"message": message, "unchanged": unchanged,
+            "params": {name: p.detach().cpu() for name, p in params.items()}}
+
+
+@pytest.mark.parametrize(("variant", "options"), [*VARIANTS, ("fsdp", {})],
+                         ids=[*VARIANT_IDS, "fsdp"])
+def test_step_inside_no_sync_raises(run_on_ranks, backend, variant, options):
+    # torch DDP lets each rank step on its own gradients and the replicas drift apart.
+    results = run_on_ranks(step_inside_no_sync, variant, options)
+    for result in results:
+        message = result["message"]
+        assert message is not None, "a step inside no_sync() went through"
+        assert "no_sync()" in message and "finish_gradient_synchronization()" in message
+        assert result["unchanged"], "the refused step changed parameters"
+    for name, param in results[0]["params"].items():
+        assert torch.equal(param, results[1]["params"][name]), f"{name}: replicas differ"

@@ -36,6 +36,23 @@ With `compute_dtype`, shards are cast before the all-gather, the module computes
 dtype, gradients are reduced in it and accumulated into the fp32 shards: master weights
 and optimizer updates stay fp32.
 
+Accumulation. Backwards of forwards run inside `no_sync()` reduce nothing: each unit adds
+its full gradients into a local fp32 buffer (the memory of an unsharded gradient, as in
+torch FSDP's no_sync), and replicated parameters add into `.grad`. The first backward of a
+forward outside adds the buffer into its gradients before the reduce-scatter, and
+`finish_gradient_synchronization()` reduces whatever is left. Outside `no_sync()`, a
+second backward before the sync raises once it reaches a replicated parameter's gradient
+(grad_sync.SECOND_BACKWARD).
+
+Same collectives. Ranks must run the same sequence of all-gathers and reduce-scatters: a
+branch that calls a sharded module on some ranks only would pair collectives of different
+sizes, which kills the process inside gloo and hangs or mixes data on NCCL, and a check
+at the sync would come too late. So before each of them (and once at the sync) the ranks
+all-gather one int64 naming the collective over a host gloo group, and raise, all of them,
+with what each rank was about to run when they differ. Cost: one host round trip per unit
+per all-gather and reduce-scatter (about three per unit per step); it never waits for the
+device, but holds the ranks' host threads in step at each collective.
+
 Checkpoints. `full_state_dict(optimizer)` gathers the model (full parameters by the
 unwrapped model's names, and its persistent buffers) and the optimizer state (each shard's
 state split into full tensors per weight, keyed by the same names) to CPU tensors on every
@@ -46,14 +63,20 @@ tree, not on the world size, so a checkpoint saved at one world size loads at an
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from systems.distributed.grad_sync import GradientSynchronizer
+from systems.distributed.grad_sync import (
+    GradientSynchronizer,
+    host_group,
+    mark_synchronized,
+    mark_unsynchronized,
+)
 from systems.distributed.process_group import (
     all_gather_flat,
     broadcast_module_state,
@@ -91,6 +114,10 @@ class _Unit:
                                   requires_grad=first.requires_grad)
         self.comm_dtype = compute_dtype or first.dtype
         self.full_flat: torch.Tensor | None = None  # gathered, padded, in comm_dtype
+        self.local_grad: torch.Tensor | None = None  # no_sync() sums, full, padded, fp32
+        # Called before each collective with its kind and this unit's index (_SameCollectives).
+        self.agree: Callable[[int, int], None] = lambda kind, index: None
+        self.index = 0
         self._gather_work: dist.Work | None = None
         self._grad_works: list[tuple[dist.Work, torch.Tensor]] = []
 
@@ -118,6 +145,7 @@ class _Unit:
             return
         self.full_flat = torch.empty(self.shard_numel * self.world_size, dtype=self.comm_dtype,
                                      device=self.shard.device)
+        self.agree(GATHER, self.index)
         local = self.shard.detach().to(self.comm_dtype)
         self._gather_work = all_gather_flat(self.full_flat, local, async_op=True)
 
@@ -132,12 +160,31 @@ class _Unit:
     def release(self) -> None:
         self.full_flat, self._gather_work = None, None
 
-    def reduce_scatter(self, grads: Sequence[torch.Tensor]) -> None:
-        """Sum the full gradients of the unit's weights over ranks into a shard-sized buffer."""
+    def reduce_grads(self, grads: Sequence[torch.Tensor], sync: bool) -> None:
+        """Sum the full gradients of the unit's weights over ranks into a shard-sized buffer
+        (with what no_sync() accumulated), or, without `sync`, add them into local_grad."""
         pieces = [grad.reshape(-1) for grad in grads]
         if self.padding:
             pieces.append(pieces[0].new_zeros(self.padding))
         flat = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        if not sync:
+            if self.local_grad is None:
+                self.local_grad = flat.to(self.shard.dtype, copy=True)
+            else:
+                self.local_grad += flat
+            return
+        if self.local_grad is not None:
+            flat, self.local_grad = (self.local_grad + flat).to(self.comm_dtype), None
+        self._reduce_scatter(flat)
+
+    def flush(self) -> None:
+        """Reduce what no_sync() backwards left with no synchronizing backward after them."""
+        if self.local_grad is not None:
+            flat, self.local_grad = self.local_grad.to(self.comm_dtype), None
+            self._reduce_scatter(flat)
+
+    def _reduce_scatter(self, flat: torch.Tensor) -> None:
+        self.agree(REDUCE_SCATTER, self.index)
         out = torch.empty(self.shard_numel, dtype=flat.dtype, device=flat.device)
         work = reduce_scatter_flat(out, flat.contiguous(), op=dist.ReduceOp.SUM, async_op=True)
         self._grad_works.append((work, out))
@@ -152,6 +199,38 @@ class _Unit:
             else:
                 self.shard.grad += grad
         self._grad_works.clear()
+
+
+GATHER, REDUCE_SCATTER, SYNC = range(3)  # the collectives _SameCollectives tells apart
+
+
+class _SameCollectives:
+    """Before each collective, checks that every rank is about to run the same one (see
+    the module docstring); raises on every rank, naming what each was about to run."""
+
+    def __init__(self, units: list[_Unit]) -> None:
+        self.names = [", ".join(slot.name for slot in unit.slots) for unit in units]
+        self.group = host_group()
+        self.world_size = dist.get_world_size()
+
+    def __call__(self, kind: int, index: int) -> None:
+        mine = torch.tensor([kind * len(self.names) + index], dtype=torch.int64)
+        everyone = torch.empty(self.world_size, dtype=torch.int64)
+        dist.all_gather_into_tensor(everyone, mine, group=self.group)
+        if (everyone != mine).any():
+            doing = "; ".join(f"rank {rank}: {self._describe(int(tag))}"
+                              for rank, tag in enumerate(everyone))
+            raise RuntimeError(
+                f"FSDP: the ranks ran different collectives ({doing}). Every rank must call "
+                "the sharded modules in the same order: a branch taken on some ranks only "
+                "(on the rank or its data) must not add or skip a sharded module's call")
+
+    def _describe(self, tag: int) -> str:
+        kind, index = divmod(tag, len(self.names))
+        if kind == SYNC:
+            return "finish_gradient_synchronization()"
+        what = "all-gather" if kind == GATHER else "reduce-scatter"
+        return f"{what} of {self.names[index]}"
 
 
 def _check_compute_dtype(compute_dtype: Any) -> None:
@@ -185,15 +264,17 @@ class _GatherUnit(torch.autograd.Function):
     reduce-scatters them together (a weight that got none arrives as zeros)."""
 
     @staticmethod
-    def forward(ctx: Any, shard: torch.Tensor, unit: _Unit) -> tuple[torch.Tensor, ...]:
-        ctx.unit = unit
+    def forward(ctx: Any, shard: torch.Tensor, unit: _Unit, fsdp: FSDP,
+                ) -> tuple[torch.Tensor, ...]:
+        ctx.unit, ctx.fsdp, ctx.sync = unit, fsdp, not fsdp._accumulating
         return unit.split(unit.gathered())
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[None, None]:
-        ctx.unit.reduce_scatter(grads)
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[None, None, None]:
+        ctx.fsdp._mark_unsynchronized()
+        ctx.unit.reduce_grads(grads, ctx.sync)
         ctx.unit.release()
-        return None, None
+        return None, None, None
 
 
 class FSDP(nn.Module):
@@ -218,8 +299,17 @@ class FSDP(nn.Module):
         self._unit_of_shard = {unit.shard: unit for unit in self._units}
         self.replicated = nn.ParameterList(
             self._replicated.values() if compute_dtype is not None else [])
+        # Launched at the sync, after the collective check: during backward its all-reduce
+        # would interleave unchecked with the reduce-scatters. Replicated parameters are
+        # small (biases, norm gains), so there is little to overlap.
         self.grad_sync = GradientSynchronizer(
-            [p for p in self._replicated.values() if p.requires_grad], None, overlap=True)
+            [p for p in self._replicated.values() if p.requires_grad], None, overlap=False)
+        self._same_collectives = _SameCollectives(self._units)
+        for index, unit in enumerate(self._units):
+            unit.index, unit.agree = index, self._same_collectives
+        self._accumulating = False
+        self._shard_ids = frozenset(id(unit.shard) for unit in self._units)
+        self._pending = False  # a unit got gradients since the last sync
         for hooked in {**self._roots, **self._owned}:
             hooked.register_forward_pre_hook(self._before_call)
             hooked.register_forward_hook(self._after_call)
@@ -269,6 +359,8 @@ class FSDP(nn.Module):
                 self._owned.setdefault(module, []).append((attr, where.get(param, param)))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # As in DDP, whether a backward synchronizes is decided by its forward.
+        self.grad_sync.require_sync = not self._accumulating
         self._recording_calls, self._recording_saved = [], []
         self._by_storage.clear()
         for unit in self._roots[self._call_order[0]] if self._call_order else []:
@@ -288,7 +380,7 @@ class FSDP(nn.Module):
     def _open(self, unit: _Unit) -> None:
         """Gather `unit` and make its weights for the calls to come (one autograd node)."""
         self._start_gather(unit)
-        self._installed[unit] = _GatherUnit.apply(unit.shard, unit)
+        self._installed[unit] = _GatherUnit.apply(unit.shard, unit, self)
 
     def _before_call(self, module: nn.Module, _args: Any) -> None:
         if module in self._roots:
@@ -342,11 +434,32 @@ class FSDP(nn.Module):
             following.start_gather()
         return full.as_strided(size, stride, offset)
 
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally: backwards of forwards run inside communicate
+        nothing. The first backward of a forward outside (or, failing that,
+        finish_gradient_synchronization()) reduces the accumulated sums over ranks."""
+        previous, self._accumulating = self._accumulating, True
+        try:
+            yield
+        finally:
+            self._accumulating = previous
+
+    def _mark_unsynchronized(self) -> None:
+        if not self._pending:
+            self._pending = True
+            mark_unsynchronized(self, self._shard_ids)
+
     def finish_gradient_synchronization(self) -> None:
         """Wait for all gradient reductions; call after backward, before optimizer.step()."""
         for unit in self._units:
+            unit.flush()
+        self._same_collectives(SYNC, 0)
+        for unit in self._units:
             unit.finish()
         self.grad_sync.finish()
+        self._pending = False
+        mark_synchronized(self)
         self._release_all()
         order, self._recording_backward = self._recording_backward, []
         if order:

@@ -35,6 +35,12 @@ launches buckets as usual, and `finish()` launches the rest. Before `finish()`, 
 gradient for a parameter from synchronizing backwards, or any gradient from an
 accumulating backward after a synchronizing one, raises: it could land in a bucket that is
 already being reduced.
+
+Stepping on gradients a backward produced since the last `finish()` (inside `no_sync()`,
+or before the sync) would let each rank apply its own gradients, so replicas diverge
+silently (torch DDP allows it). The wrappers never see the optimizer, so one global
+optimizer step pre-hook refuses such a step (`mark_unsynchronized`); it is installed at the
+first backward and costs one dict check per step while nothing awaits a sync.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 
 @dataclass(eq=False)
@@ -113,20 +120,58 @@ SECOND_BACKWARD = (
     "backward, or run every backward but the last of an accumulation inside no_sync()")
 
 
-_USAGE_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+UNSYNCHRONIZED_STEP = (
+    "optimizer.step() on gradients that are not averaged over ranks yet (a backward ran "
+    "since the last finish_gradient_synchronization(), e.g. inside no_sync()): each rank "
+    "would apply its own gradients and the replicas would diverge. Step once the no_sync() "
+    "context has exited, a backward outside it has run and "
+    "finish_gradient_synchronization() has returned")
+
+# Per wrapper whose parameters got gradients since its last sync: those parameters' ids.
+_UNSYNCHRONIZED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_step_hook = None
 
 
-def _usage_group() -> dist.ProcessGroup:
-    """A gloo group beside the default one, for the usage count at each sync.
+def _refuse_unsynchronized_step(optimizer: torch.optim.Optimizer, _args: object,
+                                _kwargs: object) -> None:
+    if not _UNSYNCHRONIZED:
+        return
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if any(not stepped.isdisjoint(ids) for ids in list(_UNSYNCHRONIZED.values())):
+        raise RuntimeError(UNSYNCHRONIZED_STEP)
 
-    Its collective is ordered apart from the gradient all-reduces, of which ranks that
+
+def mark_unsynchronized(owner: object, param_ids: frozenset[int]) -> None:
+    """Refuse optimizer steps on `param_ids` until mark_synchronized(owner).
+
+    A refusal rather than a warning: a step on unsynchronized gradients is a bug in every
+    loop we know of, and a warning scrolls past while the replicas drift apart.
+    """
+    global _step_hook
+    if _step_hook is None:
+        _step_hook = register_optimizer_step_pre_hook(_refuse_unsynchronized_step)
+    _UNSYNCHRONIZED[owner] = param_ids
+
+
+def mark_synchronized(owner: object) -> None:
+    _UNSYNCHRONIZED.pop(owner, None)
+
+
+_HOST_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def host_group() -> dist.ProcessGroup:
+    """A gloo group beside the default one, for small agreements between ranks (the usage
+    count at each sync, FSDP's collective check).
+
+    Its collectives are ordered apart from the gradient collectives, of which ranks that
     disagree on used parameters have launched different numbers by then; and it runs on
     the host, so it never waits for the device. One per default group, made once.
     """
     world = dist.group.WORLD
-    if world not in _USAGE_GROUPS:
-        _USAGE_GROUPS[world] = dist.new_group(backend="gloo")
-    return _USAGE_GROUPS[world]
+    if world not in _HOST_GROUPS:
+        _HOST_GROUPS[world] = dist.new_group(backend="gloo")
+    return _HOST_GROUPS[world]
 
 
 class GradientSynchronizer:
@@ -143,12 +188,14 @@ class GradientSynchronizer:
         self.overlap = overlap
         self.require_sync = True
         count = sum(len(bucket.params) for bucket in self.buckets)
-        self._usage_group = _usage_group()
+        self._usage_group = host_group()
+        self._param_ids = frozenset(id(p) for bucket in self.buckets for p in bucket.params)
         # Per parameter, in bucket order: got a gradient since the last finish(), and got
         # one in a synchronizing backward.
         self._used = bytearray(count)
         self._synced = bytearray(count)
         self._syncing = False  # a synchronizing backward has begun since the last finish()
+        self._pending = False  # a gradient has arrived since the last finish()
         self._next = 0  # buckets launch in order, so every rank issues the same sequence
         # Hooks live in C++ where the garbage collector cannot see cycles: they hold the
         # synchronizer weakly (and no bucket, which holds the parameters), or a dropped
@@ -166,6 +213,9 @@ class GradientSynchronizer:
     def _grad_ready(self, index: int, bucket_number: int) -> None:
         if self._synced[index] or (self._syncing and not self.require_sync):
             raise RuntimeError(SECOND_BACKWARD)
+        if not self._pending:
+            self._pending = True
+            mark_unsynchronized(self, self._param_ids)
         self._used[index] = 1
         if not self.require_sync:
             return
@@ -228,7 +278,8 @@ class GradientSynchronizer:
             bucket.reset()
         self._used = bytearray(len(self._used))
         self._synced = bytearray(len(self._synced))
-        self._syncing, self._next = False, 0
+        self._syncing, self._next, self._pending = False, 0, False
+        mark_synchronized(self)
 
     def remove_hooks(self) -> None:
         for hook in self._hooks:
