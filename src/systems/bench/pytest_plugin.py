@@ -18,7 +18,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +37,7 @@ from systems.bench.metrics import (
 )
 from systems.bench.params import flatten_case
 from systems.bench.timing import SLOWDOWN_ENV, RoundTimer, device_time, injected_slowdowns
-from systems.common.hardware import device_slug, gpu_count, machine_description
+from systems.common.hardware import device_name, device_slug, gpu_count, machine_description
 from systems.common.host_speed import python_loop_ms
 from systems.kernel_runtime import interpreter
 from systems.runs import keys
@@ -61,7 +60,8 @@ from systems.runs.gate import (
     host_speed_line,
     regressions,
 )
-from systems.runs.history import MalformedRunError, read_run
+from systems.runs.history import read_run
+from systems.runs.validate import check_same_gpu, check_writable_folder
 
 PERF_PROFILES = ("smoke", "quick", "full")
 _DEFAULT_STORAGE = "file://./.benchmarks"
@@ -77,6 +77,8 @@ class PerfRun:
     gate_target: Path | None = None
     gate_baseline: dict[str, Timing] = field(default_factory=dict)  # read once, up front
     gate_baseline_host_loop_ms: list[float] = field(default_factory=list)  # one per its run
+    gate_baseline_commit: str | None = None
+    study: Path | None = None  # reserved (created empty) at configure time
     host_loop_ms: float | None = None  # systems.common.host_speed, when this run is kept
     slowdowns: dict[str, float] = field(default_factory=dict)
     results: list[BenchmarkResult] = field(default_factory=list)
@@ -167,12 +169,12 @@ def _resolve_compare_target(config: pytest.Config, run: PerfRun) -> None:
                                     f"--benchmark-compare={compare} is not a file")
     elif gate and has_baseline:
         run.gate_target = run.baseline
-    if run.gate_target is not None:  # a malformed target fails now, not after the run
-        try:
-            saved = read_run(run.gate_target)
-        except MalformedRunError as error:
-            raise pytest.UsageError(f"--perf-gate: {error}") from None
+    if isinstance(compare, str) and Path(compare).is_file() and run.gate_target is None:
+        _read_compare_target(Path(compare), "--benchmark-compare")  # refused now, not later
+    if run.gate_target is not None:  # a bad target fails now, not after the run
+        saved = _read_compare_target(run.gate_target, "--perf-gate")
         run.gate_baseline = run_timings(saved)
+        run.gate_baseline_commit = str(saved["commit_info"]["id"])
         try:
             run.gate_baseline_host_loop_ms = host_loop_ms_runs(saved)
         except ValueError as error:
@@ -181,6 +183,17 @@ def _resolve_compare_target(config: pytest.Config, run: PerfRun) -> None:
         run.notes.append(f"nothing compared: no baseline for {device_slug()} with "
                          f"{gpu_count()} GPU(s) ({run.baseline}); record one with "
                          f"`{RECORD_COMMAND}`")
+
+
+def _read_compare_target(path: Path, option: str) -> dict:
+    """A compare target that the validator of saved runs accepts and that was measured on
+    this GPU model; a UsageError (before any case runs) otherwise."""
+    try:
+        saved = read_run(path)
+        check_same_gpu(saved, device_name(), str(path))
+    except ValueError as error:  # MalformedRunError is one
+        raise pytest.UsageError(f"{option}: {error}") from None
+    return saved
 
 
 def _plan_baseline(config: pytest.Config, run: PerfRun) -> None:
@@ -219,28 +232,32 @@ def _plan_study(config: pytest.Config, run: PerfRun) -> None:
         raise pytest.UsageError("--perf-study saves into a folder storage, and not together "
                                 "with --benchmark-json")
     try:
-        config.option.benchmark_json = JsonDestination(
-            study_path(run.storage, config.getoption("perf_study")))
+        run.study = study_path(run.storage, config.getoption("perf_study"))
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
+    except OSError as error:
+        raise pytest.UsageError(f"--perf-study: no study can be saved under {run.storage}: "
+                                f"{error.strerror or error}") from None
+    config.option.benchmark_json = JsonDestination(run.study)
 
 
 def _check_storage_writable(config: pytest.Config, run: PerfRun) -> None:
     """Fail before any case runs if the results could not be saved at the end."""
     option = config.option
-    folders = ([json_destination_path(option.benchmark_json).parent] if option.benchmark_json
-               else [])
+    destination = json_destination_path(option.benchmark_json) if option.benchmark_json else None
+    folders = [destination.parent] if destination is not None else []
     if (option.benchmark_save or option.benchmark_autosave) and run.storage is not None:
         folders.append(run.storage)
-    for folder in folders:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=folder):
-                pass
-        except OSError as error:
-            raise pytest.UsageError(
-                f"benchmark results could not be saved in {folder}: {error.strerror or error}; "
-                "choose a writable place (--benchmark-storage, --benchmark-json)") from None
+    try:
+        for folder in folders:
+            check_writable_folder(folder)
+        if destination is not None and destination.exists() and not os.access(destination,
+                                                                                os.W_OK):
+            raise OSError(f"{destination} is not writable")
+    except OSError as error:
+        raise pytest.UsageError(
+            f"benchmark results could not be saved: {error.strerror or error}; choose a "
+            "writable place (--benchmark-storage, --benchmark-json)") from None
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -445,6 +462,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int):
     if run is not None:
         _keep_or_drop_baseline(session, run)
         _evaluate_gate(session, run)
+        if run.study is not None and run.study.is_file() and not run.study.stat().st_size:
+            run.study.unlink()  # reserved, never written: the number is free again
     return result
 
 
@@ -482,6 +501,12 @@ def _evaluate_gate(session: pytest.Session, run: PerfRun) -> None:
     if not current:
         run.notes.append("the gate compared nothing: no case was timed")
         return
+    if not current.keys() & run.gate_baseline.keys():
+        run.notes.append(f"the gate compared nothing: no case of this run is in "
+                         f"{run.gate_target} ({len(current)} new, {len(run.gate_baseline)} "
+                         "not run); unusable as a comparison")
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+        return
     run.gate = compare(run.gate_baseline, current)
     if regressions(run.gate):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -502,7 +527,8 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
                 terminalreporter.write_line(f"{report.nodeid}: {outcome} (recorded as skip)")
     if run.gate is not None:
         failed = regressions(run.gate)
-        terminalreporter.write_sep("-", f"perf gate: medians vs {run.gate_target}",
+        terminalreporter.write_sep("-", f"perf gate: vs {run.gate_target} (commit "
+                                   f"{run.gate_baseline_commit})",
                                    red=bool(failed), green=not failed)
         host_speed = host_speed_line(run.host_loop_ms, run.gate_baseline_host_loop_ms)
         if host_speed is not None:

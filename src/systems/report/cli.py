@@ -17,6 +17,7 @@ from systems.report.compare import compare_runs
 from systems.report.page import results_page
 from systems.report.tables import mean_std_ms
 from systems.runs.history import find_run, latest_results, load_run, load_runs, runs_by_device
+from systems.runs.validate import check_writable_folder
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -59,8 +60,14 @@ def _add_gpu_filter(parser: argparse.ArgumentParser, help: str) -> None:
 def _run_results(args: argparse.Namespace) -> str:
     runs = [r for r in load_runs(args.root)
             if args.include_cpu or not r.device.lower().startswith("cpu")]
-    page = results_page(runs, args.out.parent, args.img or args.out.parent / "img")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if not any(run.results for run in runs):
+        raise ValueError(f"no usable saved runs under {args.root}"
+                         f"{'' if args.include_cpu else ' (CPU runs need --include-cpu)'}: "
+                         "nothing to report, no page written")
+    img = args.img or args.out.parent / "img"
+    for folder in (args.out.parent, img):  # before the plots are drawn, not after
+        check_writable_folder(folder)
+    page = results_page(runs, args.out.parent, img)
     args.out.write_text(page)
     return f"wrote {args.out} ({len(runs)} runs)"
 
@@ -90,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             old, new = (load_run(find_run(ref, args.root, args.gpu))
                         for ref in (args.old, args.new))
             print(compare_runs(old, new))
-    except (ValueError, FileNotFoundError) as error:  # BlockError is a ValueError
+    except (ValueError, OSError) as error:  # BlockError is a ValueError
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

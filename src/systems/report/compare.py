@@ -28,24 +28,28 @@ def _round_time(result: Result) -> str:
 
 
 def compare_runs(old: Run, new: Run) -> str:
-    """Markdown: one row per benchmark in both runs, then those found in only one."""
+    """Markdown: one row per benchmark in both runs, then those found in only one.
+    ValueError for runs of two GPU models or with no benchmark in common: such a compare
+    says nothing."""
+    if old.device != new.device:
+        raise ValueError(f"{old.path} ran on {old.device}, {new.path} on {new.device}: runs "
+                         "of different GPU models are never compared")
     before = {r.fullname: r for r in old.results}
     after = {r.fullname: r for r in new.results}
+    if not before.keys() & after.keys():
+        raise ValueError(f"{old.path} and {new.path} have no benchmark in common "
+                         "(a run with an injected slowdown has none): nothing to compare")
     rows = []
     for name in sorted(before.keys() & after.keys()):
         a, b = before[name], after[name]
         rows.append([b.name, mean_std_ms(a), mean_std_ms(b), f"{b.mean / a.mean - 1:+.1%}",
                      change_label(a.mean, a.stddev, b.mean, b.stddev), _round_time(b)])
     lines = [f"# {old.path.name} -> {new.path.name}\n",
-             f"Devices: {old.device} -> {new.device}. A change is highlighted when it exceeds "
+             f"Device: {new.device}. A change is highlighted when it exceeds "
              f"{MIN_RELATIVE_CHANGE:.0%} and the sum of the two standard deviations. Times are "
              "pytest-benchmark round means; the time column says what a round measured.\n"]
-    if old.device != new.device:
-        lines.append("**Warning: the runs come from different devices; timings are not "
-                     "comparable.**\n")
     lines.append(markdown_table(["benchmark", "old ms", "new ms", "change", "verdict", "time"],
-                                rows)
-                 or "No benchmark appears in both runs.")
+                                rows))
     for title, names in (("Only in the old run", before.keys() - after.keys()),
                          ("Only in the new run", after.keys() - before.keys())):
         if names:

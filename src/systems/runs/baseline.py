@@ -34,9 +34,10 @@ from typing import BinaryIO
 
 from systems.common.hardware import gpu_count, slugify
 from systems.runs import keys
-from systems.runs.combine import combine_read_runs, next_run_path
+from systems.runs.combine import combine_read_runs, reserve_run_path
 from systems.runs.gate import Timing, compare, gate_table, host_speed_line, regressions
 from systems.runs.history import read_run
+from systems.runs.validate import check_same_gpu, gpu_model
 
 STUDIES = "studies"
 RECORD_COMMAND = "make baseline"  # pytest tests/perf --perf-profile=quick --perf-baseline,
@@ -69,8 +70,11 @@ class JsonDestination(os.PathLike):
 
 
 def json_destination_path(option: object) -> Path:
-    """The path of a `--benchmark-json` value: a path, or an open file (pytest-benchmark 5.2)."""
-    return Path(getattr(option, "name", option))
+    """The path of a `--benchmark-json` value: a path (pytest-benchmark 5.3 gives a Path,
+    whose `.name` is only its last part), or an open file (5.2: argparse.FileType)."""
+    if isinstance(option, str | os.PathLike):
+        return Path(option)
+    return Path(option.name)
 
 
 def baseline_suite(gpus: int) -> str:
@@ -109,10 +113,11 @@ def baseline_path(storage: Path, gpus: int) -> Path:
 
 
 def study_path(storage: Path, name: str) -> Path:
-    """The next free `studies/NNNN_<name>.json` of this GPU's storage."""
+    """The next free `studies/NNNN_<name>.json` of this GPU's storage, reserved (created
+    empty) so that a concurrent session with the same name takes the number after it."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise ValueError(f"study name {name!r}: use letters, digits, '_', '-' and '.' only")
-    return next_run_path(storage / STUDIES, name)
+    return reserve_run_path(storage / STUDIES, name)
 
 
 def case_names(run: dict) -> set[str]:
@@ -300,21 +305,38 @@ def combine_into_baseline(parts: list[Path], benchmarks_root: Path, *,
 
 
 def judge_runs(runs: list[Path], against: Path | None, benchmarks_root: Path) -> int:
-    """Print the gate's table for each saved run; 1 if any run has a regression."""
+    """Print the gate's table for each saved run: 0 when none regressed, 1 when one did
+    (a regression), 2 when an input is unusable (a file the validator refuses, runs of
+    another GPU model, or a run with no case in its baseline): then nothing is judged."""
+    try:
+        pairs = [_judged_pair(path, against, benchmarks_root) for path in runs]
+    except ValueError as error:  # MalformedRunError is one
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     failed = False
-    for path in runs:
-        run = read_run(path)
-        target = against or baseline_path(storage_of(run, benchmarks_root),
-                                          int(run["machine_info"].get("gpu_count") or 0))
-        baseline = read_run(target)
+    for path, run, target, baseline in pairs:
         results = compare(run_timings(baseline), run_timings(run))
-        print(f"- perf gate: medians vs {target} (run {path}) -")
+        print(f"- perf gate: {path} vs {target} (commit {baseline['commit_info']['id']}) -")
         host_speed = host_speed_line(host_loop_ms(run), host_loop_ms_runs(baseline))
         if host_speed is not None:
             print(host_speed)
         print(gate_table(results))
         failed = failed or bool(regressions(results))
     return 1 if failed else 0
+
+
+def _judged_pair(path: Path, against: Path | None,
+                 benchmarks_root: Path) -> tuple[Path, dict, Path, dict]:
+    """(run's path, run, baseline's path, baseline), both validated, of one GPU model and
+    with at least one case in common; ValueError otherwise."""
+    run = read_run(path)
+    target = against or baseline_path(storage_of(run, benchmarks_root),
+                                      int(run["machine_info"].get("gpu_count") or 0))
+    baseline = read_run(target)
+    check_same_gpu(baseline, gpu_model(run), str(target))
+    if not case_names(run) & case_names(baseline):
+        raise ValueError(f"{path} has no case in common with {target}: nothing to judge")
+    return path, run, target, baseline
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -53,6 +54,20 @@ def next_run_path(folder: Path, name: str) -> Path:
     return folder / f"{max(numbers, default=0) + 1:04d}_{name}.json"
 
 
+def reserve_run_path(folder: Path, name: str) -> Path:
+    """`next_run_path`, claimed by creating it empty with O_EXCL: of two sessions that
+    reserve at once, one gets the number and the other the next, so neither overwrites
+    the other's run. The caller writes the run there (or removes the empty file)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    while True:
+        path = next_run_path(folder, name)
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            continue  # another session took this number between the glob and the open
+        return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m systems.runs.combine",
                                      description=__doc__.split("\n\n")[0])
@@ -64,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    target = next_run_path(args.runs[-1].parent, args.name)
+    target = reserve_run_path(args.runs[-1].parent, args.name)
     target.write_text(json.dumps(combined, indent=4))
     print(f"wrote {target} ({len(combined['benchmarks'])} benchmarks)")
     return 0

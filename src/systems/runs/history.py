@@ -6,7 +6,6 @@ benchmark across a GPU's runs, naming the run file it came from.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from collections.abc import Iterable
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from systems.runs import keys
+from systems.runs.validate import MalformedRunError, read_valid_run
 
 
 @dataclass(frozen=True)
@@ -73,40 +73,11 @@ class Run:
     results: list[Result] = field(default_factory=list)
 
 
-class MalformedRunError(ValueError):
-    """A history file that is not a pytest-benchmark run; the message names the file."""
-
-
-def _require(condition: bool, path: Path, why: str) -> None:
-    if not condition:
-        raise MalformedRunError(f"{path}: not a benchmark run ({why})")
-
-
-def _read_json(path: Path) -> object:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise MalformedRunError(f"{path}: not a benchmark run ({error})") from error
-
-
 def read_run(path: Path) -> dict:
-    """A saved run's JSON, checked to have the shape pytest-benchmark writes (an object with
-    a `benchmarks` list of named entries with `stats.mean`); raises MalformedRunError naming
-    the file otherwise, so no half-read run reaches a table."""
-    data = _read_json(path)
-    _require(isinstance(data, dict), path, f"a JSON {type(data).__name__}, not an object")
-    _require(isinstance(data.get("machine_info", {}), dict), path,
-             "machine_info is not an object")
-    _require(isinstance(data.get("benchmarks"), list), path, "no benchmarks list")
-    for i, bench in enumerate(data["benchmarks"]):
-        _require(isinstance(bench, dict) and isinstance(bench.get("name"), str), path,
-                 f"benchmark {i} has no name")
-        stats = bench.get("stats")
-        _require(isinstance(stats, dict) and isinstance(stats.get("mean"), int | float), path,
-                 f"{bench['name']} has no stats.mean")
-        _require(isinstance(bench.get("extra_info") or {}, dict), path,
-                 f"{bench['name']}'s extra_info is not an object")
-    return data
+    """A saved run's JSON, checked by the one validator of saved runs
+    (`systems.runs.validate`); raises MalformedRunError naming the file otherwise, so no
+    half-read run or unusable number reaches a table."""
+    return read_valid_run(path)
 
 
 def load_run(path: Path, root: Path | None = None) -> Run:
@@ -121,7 +92,8 @@ def load_run(path: Path, root: Path | None = None) -> Run:
     run = Run(path, device, when, machine)
     # A run with an injected slowdown (the gate's test switch) tests the gate; none of its
     # cases, slowed or not, stands for the code's speed in a report.
-    if any("injected_slowdown" in (b.get("extra_info") or {}) for b in data["benchmarks"]):
+    if any(key in (b.get("extra_info") or {}) for b in data["benchmarks"]
+           for key in (keys.INJECTED_HOST, keys.INJECTED_DEVICE)):
         return run
     for bench in data["benchmarks"]:
         info = keys.normalise(bench.get("extra_info") or {})

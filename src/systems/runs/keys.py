@@ -60,6 +60,18 @@ SYNC_WAIT_FRACTION = "sync_wait_fraction"
 # and the torch device its work ran on ("cpu": every round is the host's own work).
 HOST_ENQUEUE_S = "host_enqueue_s_median"
 TORCH_DEVICE = "device"
+# Every timed GPU case also: each timed round's host time until step() returned, and the
+# device clock (`systems.bench.timing.device_work_rounds`): the device's busy time (kernels,
+# copies, memsets) of each profiled round, seconds. A pooled baseline also keeps each run's
+# median of both (systems.runs.baseline).
+HOST_ENQUEUE_ROUNDS_S = "host_enqueue_s"
+HOST_ENQUEUE_RUN_MEDIANS = "host_enqueue_run_medians_s"
+DEVICE_KERNEL_S = "device_busy_s"
+DEVICE_KERNEL_RUN_MEDIANS = "device_busy_run_medians_s"
+# Test-only switches (systems.bench.timing): the fraction of host time or of device work
+# added to each round; a run holding either stands for no code's speed.
+INJECTED_HOST = "injected_slowdown"
+INJECTED_DEVICE = "injected_device_work"
 
 # Written by systems.runs.combine when runs are combined into one file.
 SOURCE_RUN = "source_run"

@@ -158,6 +158,7 @@ def timed_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) ->
     for name in [k for k in os.environ if k.startswith("PYTEST_XDIST")]:
         monkeypatch.delenv(name)
     monkeypatch.delenv(SLOWDOWN_ENV, raising=False)
+    monkeypatch.setenv("SYSTEMS_COMMIT", "0123abc")  # a gate target names its commit
     _as_a_cpu_host(monkeypatch)
     pytester.makeconftest(ROOT_CONFTEST.read_text())
     perf = pytester.mkdir("tests").joinpath("perf")
@@ -312,7 +313,7 @@ def test_gate_passes_a_rerun_and_catches_an_injected_slowdown(timed_project, mon
     timed_project.runpytest("tests/perf", "--perf-profile=quick",
                             "--perf-baseline").assert_outcomes(passed=3)
     rerun = timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-gate")
-    rerun.stdout.fnmatch_lines(["*perf gate: medians vs *baseline_0gpu.json*",
+    rerun.stdout.fnmatch_lines(["*perf gate: vs *baseline_0gpu.json (commit 0123abc)*",
                                 "host speed: a fixed Python loop took * ms in this run, "
                                 "* ms in the baseline's run (*); host-bound eager cases "
                                 "can move with it",
@@ -355,8 +356,7 @@ def test_unwritable_storage_fails_before_any_case_runs(timed_project) -> None:
     result = timed_project.runpytest("tests/perf", "--benchmark-autosave",
                                      f"--benchmark-storage=file://{blocker / 'history'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert f"benchmark results could not be saved in {blocker / 'history'}" in (
-        result.stderr.str())
+    assert f"cannot write in {blocker / 'history'}" in result.stderr.str()
     assert "passed" not in result.stdout.str()
 
 
@@ -382,3 +382,52 @@ def test_commit_override_goes_through_the_commit_info_hook(timed_project, monkey
     assert saved["commit_info"]["dirty"] is False
     assert saved["benchmarks"][0]["group"] == "plain"  # from @pytest.mark.benchmark
     assert saved["machine_info"]["cudnn"] is None and "nccl" in saved["machine_info"]
+
+
+def _recorded_baseline(project: pytest.Pytester) -> Path:
+    project.runpytest("tests/perf", "--perf-profile=quick",
+                      "--perf-baseline").assert_outcomes(passed=3)
+    return baseline_path(storage(project), 0)
+
+
+@pytest.mark.parametrize("damage", ["median 0", "NaN iqr", "no median", "another GPU"])
+def test_a_baseline_the_validator_refuses_stops_the_gate_before_any_case_runs(
+        timed_project, damage) -> None:
+    baseline = _recorded_baseline(timed_project)
+    saved = json.loads(baseline.read_text())
+    stats = saved["benchmarks"][0]["stats"]
+    if damage == "median 0":
+        stats["median"] = 0.0
+    elif damage == "NaN iqr":
+        stats["iqr"] = float("nan")
+    elif damage == "no median":
+        del stats["median"]
+    else:
+        saved["machine_info"]["device_name"] = "NVIDIA H200"
+    baseline.write_text(json.dumps(saved))
+    for args in (["--perf-gate"], ["--benchmark-compare"]):
+        result = timed_project.runpytest("tests/perf", "--perf-profile=quick", *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, args
+        assert str(baseline) in result.stderr.str()
+        assert "passed" not in result.stdout.str()
+
+
+def test_a_gate_that_compares_nothing_is_an_unusable_input(timed_project) -> None:
+    baseline = _recorded_baseline(timed_project)
+    saved = json.loads(baseline.read_text())
+    for bench in saved["benchmarks"]:
+        bench["fullname"] += "_renamed"
+    baseline.write_text(json.dumps(saved))
+    result = timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-gate")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stdout.fnmatch_lines(["the gate compared nothing: no case of this run is in*"])
+
+
+def test_a_json_destination_that_cannot_be_written_fails_before_any_case_runs(
+        timed_project) -> None:
+    blocker = timed_project.path / "a_file"
+    blocker.write_text("not a folder")
+    result = timed_project.runpytest("tests/perf", f"--benchmark-json={blocker / 'run.json'}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "benchmark results could not be saved" in result.stderr.str()
+    assert "passed" not in result.stdout.str()

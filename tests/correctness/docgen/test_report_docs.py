@@ -71,7 +71,7 @@ def _bench(name: str, impl: str, median: float, shape: list[int], mean: float | 
            **extra: object) -> dict:
     return {"name": name, "fullname": f"tests/perf/test_attention.py::{name}",
             "stats": {"mean": mean or median, "median": median, "stddev": median / 20,
-                      "iqr": median / 10},
+                      "iqr": median / 10, "rounds": 10},
             "extra_info": {"implementation": impl, "shape": shape, "dtype": "bfloat16",
                            "causal": True, "mode": "forward_backward", **extra}}
 
@@ -429,10 +429,14 @@ def test_gate_blocks_quote_the_printed_gate_tables(tmp_path: Path) -> None:
 
 def test_drift_block_is_the_drift_tools_summary(tmp_path: Path) -> None:
     for i, median in enumerate((0.010, 0.011)):
-        (tmp_path / f"000{i}_run.json").write_text(json.dumps({"benchmarks": [
-            {"name": "test_x[sdpa]", "stats": {"mean": median, "median": median,
-                                               "iqr": median / 100}},
-            {"name": "test_x[ours]", "stats": {"mean": 1.0, "median": 1.0, "iqr": 0.0}}]}))
+        (tmp_path / f"000{i}_run.json").write_text(json.dumps({
+            "machine_info": {"device_name": "GPU"}, "commit_info": {"id": "abc"},
+            "benchmarks": [
+                {"name": "test_x[sdpa]", "fullname": "t.py::test_x[sdpa]",
+                 "stats": {"mean": median, "median": median, "iqr": median / 100,
+                           "rounds": 5}},
+                {"name": "test_x[ours]", "fullname": "t.py::test_x[ours]",
+                 "stats": {"mean": 1.0, "median": 1.0, "iqr": 0.0, "rounds": 5}}]}))
     block = generators(tmp_path)["drift"]("*_run.json", "sdpa")
     assert "| >= 1 ms, spread <= 6% | 1 | 1 | 10.0% | 10.0% | 10.0% | 10.0% |" in block
     assert "The gate's thresholds would flag 1 of the last row's pairs." in block
@@ -462,11 +466,13 @@ def test_recipe_ratios_are_same_run_medians_of_the_committed_baseline() -> None:
 def test_recipe_ratios_of_several_files_pair_medians_within_each_file(tmp_path: Path) -> None:
     def run(size: str, ours_s: float, theirs_s: float) -> dict:
         return {"commit_info": {"id": f"{size}abcdef"}, "datetime": "2026-01-02T00:00:00",
+                "machine_info": {"device_name": "GPU"},
                 "benchmarks": [
                     {"name": f"test_training_recipe[{size}-{recipe}]",
+                     "fullname": f"t.py::test_training_recipe[{size}-{recipe}]",
                      "params": {"size": size, "seq_len": 512, "recipe": recipe},
                      "extra_info": {"size": size, "seq_len": 512, "recipe": recipe},
-                     "stats": {"median": median, "min": median, "mean": median,
+                     "stats": {"median": median, "min": median, "mean": median, "iqr": 0.0,
                                "stddev": 0.0, "rounds": 3, "data": [median] * 3}}
                     for recipe, median in (("optimized", ours_s),
                                            ("pytorch_baseline", theirs_s))]}

@@ -245,11 +245,12 @@ def test_histories_at_any_depth_are_found_and_named_relative_to_the_root(tmp_pat
         path.parent.mkdir(parents=True, exist_ok=True)
         bench = {"name": f"test_attention[{impl}]", "fullname": f"t.py::test_attention[{impl}]",
                  "params": {"impl": impl},  # new files save params as plain dicts
-                 "stats": {"mean": seconds, "median": seconds},
+                 "stats": {"mean": seconds, "median": seconds, "iqr": 0.0, "rounds": 5},
                  "extra_info": {"implementation": impl, "shape": [1, 1024, 64],
                                 "mode": "forward_backward", "dtype": "bfloat16"}}
         path.write_text(json.dumps({"machine_info": {"device_name": "GPU X"},
-                                    "datetime": "2026-01-01", "benchmarks": [bench]}))
+                                    "commit_info": {"id": "abc"}, "datetime": "2026-01-01",
+                                    "benchmarks": [bench]}))
 
     save("GPU_X/studies/sweep/0003_study.json", "triton", 1e-3)
     save("GPU_X/machine/0002_baseline.json", "sdpa_flash", 2e-3)

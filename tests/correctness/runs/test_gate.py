@@ -291,7 +291,7 @@ def test_saved_runs_can_be_judged_again_from_the_command_line(tmp_path, capsys) 
     slow_host = str(saved("slow_host.json", 0.0101, host_ms=11.0))
     assert baseline_main(["judge", slow_host, "--against", str(probed_base)]) == 0
     header, line, *_ = capsys.readouterr().out.splitlines()
-    assert "perf gate: medians vs" in header
+    assert "perf gate:" in header and "(commit a)" in header
     assert line.startswith("host speed: a fixed Python loop took 11.0 ms in this run, "
                            "10.0 ms in the baseline's run (+10%);")
     assert baseline_main(["judge", slow_host, "--against", str(base)]) == 0
