@@ -36,7 +36,14 @@ from systems.bench.metrics import (
     throughput_table,
 )
 from systems.bench.params import flatten_case
-from systems.bench.timing import SLOWDOWN_ENV, RoundTimer, device_time, injected_slowdowns
+from systems.bench.timing import (
+    DEVICE_CLOCK_ROUNDS,
+    DEVICE_WORK_ENV,
+    SLOWDOWN_ENV,
+    RoundTimer,
+    device_time,
+    injected_slowdowns,
+)
 from systems.common.hardware import device_name, device_slug, gpu_count, machine_description
 from systems.common.host_speed import python_loop_ms
 from systems.kernel_runtime import interpreter
@@ -80,7 +87,8 @@ class PerfRun:
     gate_baseline_commit: str | None = None
     study: Path | None = None  # reserved (created empty) at configure time
     host_loop_ms: float | None = None  # systems.common.host_speed, when this run is kept
-    slowdowns: dict[str, float] = field(default_factory=dict)
+    slowdowns: dict[str, float] = field(default_factory=dict)  # host time (SLOWDOWN_ENV)
+    device_work: dict[str, float] = field(default_factory=dict)  # added GPU work
     results: list[BenchmarkResult] = field(default_factory=list)
     gate: list[CaseResult] | None = None
     notes: list[str] = field(default_factory=list)  # printed at the end, whatever happens
@@ -123,6 +131,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     try:
         run.slowdowns = injected_slowdowns(os.environ.get(SLOWDOWN_ENV))
+        run.device_work = injected_slowdowns(os.environ.get(DEVICE_WORK_ENV), DEVICE_WORK_ENV)
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
     storage = config.option.benchmark_storage
@@ -210,7 +219,7 @@ def _plan_baseline(config: pytest.Config, run: PerfRun) -> None:
          f"the run covers {config.args}, not {suite} (what a baseline covers with "
          f"{gpu_count()} GPU(s))"),
         (bool(option.benchmark_disable or option.benchmark_skip), "timing is off"),
-        (bool(run.slowdowns), f"{SLOWDOWN_ENV} is set"),
+        (bool(run.slowdowns or run.device_work), f"{SLOWDOWN_ENV} or {DEVICE_WORK_ENV} is set"),
         (bool(config.getoption("perf_study") or option.benchmark_json),
          "--perf-study or --benchmark-json is given too"),
         (run.baseline is None, "the storage is not a folder"),
@@ -262,13 +271,18 @@ def _check_storage_writable(config: pytest.Config, run: PerfRun) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     run = config.stash.get(_PERF_RUN, None)
-    return [_slowdown_banner(run)] if run is not None and run.slowdowns else []
+    return [_slowdown_banner(run)] if run is not None and _injects(run) else []
+
+
+def _injects(run: PerfRun) -> bool:
+    return bool(run.slowdowns or run.device_work)
 
 
 def _slowdown_banner(run: PerfRun) -> str:
-    added = ", ".join(f"{name} +{fraction:.0%}" for name, fraction in run.slowdowns.items())
-    return (f"!!! {SLOWDOWN_ENV} is set: an artificial slowdown is added to timed rounds "
-            f"({added}); these numbers are NOT real measurements !!!")
+    added = ", ".join([*(f"{name} +{f:.0%} host time" for name, f in run.slowdowns.items()),
+                       *(f"{name} +{f:.0%} GPU work" for name, f in run.device_work.items())])
+    return (f"!!! {SLOWDOWN_ENV} / {DEVICE_WORK_ENV} set: an artificial slowdown is added to "
+            f"timed rounds ({added}); these numbers are NOT real measurements !!!")
 
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
@@ -357,16 +371,19 @@ class SynchronizedBenchmark:
     The core's rounds (host start -> step() -> device synchronize, warm-up rounds untimed,
     the garbage collector paused) are handed to `benchmark.pedantic`, so a perf case times
     a step as `python -m systems.bench` does; pytest-benchmark's clock brackets each round.
-    `extra_info` gets the round's kind (`timing`), enqueue time, peak memory and
-    throughput; a CUDA out-of-memory error becomes a skip whose reason names the workload.
-    `slowdown` (test-only, from SYSTEMS_PERF_INJECT_SLOWDOWN) adds that fraction of each
-    round's own time to the round.
+    `extra_info` gets the round's kind (`timing`), each round's enqueue time, on CUDA the
+    device clock of DEVICE_CLOCK_ROUNDS more rounds (`keys.DEVICE_KERNEL_S`, the device's
+    busy time, which host speed cannot move), peak memory and throughput; a CUDA
+    out-of-memory error becomes a skip whose reason names the workload.
+    `slowdown` and `device_work` are the test-only switches of `RoundTimer`.
     """
 
-    def __init__(self, benchmark, device: torch.device, slowdown: float = 0.0) -> None:
+    def __init__(self, benchmark, device: torch.device, slowdown: float = 0.0,
+                 device_work: float = 0.0) -> None:
         self.benchmark = benchmark
         self.device = device
         self.slowdown = slowdown
+        self.device_work = device_work
 
     def __call__(
         self,
@@ -388,8 +405,11 @@ class SynchronizedBenchmark:
         extra.update({keys.PRECISION: precision, keys.WARMUP_ROUNDS: warmup,
                       keys.TORCH_DEVICE: str(self.device)})
         if self.slowdown:
-            extra["injected_slowdown"] = self.slowdown
-        timer = RoundTimer(step, self.device, slowdown=self.slowdown)
+            extra[keys.INJECTED_HOST] = self.slowdown
+        if self.device_work:
+            extra[keys.INJECTED_DEVICE] = self.device_work
+        timer = RoundTimer(step, self.device, host_slowdown=self.slowdown,
+                           device_work=self.device_work)
         try:
             if cold_start:
                 extra["cold_start_s"] = timer.first_call()
@@ -398,8 +418,11 @@ class SynchronizedBenchmark:
             # an earlier case left behind): record that baseline so a reader can tell them apart.
             extra["memory_allocated_before_bytes"] = allocated_memory_bytes(self.device)
             # --benchmark-disable: pedantic calls the step once, untimed; no warm-up then.
-            stats = timer.measure(warmup=0 if self.benchmark.disabled else warmup,
-                                  rounds=rounds, drive=self._pedantic)
+            timed = not self.benchmark.disabled
+            stats = timer.measure(warmup=warmup if timed else 0, rounds=rounds,
+                                  drive=self._pedantic,
+                                  device_rounds=DEVICE_CLOCK_ROUNDS
+                                  if timed and self.device.type == "cuda" else 0)
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
@@ -415,6 +438,9 @@ class SynchronizedBenchmark:
         # Near the round's time, the device waited on the host (launch-bound) rather than
         # the other way round.
         extra[keys.HOST_ENQUEUE_S] = stats.host_median
+        extra[keys.HOST_ENQUEUE_ROUNDS_S] = list(stats.host_times)
+        if stats.device_busy and min(stats.device_busy) > 0:  # a round with no device work
+            extra[keys.DEVICE_KERNEL_S] = list(stats.device_busy)  # has no device clock
         extra.update(throughput_metrics(seconds=self.benchmark.stats.stats.mean, flops=flops,
                                         tokens=tokens, precision=precision,
                                         device=self.device))
@@ -439,9 +465,9 @@ def release_device_memory() -> None:
 
 @pytest.fixture
 def synced_benchmark(benchmark, device: torch.device, request: pytest.FixtureRequest):
-    slowdowns = request.config.stash[_PERF_RUN].slowdowns
-    yield SynchronizedBenchmark(benchmark, device,
-                                slowdowns.get(request.node.originalname, 0.0))
+    run, name = request.config.stash[_PERF_RUN], request.node.originalname
+    yield SynchronizedBenchmark(benchmark, device, run.slowdowns.get(name, 0.0),
+                                run.device_work.get(name, 0.0))
     release_device_memory()
 
 
@@ -537,7 +563,7 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         if failed:
             terminalreporter.write_line(f"PERF GATE FAILED: {len(failed)} case(s) slower than "
                                         "their noise threshold", red=True, bold=True)
-    if run.slowdowns:
+    if _injects(run):
         terminalreporter.write_line(_slowdown_banner(run), red=True, bold=True)
     for note in run.notes:
         terminalreporter.write_line(note, yellow=True)

@@ -25,6 +25,14 @@ only:
 Events span the device's timeline between two points of its queue: idle gaps where it
 waited on the host are inside, the host's work before the first kernel is not.
 
+The device clock, beside every round of a GPU case: after the timed rounds, a few more
+rounds run under torch.profiler (`device_busy_rounds`), and each one's device busy time is
+the union of the spans of the kernels, copies and memsets it launched, read from the
+device's own activity records. Host speed cannot move it: a slow host widens the gaps
+between kernels, and gaps are not counted. (CUDA events around an eager round would count
+those gaps.) The profiled rounds are extra, so the profiler's overhead never lands in a
+timed round, and few (`DEVICE_CLOCK_ROUNDS`), so one profiler session per case is the cost.
+
 Every recorded number says which it is: `TimingStats.kind` and `Mark.kind`, and in a
 benchmark's `extra_info` the key `timing` for its rounds (`do_bench_timing` for do_bench's
 numbers), is `WALL` ("wall") or `DEVICE` ("device").
@@ -32,10 +40,12 @@ numbers), is `WALL` ("wall") or `DEVICE` ("device").
 
 from __future__ import annotations
 
+import bisect
+import functools
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
@@ -53,6 +63,7 @@ class TimingStats:
     times: tuple[float, ...]
     host_times: tuple[float, ...] = ()
     kind: str = WALL
+    device_busy: tuple[float, ...] = ()  # the device clock of each profiled round
 
     def __post_init__(self) -> None:
         if not self.times:
@@ -122,26 +133,35 @@ def _loop(timed_round: Callable[[], float], rounds: int) -> None:
 class RoundTimer:
     """Rounds of one `step` on one `device` (see the module docstring for what a round is).
 
-    `slowdown` (test-only, from SYSTEMS_PERF_INJECT_SLOWDOWN) adds that fraction of each
-    measured round's own time to the round; warm-up rounds are not slowed.
+    Test-only switches, for proving the gate (never in a run anyone reads):
+    `host_slowdown` holds the host, inside each measured round before step()'s time is
+    taken, for that fraction of step()'s own host time: host time grows, device work not.
+    `device_work` adds, after each measured round's step(), one kernel that keeps the
+    device busy for that fraction of the step's device busy time (measured once after the
+    warm-up): device work grows, host time not. Warm-up rounds are left alone.
     """
 
     def __init__(self, step: Callable[[], object], device: torch.device | str = "cpu", *,
-                 slowdown: float = 0.0) -> None:
+                 host_slowdown: float = 0.0, device_work: float = 0.0) -> None:
         self.step = step
         self.device = device
-        self.slowdown = slowdown
+        self.host_slowdown = host_slowdown
+        self.device_work = device_work
+        self._added_work: Callable[[], None] | None = None
         self._times: list[float] = []
         self._host_times: list[float] = []
+        self._device_busy: tuple[float, ...] = ()
         self._kind = WALL
 
     def _round(self, *, measured: bool) -> tuple[float, float]:
         start = time.perf_counter()
         self.step()
+        if measured and self.host_slowdown:
+            _hold_host(self.host_slowdown * (time.perf_counter() - start))
         enqueued = time.perf_counter() - start
+        if measured and self._added_work is not None:
+            self._added_work()
         synchronize(self.device)
-        if measured and self.slowdown:
-            time.sleep(self.slowdown * (time.perf_counter() - start))
         return time.perf_counter() - start, enqueued
 
     def timed_round(self) -> float:
@@ -155,7 +175,7 @@ class RoundTimer:
         """The very first call as one round on its own (compilation, JIT and autotuning
         happen there): its seconds; it is not one of the timed rounds."""
         synchronize(self.device)  # work queued before does not count
-        return self._round(measured=True)[0]
+        return self._round(measured=False)[0]
 
     def warm_up(self, rounds: int) -> None:
         """`rounds` untimed rounds; the timed rounds kept so far are dropped."""
@@ -165,19 +185,39 @@ class RoundTimer:
         self._kind = round_kind(self.step)  # a CapturedStep replays from here on
         self._times.clear()
         self._host_times.clear()
+        self._device_busy = ()
+
+    def profile_rounds(self, rounds: int) -> None:
+        """`rounds` more measured rounds under the profiler: their device clock."""
+        self._device_busy = device_busy_rounds(lambda: self._round(measured=True), rounds)
 
     def stats(self) -> TimingStats:
-        """The timed rounds since the last warm-up."""
-        return TimingStats(tuple(self._times), tuple(self._host_times), self._kind)
+        """The timed rounds since the last warm-up, and the device clock if profiled."""
+        return TimingStats(tuple(self._times), tuple(self._host_times), self._kind,
+                           self._device_busy)
 
-    def measure(self, *, warmup: int, rounds: int, drive: Driver = _loop) -> TimingStats:
+    def measure(self, *, warmup: int, rounds: int, drive: Driver = _loop,
+                device_rounds: int = 0) -> TimingStats:
         """`warmup` untimed rounds, then `rounds` timed ones with the garbage collector
-        paused, called by `drive`; the timed rounds' stats."""
+        paused, called by `drive`, then `device_rounds` profiled ones (the device clock;
+        CUDA only); the timed rounds' stats."""
         _check_rounds(warmup, rounds)
         self.warm_up(warmup)
+        if self.device_work:
+            (busy,) = device_busy_rounds(lambda: self._round(measured=False), 1)
+            self._added_work = device_spin(self.device_work * busy, self.device)
         with gc_paused():
             drive(self.timed_round, rounds)
+        if device_rounds:
+            self.profile_rounds(device_rounds)
         return self.stats()
+
+
+def _hold_host(seconds: float) -> None:
+    """Keep the host busy (not asleep: a sleep's wake-up is coarser than short steps)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def _check_rounds(warmup: int, rounds: int) -> None:
@@ -250,12 +290,14 @@ def interleaved_device_time(fns: Mapping[str, Callable[[], object]], *, rounds: 
     return medians
 
 
-# A test-only switch: proves that the regression gate catches a slowdown. Never set it for
-# a run whose numbers anyone will read (the perf session refuses to record a baseline then).
-SLOWDOWN_ENV = "SYSTEMS_PERF_INJECT_SLOWDOWN"
+# Test-only switches (RoundTimer's host_slowdown and device_work): prove that the gate
+# catches a slower GPU and tells a slower host apart. Never set them for a run whose
+# numbers anyone will read (the perf session refuses to record a baseline then).
+SLOWDOWN_ENV = "SYSTEMS_PERF_INJECT_SLOWDOWN"  # host time only
+DEVICE_WORK_ENV = "SYSTEMS_PERF_INJECT_DEVICE_WORK"  # device work only
 
 
-def injected_slowdowns(text: str | None) -> dict[str, float]:
+def injected_slowdowns(text: str | None, env: str = SLOWDOWN_ENV) -> dict[str, float]:
     """'test_end_to_end:0.15,test_attention:0.1' -> {test function name: added fraction}."""
     slowdowns: dict[str, float] = {}
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
@@ -265,7 +307,96 @@ def injected_slowdowns(text: str | None) -> dict[str, float]:
         except ValueError:
             value = -1.0
         if not sep or not name or not 0 < value <= 10:
-            raise ValueError(f"{SLOWDOWN_ENV}: expected 'test_name:fraction' with 0 < fraction "
+            raise ValueError(f"{env}: expected 'test_name:fraction' with 0 < fraction "
                              f"<= 10 (e.g. 'test_end_to_end:0.15'), got {item!r}")
         slowdowns[name] = value
     return slowdowns
+
+
+# The device clock (see the module docstring).
+DEVICE_CLOCK_ROUNDS = 5
+ROUND_MARK = "systems.round"
+
+
+def busy_seconds(spans: Iterable[tuple[int, int]]) -> float:
+    """Seconds covered by the union of [start, end) spans in ns: work on two streams at
+    once counts once, a gap between kernels not at all."""
+    total, reach = 0, None
+    for start, end in sorted(spans):
+        if reach is None or start >= reach:
+            total, reach = total + end - start, end
+        elif end > reach:
+            total, reach = total + end - reach, end
+    return total / 1e9
+
+
+def busy_per_round(rounds: Sequence[tuple[int, int]],
+                   work: Iterable[tuple[int, int]]) -> list[float]:
+    """Each round's busy seconds: the union of the work spans that started inside it.
+    `rounds` are the rounds' (start, end) ns in order; a round ends after a synchronize,
+    so its work starts (and ends) inside it."""
+    starts = [start for start, _ in rounds]
+    spans: list[list[tuple[int, int]]] = [[] for _ in rounds]
+    for span in work:
+        index = bisect.bisect_right(starts, span[0]) - 1
+        if index >= 0 and span[0] < rounds[index][1]:
+            spans[index].append(span)
+    return [busy_seconds(round_spans) for round_spans in spans]
+
+
+def _is_device_work(event: object) -> bool:
+    """A kernel, copy or memset on the GPU; not a user annotation's span on the device's
+    timeline (which covers the gaps between kernels)."""
+    from torch.autograd import DeviceType
+
+    return event.device_type() == DeviceType.CUDA and not event.is_user_annotation()
+
+
+def device_busy_rounds(run_round: Callable[[], object], rounds: int, *,
+                       is_work: Callable[[object], bool] = _is_device_work
+                       ) -> tuple[float, ...]:
+    """`rounds` calls of `run_round` (a round that ends with a synchronize) under one
+    torch.profiler session; each call's device busy seconds (`busy_per_round` of the
+    events `is_work` accepts)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for _ in range(rounds):
+            with record_function(ROUND_MARK):
+                run_round()
+    events = prof.profiler.kineto_results.events()
+    windows = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events
+                     if e.name() == ROUND_MARK and e.device_type() == DeviceType.CPU)
+    if len(windows) != rounds:
+        raise RuntimeError(f"the profiler recorded {len(windows)} of {rounds} rounds")
+    work = [(e.start_ns(), e.start_ns() + e.duration_ns()) for e in events
+            if e.name() != ROUND_MARK and is_work(e)]
+    return tuple(busy_per_round(windows, work))
+
+
+def device_spin(seconds: float, device: torch.device | str) -> Callable[[], None]:
+    """A callable that enqueues one kernel keeping the device busy for about `seconds`
+    (torch.cuda._sleep spins for a count of GPU clock cycles; the rate is measured once)."""
+    cycles = max(1, int(seconds * _cycles_per_second(str(device))))
+
+    def spin() -> None:
+        torch.cuda._sleep(cycles)
+
+    return spin
+
+
+@functools.cache
+def _cycles_per_second(device: str) -> float:
+    cycles = 10_000_000
+    with torch.cuda.device(torch.device(device)):
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        torch.cuda._sleep(cycles)  # the first launch loads the kernel
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return cycles / (start.elapsed_time(end) / 1e3)

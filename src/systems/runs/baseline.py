@@ -145,9 +145,11 @@ def baseline_problems(path: Path, expected: Iterable[str]) -> list[str]:
 
 
 def run_timings(run: dict) -> dict[str, Timing]:
-    """Median and IQR of every benchmark of a saved run (`read_run`), by full name."""
+    """Every benchmark's clocks in a saved run (`read_run`), with the run's host speed
+    probes, by full name."""
+    probes = host_loop_ms_runs(run)
     return {bench.get("fullname", bench["name"]):
-            Timing.from_saved(bench["stats"], bench.get("extra_info"))
+            Timing.from_saved(bench["stats"], bench.get("extra_info"), probes)
             for bench in run["benchmarks"]}
 
 
@@ -214,9 +216,9 @@ def add_repeat(baseline: dict, repeat: dict) -> dict:
             **bench,
             "stats": {**stats.as_dict(), "data": data,
                       "iterations": bench["stats"].get("iterations", 1)},
-            "extra_info": {**_pooled_device_rounds(
+            "extra_info": {**_pooled_clock_rounds(_pooled_device_rounds(
                                _pooled_do_bench(bench["extra_info"], other["extra_info"]),
-                               other["extra_info"]),
+                               other["extra_info"]), other["extra_info"]),
                            keys.RUN_MEDIANS: [*run_medians, other["stats"]["median"]]},
         })
     return {**baseline, "machine_info": _pooled_host_probe(baseline, repeat),
@@ -252,6 +254,25 @@ def _pooled_device_rounds(pooled: dict, repeat: dict) -> dict:
         return info
     return {**info, keys.INTERLEAVED_DEVICE_MS: {impl: [*ours[impl], *theirs[impl]]
                                                  for impl in ours}}
+
+
+# Per-round readings beside a case's rounds, and the key of each run's median of them.
+_CLOCK_ROUNDS = {keys.DEVICE_KERNEL_S: keys.DEVICE_KERNEL_RUN_MEDIANS,
+                 keys.HOST_ENQUEUE_ROUNDS_S: keys.HOST_ENQUEUE_RUN_MEDIANS}
+
+
+def _pooled_clock_rounds(pooled: dict, repeat: dict) -> dict:
+    """A case's extra_info with the repeat's device-clock and host rounds after its own and
+    each run's median kept, where both runs recorded them; else without them (readings of
+    only some runs are not the pooled case's)."""
+    info = dict(pooled)
+    for rounds_key, medians_key in _CLOCK_ROUNDS.items():
+        ours, theirs = info.pop(rounds_key, None), repeat.get(rounds_key)
+        medians = info.pop(medians_key, None) or ([statistics.median(ours)] if ours else [])
+        if ours and theirs:
+            info.update({rounds_key: [*ours, *theirs],
+                         medians_key: [*medians, statistics.median(theirs)]})
+    return info
 
 
 def _pooled_host_probe(baseline: dict, repeat: dict) -> dict:

@@ -1,6 +1,15 @@
-"""A noise-aware regression gate: compare medians, with a threshold per case.
+"""A noise-aware regression gate: compare medians, with a threshold per case and clock.
 
-Each case's threshold is the largest of three measured noises, and never below `FLOOR` (the
+A case may carry two clocks: its rounds (wall time, or a CUDA-graph replay's device time)
+and the device clock (`keys.DEVICE_KERNEL_S`: the device's busy time in profiled rounds,
+which host speed cannot move). Each clock present in both runs gets its threshold as
+below; the case is judged on the gated clock with the smallest threshold (its most stable
+one), and the table names it. Host-bound cases also get a host check: the host's time per
+call relative to the host speed probe of the same run (`systems.common.host_speed`),
+against the baseline's runs, with a threshold from its spread and drift (`host_check`):
+a slower Python path shows there, and a slower host alone does not.
+
+Each clock's threshold is the largest of three measured noises, and never below `FLOOR` (the
 run-to-run drift of medians that even a tight case shows on these shared hosts):
 - the spread of its own rounds (the IQR relative to the median, the larger of the
   baseline's and the current run's) times `SPREAD_FACTOR`;
@@ -25,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from systems.common.clock import WALL
+from systems.common.clock import DEVICE, WALL
 from systems.runs import keys
 
 FLOOR = 0.06
@@ -34,6 +43,15 @@ DRIFT_FACTOR = 1.5  # three runs' range understates the drift a fourth run can s
 WALL_MIN_S = 2e-3
 HOST_BOUND_SHARE = 0.9
 CEILING = 0.12  # a 15% slowdown must clear every gated threshold with room for noise
+# The device clock leaves the host out: its floor is the GPU's own run-to-run drift (clock
+# and thermal state), below the wall floor; a baseline's measured drift widens it.
+DEVICE_FLOOR = 0.05
+HOST_FLOOR = 0.15  # the probe tracks host-bound steps loosely (docs/benchmarking.md)
+
+# Clock names in the verdict table.
+ROUNDS_WALL = "wall"
+ROUNDS_REPLAY = "graph replay"
+DEVICE_BUSY = "device busy"
 
 
 class Verdict(Enum):
@@ -46,15 +64,13 @@ class Verdict(Enum):
 
 
 @dataclass(frozen=True)
-class Timing:
-    """What the gate needs from one case of one run, in seconds."""
+class Clock:
+    """One clock's reading of one case in one run: median and IQR of its rounds (seconds),
+    and in a pooled baseline each run's median."""
 
     median: float
     iqr: float
-    run_medians: tuple[float, ...] = ()  # one per run, where several runs were pooled
-    kind: str | None = None  # "wall" or "device" (extra_info["timing"]), if recorded
-    host_enqueue: float | None = None  # median host time until step() returned, if recorded
-    on_cpu: bool = False  # the work itself ran on the host's CPU (extra_info["device"])
+    run_medians: tuple[float, ...] = ()
 
     @property
     def spread(self) -> float:
@@ -70,9 +86,54 @@ class Timing:
         return max(self.run_medians) / low - 1 if low > 0 else float("inf")
 
     @classmethod
+    def of_rounds(cls, rounds: Sequence[float],
+                  run_medians: Sequence[float] = ()) -> Clock | None:
+        if not rounds:
+            return None
+        values = sorted(float(r) for r in rounds)
+        q1, q3 = (statistics.quantiles(values, n=4) if len(values) > 1
+                  else (values[0], values[0]))[::2]
+        return cls(statistics.median(values), q3 - q1, tuple(float(m) for m in run_medians))
+
+
+def _floats(info: Mapping[str, object], key: str) -> tuple[float, ...]:
+    values = info.get(key)
+    return tuple(float(v) for v in values) if isinstance(values, list) else ()
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What the gate needs from one case of one run, in seconds."""
+
+    median: float
+    iqr: float
+    run_medians: tuple[float, ...] = ()  # one per run, where several runs were pooled
+    kind: str | None = None  # "wall" or "device" (extra_info["timing"]), if recorded
+    host_enqueue: float | None = None  # median host time until step() returned, if recorded
+    on_cpu: bool = False  # the work itself ran on the host's CPU (extra_info["device"])
+    device_busy: Clock | None = None  # the device clock, where recorded
+    host_rounds: Clock | None = None  # host time until step() returned, per round
+    host_probe_ms: tuple[float, ...] = ()  # the run's host speed probe, one per run
+
+    @property
+    def rounds(self) -> Clock:
+        """The rounds' own clock (wall time, or a graph replay's device time)."""
+        return Clock(self.median, self.iqr, self.run_medians)
+
+    @property
+    def spread(self) -> float:
+        return self.rounds.spread
+
+    @property
+    def drift(self) -> float:
+        return self.rounds.drift
+
+    @classmethod
     def from_saved(cls, stats: Mapping[str, float],
-                   extra_info: Mapping[str, object] | None = None) -> Timing:
-        """From a saved benchmark's `stats` and `extra_info` (pytest-benchmark's JSON)."""
+                   extra_info: Mapping[str, object] | None = None,
+                   host_probe_ms: Sequence[float] = ()) -> Timing:
+        """From a saved benchmark's `stats` and `extra_info` (pytest-benchmark's JSON), and
+        its run's host speed probes."""
         extra_info = extra_info or {}
         run_medians = extra_info.get(keys.RUN_MEDIANS) or ()
         kind = extra_info.get(keys.TIMING)
@@ -81,7 +142,23 @@ class Timing:
                    run_medians=tuple(float(m) for m in run_medians),
                    kind=kind if isinstance(kind, str) else None,
                    host_enqueue=float(enqueue) if isinstance(enqueue, int | float) else None,
-                   on_cpu=str(extra_info.get(keys.TORCH_DEVICE, "")).startswith("cpu"))
+                   on_cpu=str(extra_info.get(keys.TORCH_DEVICE, "")).startswith("cpu"),
+                   device_busy=Clock.of_rounds(
+                       _floats(extra_info, keys.DEVICE_KERNEL_S),
+                       _floats(extra_info, keys.DEVICE_KERNEL_RUN_MEDIANS)),
+                   host_rounds=Clock.of_rounds(
+                       _floats(extra_info, keys.HOST_ENQUEUE_ROUNDS_S),
+                       _floats(extra_info, keys.HOST_ENQUEUE_RUN_MEDIANS)),
+                   host_probe_ms=tuple(host_probe_ms))
+
+    @property
+    def rounds_clock(self) -> str:
+        return ROUNDS_REPLAY if self.kind == DEVICE else ROUNDS_WALL
+
+    @property
+    def rounds_excluded(self) -> bool:
+        """The rounds time the host, whatever their noise (see the module docstring)."""
+        return self.short_wall_round or self.host_bound
 
     @property
     def short_wall_round(self) -> bool:
@@ -106,18 +183,48 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class HostCheck:
+    """Host time per call over the run's host speed probe, against the baseline's runs."""
+
+    change: float
+    threshold: float
+
+    @property
+    def slower(self) -> bool:
+        return self.change > self.threshold
+
+    def describe(self) -> str:
+        word = "SLOWER" if self.slower else ("faster" if self.change < -self.threshold
+                                            else "ok")
+        return f"host {word} ({self.change:+.1%}, threshold {self.threshold:.1%})"
+
+
+def host_check(baseline: Timing, current: Timing) -> HostCheck | None:
+    """For a host-bound case whose runs both recorded host rounds and the host probe."""
+    if not (baseline.host_bound or current.host_bound):
+        return None
+    base, cur = baseline.host_rounds, current.host_rounds
+    if base is None or cur is None or not baseline.host_probe_ms or not current.host_probe_ms:
+        return None
+    per_run = (base.run_medians if len(base.run_medians) == len(baseline.host_probe_ms) > 1
+               else (base.median,) * len(baseline.host_probe_ms))
+    relative = [m / probe for m, probe in zip(per_run, baseline.host_probe_ms, strict=True)]
+    change = (cur.median / current.host_probe_ms[-1]) / statistics.median(relative) - 1
+    drift = max(relative) / min(relative) - 1
+    limit = max(HOST_FLOOR, SPREAD_FACTOR * max(base.spread, cur.spread), DRIFT_FACTOR * drift)
+    return HostCheck(change, limit)
+
+
+@dataclass(frozen=True)
 class CaseResult:
     name: str
     baseline: Timing | None
     current: Timing | None
     verdict: Verdict
     threshold: float | None = None
-
-    @property
-    def change(self) -> float | None:
-        if self.baseline is None or self.current is None:
-            return None
-        return self.current.median / self.baseline.median - 1
+    clock: str | None = None  # the clock judged (or, not gated, the least noisy one)
+    change: float | None = None  # of that clock's median
+    host: HostCheck | None = None
 
     @property
     def spread(self) -> float | None:
@@ -141,11 +248,20 @@ class CaseResult:
         return max(bound, key=lambda t: t.host_share) if bound else None
 
 
-def threshold(baseline: Timing, current: Timing, *, floor: float = FLOOR,
+def threshold(baseline: Timing | Clock, current: Timing | Clock, *, floor: float = FLOOR,
               factor: float = SPREAD_FACTOR, drift_factor: float = DRIFT_FACTOR) -> float:
     """The relative change of the median beyond which this case counts as changed."""
     return max(floor, factor * max(baseline.spread, current.spread),
                drift_factor * baseline.drift)
+
+
+def _clocks(baseline: Timing, current: Timing) -> list[tuple[str, Clock, Clock, bool]]:
+    """(name, baseline reading, current reading, excluded) of each clock both runs have."""
+    clocks = [(baseline.rounds_clock, baseline.rounds, current.rounds,
+               baseline.rounds_excluded or current.rounds_excluded)]
+    if baseline.device_busy is not None and current.device_busy is not None:
+        clocks.append((DEVICE_BUSY, baseline.device_busy, current.device_busy, False))
+    return clocks
 
 
 def judge(name: str, baseline: Timing | None, current: Timing | None, *,
@@ -157,17 +273,22 @@ def judge(name: str, baseline: Timing | None, current: Timing | None, *,
         return CaseResult(name, None, current, Verdict.NEW)
     if current is None:
         return CaseResult(name, baseline, None, Verdict.NOT_RUN)
-    limit = threshold(baseline, current, floor=floor, factor=factor, drift_factor=drift_factor)
-    if any(t.short_wall_round or t.host_bound for t in (baseline, current)) or limit > ceiling:
-        return CaseResult(name, baseline, current, Verdict.TOO_NOISY, limit)
-    change = current.median / baseline.median - 1
+    judged = []
+    for clock, base, cur, excluded in _clocks(baseline, current):
+        limit = threshold(base, cur, floor=DEVICE_FLOOR if clock == DEVICE_BUSY else floor,
+                          factor=factor, drift_factor=drift_factor)
+        judged.append((excluded or limit > ceiling, limit, clock, cur.median / base.median - 1))
+    not_gated, limit, clock, change = min(judged)  # a gated clock first, then the steadiest
+    host = host_check(baseline, current)
+    if not_gated:
+        return CaseResult(name, baseline, current, Verdict.TOO_NOISY, limit, clock, change, host)
     if change > limit:
         verdict = Verdict.SLOWER
     elif change < -limit:
         verdict = Verdict.FASTER
     else:
         verdict = Verdict.OK
-    return CaseResult(name, baseline, current, verdict, limit)
+    return CaseResult(name, baseline, current, verdict, limit, clock, change, host)
 
 
 def compare(baseline: Mapping[str, Timing], current: Mapping[str, Timing],
@@ -178,11 +299,16 @@ def compare(baseline: Mapping[str, Timing], current: Mapping[str, Timing],
 
 
 def regressions(results: list[CaseResult]) -> list[CaseResult]:
-    return [r for r in results if r.verdict is Verdict.SLOWER]
+    """Cases slower on their gated clock, or slower in the host check."""
+    return [r for r in results
+            if r.verdict is Verdict.SLOWER or (r.host is not None and r.host.slower)]
 
 
-def _ms(timing: Timing | None) -> str:
-    return "-" if timing is None else f"{timing.median * 1e3:.3f}"
+def _ms(timing: Timing | None, clock: str | None) -> str:
+    if timing is None:
+        return "-"
+    reading = timing.device_busy if clock == DEVICE_BUSY else timing
+    return "-" if reading is None else f"{reading.median * 1e3:.3f}"
 
 
 def _pct(value: float | None, signed: bool = False) -> str:
@@ -192,23 +318,29 @@ def _pct(value: float | None, signed: bool = False) -> str:
 
 
 def describe(result: CaseResult) -> str:
+    """The verdict, and for a case not gated on any clock, why."""
+    if result.verdict is not Verdict.TOO_NOISY:
+        return result.verdict.value
+    if result.clock == DEVICE_BUSY:
+        return f"not gated (too noisy on every clock: threshold {_pct(result.threshold)})"
     if result.short_wall_round:
         return f"not gated (wall time under {WALL_MIN_S * 1e3:g} ms: host-bound)"
     if (bound := result.host_bound) is not None:
         if bound.on_cpu:
             return "not gated (host-bound: runs on the CPU)"
         return f"not gated (host-bound: enqueueing took {_pct(bound.host_share)} of a round)"
-    if result.verdict is Verdict.TOO_NOISY:
-        drift = f", drift between runs {_pct(result.drift)}" if result.drift else ""
-        return f"not gated (too noisy: spread {_pct(result.spread)}{drift})"
-    return result.verdict.value
+    drift = f", drift between runs {_pct(result.drift)}" if result.drift else ""
+    return f"not gated (too noisy: spread {_pct(result.spread)}{drift})"
 
 
 def gate_table(results: list[CaseResult]) -> str:
-    """case, baseline median, current median, change, threshold, verdict; then a tally."""
-    header = ("case", "baseline ms", "current ms", "change", "threshold", "verdict")
-    rows = [(r.name, _ms(r.baseline), _ms(r.current), _pct(r.change, signed=True),
-             _pct(r.threshold), describe(r)) for r in results]
+    """case, the clock judged, its baseline and current medians, change, threshold,
+    verdict, and the host check of host-bound cases; then a tally."""
+    header = ("case", "clock", "baseline ms", "current ms", "change", "threshold", "verdict")
+    rows = [(r.name, r.clock or "-", _ms(r.baseline, r.clock), _ms(r.current, r.clock),
+             _pct(r.change, signed=True), _pct(r.threshold),
+             describe(r) + ("" if r.host is None else f"; {r.host.describe()}"))
+            for r in results]
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
 
     def line(cells: tuple[str, ...]) -> str:
@@ -221,7 +353,14 @@ def gate_table(results: list[CaseResult]) -> str:
     lines += [line(row) for row in rows]
     counts = {v: sum(r.verdict is v for r in results) for v in Verdict}
     # The rows say why each case was not gated (too noisy, or host-bound).
-    lines.append(", ".join(f"{n} {v.value}" for v, n in counts.items() if n))
+    tally = [f"{n} {v.value}" for v, n in counts.items() if n]
+    gated = [r.clock for r in results if r.verdict in (Verdict.OK, Verdict.SLOWER,
+                                                       Verdict.FASTER)]
+    tally += [f"{gated.count(clock)} gated on {clock}" for clock in sorted(set(gated))]
+    hosts = [r.host for r in results if r.host is not None]
+    if hosts:
+        tally.append(f"{len(hosts)} host-checked ({sum(h.slower for h in hosts)} slower)")
+    lines.append(", ".join(tally))
     return "\n".join(lines)
 
 

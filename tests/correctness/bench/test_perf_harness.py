@@ -309,7 +309,7 @@ def test_a_malformed_gate_target_fails_before_any_case_runs(timed_project) -> No
     assert f"--perf-gate: {baseline}: not a benchmark run" in result.stderr.str()
 
 
-def test_gate_passes_a_rerun_and_catches_an_injected_slowdown(timed_project, monkeypatch):
+def test_gate_passes_a_rerun_and_a_host_slowdown_behind_device_work(timed_project, monkeypatch):
     timed_project.runpytest("tests/perf", "--perf-profile=quick",
                             "--perf-baseline").assert_outcomes(passed=3)
     rerun = timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-gate")
@@ -321,20 +321,22 @@ def test_gate_passes_a_rerun_and_catches_an_injected_slowdown(timed_project, mon
     assert "SLOWER" not in rerun.stdout.str()
     assert rerun.ret == pytest.ExitCode.OK
 
+    # A slower host alone: these steps' work runs at the synchronize (a stand-in device),
+    # so the host's extra time per call hides behind it and no clock blames the work.
     monkeypatch.setenv(SLOWDOWN_ENV, "test_step:0.5")
     slowed = timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-gate",
                                      "--benchmark-json=slowed.json")
-    assert slowed.ret == pytest.ExitCode.TESTS_FAILED
-    slowed.stdout.fnmatch_lines([f"*{SLOWDOWN_ENV} is set*NOT real measurements*",
-                                 "*::test_step?small-n64?*SLOWER",
-                                 "*::test_step?large-n128?*SLOWER",
-                                 "PERF GATE FAILED: 2 case(s)*"])
+    assert slowed.ret == pytest.ExitCode.OK
+    slowed.stdout.fnmatch_lines([f"*{SLOWDOWN_ENV}*set*NOT real measurements*",
+                                 "*::test_step?large-n128?*wall*ok"])
+    assert "SLOWER" not in slowed.stdout.str()
     benches = json.loads((timed_project.path / "slowed.json").read_text())["benchmarks"]
-    injected = {b["name"]: b["extra_info"].get("injected_slowdown") for b in benches}
+    injected = {b["name"]: b["extra_info"].get(keys.INJECTED_HOST) for b in benches}
     assert injected == {"test_step[small-n64]": 0.5, "test_step[large-n128]": 0.5,
                         "test_plain": None}
-    medians = {b["name"]: b["stats"]["median"] for b in benches}
-    assert medians["test_step[large-n128]"] == pytest.approx(1.5 * 0.3, rel=0.1)
+    step = next(b for b in benches if b["name"] == "test_step[large-n128]")
+    assert len(step["extra_info"][keys.HOST_ENQUEUE_ROUNDS_S]) == 7
+    assert step["stats"]["median"] == pytest.approx(0.3, rel=0.1)
 
     monkeypatch.setenv(SLOWDOWN_ENV, "test_step:0.5")
     refused = timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-baseline")

@@ -20,6 +20,9 @@ from systems.bench.timing import (
     WALL,
     RoundTimer,
     TimingStats,
+    busy_per_round,
+    busy_seconds,
+    device_busy_rounds,
     device_time,
     interleaved_device_time,
     interleaved_rounds,
@@ -114,14 +117,57 @@ def test_a_driver_calls_the_rounds_and_the_core_keeps_their_times() -> None:
     assert all(t >= 0.02 for t in stats.times)
 
 
-def test_the_injected_slowdown_adds_its_fraction_to_timed_rounds_only() -> None:
+def test_the_injected_host_slowdown_adds_host_time_to_timed_rounds_only() -> None:
     starts: list[float] = []
     timer = RoundTimer(lambda: (starts.append(time.perf_counter()), time.sleep(0.1)),
-                       slowdown=0.5)
+                       host_slowdown=0.5)
     stats = timer.measure(warmup=2, rounds=3)
     assert starts[1] - starts[0] < 0.14  # a warm-up round is not slowed
-    assert stats.min >= 0.15 and stats.median < 0.15 * 1.2
+    # Inside the host's part of the round: its enqueue time grows with it.
+    assert min(stats.host_times) >= 0.15 and stats.median < 0.15 * 1.2
     assert starts[3] - starts[2] >= 0.15
+
+
+def test_busy_time_is_the_union_of_a_rounds_work_spans() -> None:
+    # Two overlapping spans count once, a gap not at all; ns in, seconds out.
+    assert busy_seconds([(0, 10), (5, 20), (30, 40)]) == pytest.approx(30e-9)
+    assert busy_seconds([]) == 0.0
+    rounds = [(0, 100), (100, 200), (200, 300)]
+    work = [(10, 20), (15, 30), (120, 130), (250, 290), (400, 410)]  # the last: no round's
+    assert busy_per_round(rounds, work) == pytest.approx([20e-9, 10e-9, 40e-9])
+
+
+def test_the_device_clock_counts_a_rounds_work_and_not_its_host_gaps() -> None:
+    """The profiler glue, on the CPU: CPU matmuls stand in for kernels; each round also
+    sleeps 30 ms on the host, which the clock must leave out."""
+    a = torch.randn(64, 64)
+    walls: list[float] = []
+
+    def run_round() -> None:
+        start = time.perf_counter()
+        time.sleep(0.015)
+        a @ a
+        time.sleep(0.015)
+        walls.append(time.perf_counter() - start)
+
+    busy = device_busy_rounds(run_round, 3, is_work=lambda e: e.name() == "aten::mm")
+    assert len(busy) == 3 and all(b > 0 for b in busy)
+    assert all(b < wall - 0.029 for b, wall in zip(busy, walls, strict=True))
+    # On the CPU there is no device work: a round's device clock is zero.
+    timer = RoundTimer(lambda: a @ a)
+    assert timer.measure(warmup=1, rounds=2, device_rounds=2).device_busy == (0.0, 0.0)
+
+
+@pytest.mark.gpu
+def test_injected_device_work_adds_device_time_and_not_host_time() -> None:
+    device = torch.device("cuda")
+    x = torch.randn(4096, 4096, device=device)
+    plain = RoundTimer(lambda: x @ x, device).measure(warmup=3, rounds=5, device_rounds=5)
+    added = RoundTimer(lambda: x @ x, device, device_work=0.08).measure(
+        warmup=3, rounds=5, device_rounds=5)
+    ratio = statistics.median(added.device_busy) / statistics.median(plain.device_busy)
+    assert 1.05 < ratio < 1.12
+    assert added.host_median < plain.host_median * 1.5 + 20e-6
 
 
 def test_first_call_is_one_round_kept_apart() -> None:

@@ -102,10 +102,11 @@ def test_missing_and_new_cases_are_reported() -> None:
 def test_table_has_one_row_per_case_with_the_numbers() -> None:
     results = compare({"a": Timing(0.010, 0.0)}, {"a": Timing(0.0125, 0.0)})
     header, rule, row, tally = gate_table(results).splitlines()
-    assert header.split() == ["case", "baseline", "ms", "current", "ms", "change",
+    assert header.split() == ["case", "clock", "baseline", "ms", "current", "ms", "change",
                               "threshold", "verdict"]
-    assert row.split() == ["a", "10.000", "12.500", "+25.0%", f"{FLOOR:.1%}", "SLOWER"]
-    assert tally == "1 SLOWER"
+    assert row.split() == ["a", "wall", "10.000", "12.500", "+25.0%", f"{FLOOR:.1%}",
+                           "SLOWER"]
+    assert tally == "1 SLOWER, 1 gated on wall"
 
 
 def test_a_case_needs_a_timing_on_at_least_one_side() -> None:
@@ -358,3 +359,67 @@ def test_a_baseline_part_runs_its_cases_as_a_study(monkeypatch, capsys) -> None:
     with pytest.raises(SystemExit):
         baseline_main(["part", "everything"])
     assert "invalid choice: 'everything'" in capsys.readouterr().err
+
+
+def _gpu_case(wall_s: float, busy_s: float, *, enqueue_s: float, probe_ms: float = 10.0,
+              wall_noise: float = 0.01, rounds: int = 7) -> Timing:
+    """A GPU case as the harness saves it: wall rounds, host rounds and the device clock."""
+    rng = random.Random(int(wall_s * 1e6) + int(busy_s * 1e6))
+
+    def rounds_of(seconds: float, noise: float) -> list[float]:
+        return [seconds * (1 + rng.uniform(-noise, noise)) for _ in range(rounds)]
+
+    wall = rounds_of(wall_s, wall_noise)
+    q1, _, q3 = statistics.quantiles(sorted(wall), n=4)
+    return Timing.from_saved(
+        {"median": statistics.median(wall), "iqr": q3 - q1},
+        {keys.TIMING: "wall", keys.HOST_ENQUEUE_S: enqueue_s, keys.TORCH_DEVICE: "cuda:0",
+         keys.DEVICE_KERNEL_S: rounds_of(busy_s, 0.005),
+         keys.HOST_ENQUEUE_ROUNDS_S: rounds_of(enqueue_s, 0.01)}, [probe_ms])
+
+
+def test_a_host_bound_case_is_gated_on_the_device_clock_and_host_checked() -> None:
+    """An eager call of 0.3 ms, 95% of it the host launching: the wall clock times the host,
+    the device clock (busy 0.1 ms) does not."""
+    base = _gpu_case(0.0003, 0.0001, enqueue_s=0.000285)
+    # A slower host (the probe too): wall time moves a lot, the device clock not at all.
+    slow_host = _gpu_case(0.0004, 0.0001, enqueue_s=0.00038, probe_ms=13.3)
+    result = judge("x", base, slow_host)
+    assert (result.verdict, result.clock) == (Verdict.OK, "device busy")
+    assert result.host is not None and not result.host.slower
+    # 8% more GPU work is caught on the device clock.
+    slower_gpu = judge("x", base, _gpu_case(0.0003, 0.000108, enqueue_s=0.000285))
+    assert (slower_gpu.verdict, slower_gpu.clock) == (Verdict.SLOWER, "device busy")
+    # A slower Python path on the same host: the host check, not the device clock.
+    slower_path = judge("x", base, _gpu_case(0.0004, 0.0001, enqueue_s=0.00038))
+    assert slower_path.verdict is Verdict.OK and slower_path.host.slower
+    assert regressions([slower_path]) == [slower_path]
+    assert "host SLOWER" in gate_table([slower_path])
+
+
+def test_a_gpu_bound_case_is_judged_on_its_steadiest_clock_without_a_host_check() -> None:
+    base = _gpu_case(0.050, 0.049, enqueue_s=0.005, wall_noise=0.04)
+    result = judge("x", base, _gpu_case(0.050, 0.049, enqueue_s=0.005, wall_noise=0.04))
+    assert result.clock == "device busy" and result.host is None
+    assert result.threshold == pytest.approx(0.05)
+    # Without the device clock on one side, the rounds are what both runs share.
+    wall_only = Timing(base.median, base.iqr, kind="wall", host_enqueue=0.005)
+    assert judge("x", wall_only, base).clock == "wall"
+
+
+def test_repeats_pool_the_device_clock_and_keep_each_runs_median() -> None:
+    def run(busy: list[float] | None) -> dict:
+        info = {} if busy is None else {keys.DEVICE_KERNEL_S: busy}
+        return {"commit_info": {"id": "a"}, "machine_info": {"device_name": "G", "gpu_count": 1},
+                "benchmarks": [{"fullname": "t::c", "extra_info": info,
+                                "stats": {"data": [1.0], "median": 1.0, "iterations": 1}}]}
+
+    pooled = add_repeat(run([0.010, 0.011, 0.012]), run([0.020, 0.021, 0.022]))
+    info = pooled["benchmarks"][0]["extra_info"]
+    assert info[keys.DEVICE_KERNEL_S] == [0.010, 0.011, 0.012, 0.020, 0.021, 0.022]
+    assert info[keys.DEVICE_KERNEL_RUN_MEDIANS] == [0.011, 0.021]
+    timing = Timing.from_saved({"median": 1.0, "iqr": 0.0}, info)
+    assert timing.device_busy.drift == pytest.approx(0.021 / 0.011 - 1)
+    # A clock of only some runs is not the pooled case's.
+    (bench,) = add_repeat(run([0.010]), run(None))["benchmarks"]
+    assert keys.DEVICE_KERNEL_S not in bench["extra_info"]
