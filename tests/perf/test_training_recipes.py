@@ -4,8 +4,8 @@
 `optimized`: ours (see `systems.bench.recipes` and docs/training_recipes.md). Every case
 records `recipe` and `cold_start_s` (the first step, compilation included) in extra_info.
 Profiles: `smoke` (tiny, CPU, no compile, no CUDA graph), `quick` (every recipe for 2.7b and
-small at ctx 512, and the two strongest for 2.7b at ctx 2048 and xl at ctx 512: the
-regression baseline, a few minutes on one H100), `full` (every size at ctx 512 and 2048;
+small at ctx 512, and the two strongest for 2.7b at ctx 2048: the regression
+baseline, a few minutes on one H100), `full` (every size at ctx 512 and 2048;
 select parts with -k). Every recipe gets activation checkpointing by the same
 rule (`systems.bench.checkpoint_fit`): the fewest recomputed blocks with which its own step
 fits.
@@ -52,16 +52,14 @@ def _warmup(recipe: str) -> int:
     return 3 if options.compiled else 2
 
 
-def _rounds(size: str, recipe: str) -> int:
-    """A graphed step's rounds are replays (device time, steady); an eager step's rounds are
-    wall time with the host's noise in them, so they get three times as many."""
-    rounds = 10 if size in ("small", "medium") else 5
-    return rounds if RECIPES[recipe].options.cuda_graph else 3 * rounds
+def _rounds(size: str) -> int:
+    """A graphed step's rounds are replays (device time); an eager step's are wall time,
+    gated on the device clock recorded beside them, so they need no more rounds."""
+    return 10 if size in ("small", "medium") else 5
 
 
 def _case(size: str, seq_len: int, recipe: str) -> RecipeCase:
-    return RecipeCase(size, seq_len, recipe, warmup=_warmup(recipe),
-                      rounds=_rounds(size, recipe))
+    return RecipeCase(size, seq_len, recipe, warmup=_warmup(recipe), rounds=_rounds(size))
 
 
 def perf_cases(profile: str) -> list[RecipeCase]:
@@ -71,10 +69,11 @@ def perf_cases(profile: str) -> list[RecipeCase]:
                 for recipe in RECIPES]
     if profile == "full":
         return [_case(*combo) for combo in itertools.product(SIZES, SEQ_LENS, RECIPES)]
-    strongest = ("pytorch_baseline", "optimized")  # the ratio the docs state, at more shapes
+    # xl at ctx 512 is left to `full`: the same code as 2.7b and small at that length, and
+    # its compiles cost the baseline minutes of GPU time per run.
+    strongest = ("pytorch_baseline", "optimized")  # the ratio the docs state, at ctx 2048
     return ([_case(size, 512, recipe) for size in ("2.7b", "small") for recipe in RECIPES]
-            + [_case(size, seq_len, recipe) for size, seq_len in (("2.7b", 2048), ("xl", 512))
-               for recipe in strongest])
+            + [_case("2.7b", 2048, recipe) for recipe in strongest])
 
 
 def test_training_recipe(perf_case: RecipeCase, device, synced_benchmark) -> None:

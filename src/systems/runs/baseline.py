@@ -91,8 +91,7 @@ def baseline_suite(gpus: int) -> str:
 BASELINE_PARTS_1GPU: dict[str, tuple[str, ...]] = {
     "attention_end_to_end": ("tests/perf/test_attention.py", "tests/perf/test_end_to_end.py",
                              "tests/perf/test_distributed.py"),
-    "recipes_ctx512": ("tests/perf/test_training_recipes.py", "-k", "ctx512 and not xl"),
-    "recipes_xl": ("tests/perf/test_training_recipes.py", "-k", "xl"),
+    "recipes_ctx512": ("tests/perf/test_training_recipes.py", "-k", "ctx512"),
     "recipes_ctx2048": ("tests/perf/test_training_recipes.py", "-k", "ctx2048"),
 }
 
