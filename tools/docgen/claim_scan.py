@@ -38,6 +38,10 @@ ALLOWED: tuple[tuple[str, str], ...] = (
      "tables split host-bound calls from the rest (a setting)"),
     (r"\bunder 2 ms\b|\b2 ms rule\b", "the gate's WALL_MIN_S (a setting)"),
     (r"\bleast 55% of the measured\b", "the training-step goal named in the issue"),
+    (r"\bfloor is \*\*5%\*\*|\bmax\(15%", "the gate's clock floors (settings)"),
+    (r"\b\d+(?:\.\d+)? x (?:spread|drift)\b", "the gate's threshold multipliers (settings)"),
+    (r"\benqueueing 90% of a round\b", "the gate's host-bound rule (a setting)"),
+    (r"\b(?:lasting 8%|for 30%) of\b", "the injected slowdowns' example settings"),
 )
 _ALLOWED = [re.compile(pattern) for pattern, _ in ALLOWED]
 

@@ -62,18 +62,21 @@ class Rule:
                 and tokens >= self.min_tokens)
 
 
-# Measured on one H100 80GB HBM3 (torch 2.11, Triton 3.6), bf16, causal, forward+backward,
-# five do_bench rounds taken in turn (issue 43's table; re-measure and print the table this
-# should hold with `python studies/attention_dispatch/study.py`). The Gluon backward beat
-# the two passes at 1 x 16 x 16384 (d 64: 4.46 against 5.01 ms; d 128: 7.61 against 8.99)
-# and at 4 x 16 x 4096 x 128 (2.43 against 2.71), and tied at 4 x 16 x 4096 x 64 (1.46
-# against 1.45). Below that its eager launches from Python cost more than the kernels
-# (0.8 to 1.4 ms of host time at 8 x 16 x 1024, 16 x 1 x 4096, 16 x 1 x 2048). No row
-# names a shape that was not measured: everything else runs DEFAULT.
+# Measured on one H200 (sm_90, as the H100; torch 2.11, Triton 3.6), bf16, causal,
+# forward+backward, five do_bench rounds taken in turn per shape, by
+# `PYTHONPATH=src python studies/attention_dispatch/study.py` (its run is saved as
+# studies/attention_dispatch/runs/2026-11-27_h200.json). A pair wins a shape where its median
+# per-round ratio to the default is below 0.98. The ordered Gluon backward won at seq 16384
+# for d = 64 (from 32768 tokens) and d = 96, and for d = 128 from seq 2048 once the GPU is
+# filled (262144 tokens: 0.92 to 0.84 of the two passes); below those its launches from
+# Python cost more than its kernels save. No pair beat the default at d = 80. Every other
+# shape runs DEFAULT.
 TABLE: tuple[Rule, ...] = (
-    Rule(HOPPER, torch.bfloat16, 128, min_seq=4096, min_tokens=64 * 4096,
-         kernels=Kernels(GLUON, GLUON_ORDERED)),
-    Rule(HOPPER, torch.bfloat16, 64, min_seq=16384, min_tokens=16 * 16384,
+    Rule(HOPPER, torch.bfloat16, 64, min_seq=16384, min_tokens=32768,
+         kernels=Kernels(TRITON, GLUON_ORDERED)),
+    Rule(HOPPER, torch.bfloat16, 96, min_seq=16384, min_tokens=262144,
+         kernels=Kernels(TRITON, GLUON_ORDERED)),
+    Rule(HOPPER, torch.bfloat16, 128, min_seq=2048, min_tokens=262144,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
 )
 
