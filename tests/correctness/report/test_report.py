@@ -10,7 +10,7 @@ import pytest
 from smoke_runs import save_smoke_runs
 
 from systems.report.cli import main
-from systems.report.compare import change_label, compare_runs
+from systems.report.compare import compare_runs
 from systems.report.plots import allreduce_bandwidth, ddp_variants
 from systems.report.tables import (
     attention_table,
@@ -22,6 +22,8 @@ from systems.report.tables import (
     warmup_study_table,
 )
 from systems.runs import keys
+from systems.runs.baseline import run_timings
+from systems.runs.gate import FLOOR, compare, regressions
 from systems.runs.history import Result, latest_results, load_run, load_runs
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -102,26 +104,42 @@ def test_latest_command_names_the_run_file(smoke_runs, capsys) -> None:
     assert "_second.json" in capsys.readouterr().out
 
 
-def test_compare_highlights_a_slowdown(smoke_runs, tmp_path, capsys) -> None:
+def _as_gpu_run(run: dict) -> dict:
+    """A copy of a CPU smoke run whose rounds read as device-timed GPU work, so that the
+    gate's judgement (which leaves host-bound CPU rounds unjudged) applies to it."""
+    run = copy.deepcopy(run)
+    for bench in run["benchmarks"]:
+        bench["extra_info"].update({keys.TIMING: "device", keys.TORCH_DEVICE: "cuda"})
+        bench["stats"]["iqr"] = bench["stats"]["median"] * 0.01
+    return run
+
+
+def test_compare_judges_as_the_gate_does(smoke_runs, tmp_path, capsys) -> None:
     first = sorted(smoke_runs.rglob("*.json"))[0]
-    slower = json.loads(first.read_text())
+    base = _as_gpu_run(json.loads(first.read_text()))
+    slower = copy.deepcopy(base)
     changed = slower["benchmarks"][0]
-    changed["stats"]["mean"] *= 3  # a fixture: the same run with one benchmark made slower
-    changed["stats"]["stddev"] = 0.0
-    path = tmp_path / "0009_slower.json"
-    path.write_text(json.dumps(slower))
-    text = compare_runs(load_run(first), load_run(path))
+    changed["stats"]["median"] *= 3  # a fixture: the same run with one benchmark made slower
+    paths = []
+    for name, run in (("0008_base.json", base), ("0009_slower.json", slower)):
+        paths.append(tmp_path / name)
+        paths[-1].write_text(json.dumps(run))
+    old, new = (load_run(p) for p in paths)
+    text = compare_runs(old, new)
     row = next(line for line in text.splitlines() if f"| {changed['name']} |" in line)
-    assert "**slower**" in row and "+200.0%" in row
+    assert "**slower**" in row and "+200.0%" in row and f"| {FLOOR:.1%} |" in row
+    assert text.count("**slower**") == 1 and text.count("| ok |") == len(base["benchmarks"]) - 1
+    gate = compare(run_timings(base), run_timings(slower))
+    assert [c.name for c in regressions(gate)] == [changed["fullname"]]  # one verdict
+    assert main(["compare", *map(str, paths)]) == 0 and "**slower**" in capsys.readouterr().out
+
+
+def test_compare_leaves_host_bound_cases_unjudged(smoke_runs) -> None:
+    first = sorted(smoke_runs.rglob("*.json"))[0]
+    text = compare_runs(load_run(first), load_run(first))
+    row = next(line for line in text.splitlines() if "tiny-ctx64-forward-" in line)
+    assert "not gated (host-bound: runs on the CPU)" in row
     assert row.endswith("| eager end-to-end (host included) |")  # what a round measured
-    assert text.count("**slower**") == 1
-    assert main(["compare", str(first), str(path)]) == 0 and "**slower**" in capsys.readouterr().out
-
-
-def test_change_label_ignores_noise() -> None:
-    assert change_label(1.0, 0.1, 1.15, 0.1) == "same"
-    assert change_label(1.0, 0.01, 1.2, 0.01) == "**slower**"
-    assert change_label(1.0, 0.01, 0.8, 0.01) == "**faster**"
 
 
 # -------------------------------------------- other suites' results, as synthetic fixtures
