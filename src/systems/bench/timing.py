@@ -1,5 +1,6 @@
-"""The one way this project times a step: the perf fixture (conftest.py), the CLI
-(`python -m systems.bench`), the step breakdown and the distributed step timer use it.
+"""The one way this project times a step: the perf fixture (`systems.bench.pytest_plugin`),
+the CLI (`python -m systems.bench`), the step breakdown and the data-parallel ranks
+(`StepTimer`) use it.
 
 What a round measures: wall time, what a caller of the step sees. A round runs
 host clock start -> `step()` -> device synchronize -> host clock end, so it holds the host's
@@ -20,8 +21,8 @@ only:
 - `device_time(fn)`: per-call CUDA-event times from `triton.testing.do_bench` (L2 cache
   flushed between calls), the one place that decides how kernels alone are timed;
 - marks (`systems.common.clock`, a layer below so that training code can use them): on
-  CUDA an event on the current stream, which the distributed step timer uses to split a
-  step into phases without stalling the host; elsewhere the host clock (wall time).
+  CUDA an event on the current stream, which `StepTimer` uses to split a step into phases
+  without stalling the host; elsewhere the host clock (wall time).
 Events span the device's timeline between two points of its queue: idle gaps where it
 waited on the host are inside, the host's work before the first kernel is not.
 
@@ -48,11 +49,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 
 import torch
 
 from systems.bench.cuda_graph import CapturedStep
-from systems.common.clock import DEVICE, WALL, synchronize
+from systems.common.clock import DEVICE, WALL, mark, seconds_between, synchronize
 
 
 @dataclass(frozen=True)
@@ -288,6 +290,36 @@ def interleaved_device_time(fns: Mapping[str, Callable[[], object]], *, rounds: 
             medians[name].append(device_time(fns[name], warmup_ms=warmup_ms,
                                              rep_ms=rep_ms).median)
     return medians
+
+
+class StepTimer:
+    """Phases of one step (a data-parallel rank's: backward, gradient sync, optimizer), by
+    marks. `mark(name)` closes the phase that began at the previous mark (or construction).
+
+    On CUDA the marks are events on the current stream, so they time the queued GPU work
+    without stalling the host; `intervals()` waits for the last one and reads them all.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._marks = [("start", mark(device))]
+
+    @property
+    def kind(self) -> str:
+        """The timing core's DEVICE (CUDA events) or WALL (host clocks)."""
+        return self._marks[0][1].kind
+
+    def mark(self, name: str) -> None:
+        self._marks.append((name, mark(self.device)))
+
+    def intervals(self) -> dict[str, float]:
+        """Seconds of each phase, plus 'total' from construction to the last mark."""
+        if len(self._marks) < 2:
+            raise ValueError("StepTimer.intervals() needs at least one mark(name) first")
+        result = {name: seconds_between(prev, here)
+                  for (_, prev), (name, here) in pairwise(self._marks)}
+        result["total"] = seconds_between(self._marks[0][1], self._marks[-1][1])
+        return result
 
 
 # Test-only switches (RoundTimer's host_slowdown and device_work): prove that the gate

@@ -12,13 +12,15 @@ from systems.accounting import attention_flops
 from systems.bench.cuda_graph import CapturedStep
 from systems.common.nvtx import nvtx_range
 from systems.model import ModelConfig, TransformerLM, cross_entropy
-from systems.optim import AdamW, MixedPrecisionAdamW, OptimizerName, OverlappedUpdates
+from systems.optim import OptimizerName, OverlappedUpdates, build_optimizer
 from systems.optim.names import optimizer_name
 
 MODES = ("forward", "forward_backward", "train_step")
 COMPILE_SCOPES = ("model", "blocks")
-# The optimizers a single-process step can build.
+# The optimizers a single-process step can build; the sharded ones need a data-parallel
+# `wrap` (their state is split over the ranks).
 STEP_OPTIMIZERS = (OptimizerName.ADAMW, OptimizerName.TORCH_ADAMW, OptimizerName.MIXED_PRECISION)
+SHARDED_OPTIMIZERS = (OptimizerName.SHARDED, OptimizerName.TORCH_ZERO)
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 # Backward costs two forwards (grads w.r.t. activations and weights); AdamW is negligible.
 # Ordinary steps before a step is captured (`StepOptions.cuda_graph`): compiled graphs and
@@ -70,7 +72,8 @@ class StepOptions:
     (`torch.optim.AdamW`, fused on CUDA, foreach elsewhere) or "mixed_precision"
     (`systems.optim.MixedPrecisionAdamW`:
     the parameters become copies in the step's precision over fp32 masters, so autocast
-    casts nothing). fused_loss: LM head and cross-entropy in token
+    casts nothing); with a data-parallel `wrap` also "sharded" or "torch_zero". fused_loss: LM
+    head and cross-entropy in token
     chunks (`systems.model.loss`). checkpoint_every, checkpoint_blocks: see `TransformerLM`.
     cuda_graph: after `CUDA_GRAPH_WARMUP` ordinary steps, capture one step in a CUDA graph
     and replay it from then on (`systems.bench.cuda_graph.CapturedStep`); CUDA only, with an
@@ -95,7 +98,8 @@ class StepOptions:
     def __post_init__(self) -> None:
         check_choice("compile scope", self.compile_scope, COMPILE_SCOPES)
         # frozen: the validated name replaces the string it was given
-        object.__setattr__(self, "optimizer", optimizer_name(self.optimizer, STEP_OPTIMIZERS))
+        object.__setattr__(self, "optimizer",
+                           optimizer_name(self.optimizer, STEP_OPTIMIZERS + SHARDED_OPTIMIZERS))
         if isinstance(self.lr, bool) or not isinstance(self.lr, int | float) or self.lr <= 0:
             raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
         if self.cuda_graph and self.compile_mode == "reduce-overhead":
@@ -111,7 +115,10 @@ class ModelWorkload:
     """A model, a random batch and one step of the chosen mode, ready to be timed.
 
     `step()` queues the work and returns without synchronising (the loss tensor where there
-    is one); timers synchronise.
+    is one); timers synchronise. `phases` are the step's parts in order, for a timer that
+    marks between them ("backward", "sync" and "optimizer" for a train step; "sync" waits
+    for a data-parallel wrapper's gradients and is empty without one); they are the step
+    itself, so they cannot be run apart from a step replayed from a CUDA graph.
     """
 
     config: ModelConfig
@@ -125,6 +132,8 @@ class ModelWorkload:
     options: StepOptions
     model: torch.nn.Module = field(repr=False)
     step: Callable[[], torch.Tensor | None] = field(repr=False)
+    phases: tuple[tuple[str, Callable[[], object]], ...] = field(repr=False)
+    optimizer: torch.optim.Optimizer | None = field(repr=False)
     inputs: torch.Tensor = field(repr=False)
     targets: torch.Tensor = field(repr=False)
 
@@ -172,8 +181,14 @@ def build_model_workload(
     device: torch.device | str = "cpu",
     seed: int = 0,
     options: StepOptions = StepOptions(),  # noqa: B008 - frozen, so sharing it is safe
+    wrap: Callable[[TransformerLM], torch.nn.Module] | None = None,
 ) -> ModelWorkload:
-    """Initialise a model with random weights and a random batch for one kind of step."""
+    """Initialise a model with random weights and a random batch for one kind of step.
+
+    `wrap` puts the model in a data-parallel wrapper (`systems.distributed`) before it is
+    compiled and its optimizer built; the step then waits for its gradients before the
+    update. Every step this project times, single-process or data-parallel, is built here.
+    """
     check_choice("mode", mode, MODES)
     check_choice("precision", precision, PRECISIONS)
     if batch_size < 1:
@@ -186,6 +201,9 @@ def build_model_workload(
     if options.cuda_graph and mode == "train_step" and options.optimizer == OptimizerName.ADAMW:
         raise ValueError("cuda_graph needs an optimizer that counts steps on the GPU: "
                          "optimizer='mixed_precision' or 'torch_adamw'")
+    if options.optimizer in SHARDED_OPTIMIZERS and wrap is None:
+        raise ValueError(f"optimizer {options.optimizer.value!r} shards its state over "
+                         "data-parallel ranks: it needs a data-parallel wrap")
     if options.cuda_graph and device.type != "cuda":
         raise ValueError(f"cuda_graph needs a CUDA device, got {device} (turn it off with "
                          "cuda_graph=False)")
@@ -202,7 +220,8 @@ def build_model_workload(
         raise ValueError("overlap_optimizer with compiled=True needs compile_scope='blocks': "
                          "a model compiled whole produces every gradient when its single "
                          "backward graph ends, so nothing would overlap")
-    run_model = _compile(model, options) if compiled else model
+    trained = model if wrap is None else wrap(model)
+    run_model = _compile(model, trained, options) if compiled else trained
     autocast = autocast_context(device, precision)
 
     def forward() -> None:
@@ -210,7 +229,7 @@ def build_model_workload(
             run_model(inputs)
 
     def forward_backward() -> torch.Tensor:
-        model.zero_grad(set_to_none=True)
+        trained.zero_grad(set_to_none=True)
         with nvtx_range("forward"), autocast:
             loss = (run_model(inputs, targets) if options.fused_loss
                     else cross_entropy(run_model(inputs), targets))
@@ -218,38 +237,57 @@ def build_model_workload(
             loss.backward()
         return loss
 
-    optimizer = (_optimizer(model, options, precision, device)
-                 if mode == "train_step" else None)
-    if optimizer is not None and options.overlap_optimizer:
-        optimizer = OverlappedUpdates(optimizer, update_buckets(model))
+    optimizer = None
+    if mode == "train_step":
+        optimizer = build_optimizer(
+            options.optimizer, [p for p in trained.parameters() if p.requires_grad],
+            lr=options.lr, device=device, compute_dtype=PRECISIONS[precision] or torch.float32,
+            cuda_graph=options.cuda_graph)
+        if options.overlap_optimizer:
+            optimizer = OverlappedUpdates(optimizer, update_buckets(model))
+    # Bucketed and flat DDP and FSDP finish their communication here; the others need not.
+    synchronize_gradients = getattr(trained, "finish_gradient_synchronization", lambda: None)
+
+    def optimizer_step() -> None:
+        with nvtx_range("optimizer_step"):
+            optimizer.step()
 
     def train_step() -> torch.Tensor:
         loss = forward_backward()
-        with nvtx_range("optimizer_step"):
-            optimizer.step()
+        synchronize_gradients()
+        optimizer_step()
         return loss
 
-    step = {"forward": forward, "forward_backward": forward_backward,
-            "train_step": train_step}[mode]
+    step, phases = {
+        "forward": (forward, (("forward", forward),)),
+        "forward_backward": (forward_backward, (("backward", forward_backward),)),
+        "train_step": (train_step, (("backward", forward_backward),
+                                    ("sync", synchronize_gradients),
+                                    ("optimizer", optimizer_step))),
+    }[mode]
     if options.cuda_graph:
         step = CapturedStep(step, warmup=CUDA_GRAPH_WARMUP,
-                            before_capture=lambda: model.zero_grad(set_to_none=True))
+                            before_capture=lambda: trained.zero_grad(set_to_none=True))
     return ModelWorkload(
         config=config, batch_size=batch_size, seq_len=seq_len, mode=mode,
         precision=precision, compiled=compiled, attention=attention, device=device,
-        options=options, model=model, step=step, inputs=inputs, targets=targets,
+        options=options, model=model, step=step, phases=phases, optimizer=optimizer,
+        inputs=inputs, targets=targets,
     )
 
 
-def _compile(model: TransformerLM, options: StepOptions) -> torch.nn.Module:
+def _compile(model: TransformerLM, trained: torch.nn.Module,
+             options: StepOptions) -> torch.nn.Module:
+    """What the step calls: `trained` (the model, or its wrapper) compiled whole, or with
+    each of the model's blocks compiled in place."""
     # Start from empty compile caches: an earlier model's graphs would otherwise count
     # against the recompile limit and make this model's cold start look cheaper.
     torch._dynamo.reset()
     if options.compile_scope == "model":
-        return torch.compile(model, mode=options.compile_mode)
+        return torch.compile(trained, mode=options.compile_mode)
     for block in model.layers:
         block.compile(mode=options.compile_mode)
-    return model
+    return trained
 
 
 def update_buckets(model: TransformerLM) -> list[list[torch.nn.Parameter]]:
@@ -258,23 +296,3 @@ def update_buckets(model: TransformerLM) -> list[list[torch.nn.Parameter]]:
     parts = [model.lm_head, model.ln_final, *reversed(model.layers), model.token_embeddings]
     return [list(part.parameters()) for part in parts]
 
-
-def _optimizer(model: torch.nn.Module, options: StepOptions, precision: str,
-               device: torch.device) -> torch.optim.Optimizer:
-    name = options.optimizer
-    if name == OptimizerName.ADAMW:
-        return AdamW(model.parameters(), lr=options.lr, weight_decay=0.01)
-    if name == OptimizerName.MIXED_PRECISION:
-        return MixedPrecisionAdamW(model.parameters(), lr=options.lr, weight_decay=0.01,
-                                   compute_dtype=PRECISIONS[precision] or torch.float32)
-    return torch.optim.AdamW(model.parameters(), lr=options.lr, weight_decay=0.01,
-                             **torch_adamw_settings(device, cuda_graph=options.cuda_graph))
-
-
-def torch_adamw_settings(device: torch.device, *, cuda_graph: bool) -> dict[str, bool]:
-    """Keyword arguments of `torch.optim.AdamW` for the "torch_adamw" optimizer: one fused kernel
-    over all parameters on CUDA (the multi-tensor path elsewhere), and step counts kept on
-    the device when the step is captured in a CUDA graph. The learning rate stays a float:
-    it is read at capture, and replays keep it, as they keep ours."""
-    fused = device.type == "cuda"
-    return {"fused": fused, "foreach": not fused, "capturable": cuda_graph}

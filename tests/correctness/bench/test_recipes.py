@@ -18,8 +18,9 @@ from systems.bench.checkpoint_fit import (
     step_peak,
 )
 from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe, runnable_on
-from systems.bench.workloads import CUDA_GRAPH_WARMUP, StepOptions, torch_adamw_settings
+from systems.bench.workloads import CUDA_GRAPH_WARMUP, StepOptions
 from systems.model import MODEL_CONFIGS, TransformerLM, cross_entropy
+from systems.optim.names import torch_adamw_settings
 from systems.profiling.memory import saved_tensor_bytes
 
 TINY = MODEL_CONFIGS["tiny"]
@@ -287,8 +288,9 @@ def test_recipe_overrides_and_errors() -> None:
         get_recipe("fastest")
     with pytest.raises(ValueError, match="unknown optimizer"):
         get_recipe("eager", optimizer="sgd")
-    with pytest.raises(ValueError, match="unknown optimizer 'sharded'"):  # data-parallel only
-        get_recipe("eager", optimizer="sharded")
+    with pytest.raises(ValueError, match="'sharded' shards its state over data-parallel"):
+        build_recipe_workload(TINY, get_recipe("eager", optimizer="sharded"), batch_size=1,
+                              seq_len=8)
     with pytest.raises(ValueError, match="'ours' is now called 'adamw'"):
         get_recipe("eager", optimizer="ours")
     for bad_lr in (0.0, -1e-3, "3e-3"):

@@ -14,11 +14,11 @@ import torch
 
 from systems.bench import timing
 from systems.bench.cuda_graph import CapturedStep
-from systems.bench.distributed.step_timer import StepTimer
 from systems.bench.timing import (
     DEVICE,
     WALL,
     RoundTimer,
+    StepTimer,
     TimingStats,
     busy_per_round,
     busy_seconds,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from systems.bench.distributed.step_timer import StepTimer
+from systems.bench.timing import StepTimer
 from systems.distributed.launch import worker_state
 
 

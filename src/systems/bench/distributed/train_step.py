@@ -1,13 +1,16 @@
 """Rank side of the data-parallel train-step benchmarks.
 
-`setup_train(spec)` builds one configuration (model, wrapper, optimizer, random batch) and
-keeps it in `worker_state`; each `train_round()` runs one timed step; `teardown_train()`
-frees it. The same functions serve the pytest perf cases (through a RankPool) and torchrun
-launches (see cli.py).
+`setup_train(spec)` builds one configuration (the model in its data-parallel wrapper, its
+optimizer and this rank's random batch) with the one step builder,
+`systems.bench.workloads.build_model_workload`, and keeps it in `worker_state`; each
+`train_round()` runs one step, timing its phases; `teardown_train()` frees it. The same
+functions serve the pytest perf cases (through a RankPool) and torchrun launches (see
+cli.py).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 from dataclasses import dataclass
 from typing import Any
@@ -16,12 +19,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from systems.bench.distributed.step_timer import StepTimer
+from systems.bench.timing import StepTimer
+from systems.bench.workloads import ModelWorkload, StepOptions, build_model_workload
 from systems.distributed.ddp import DDPBucketed, DDPIndividualParameters, FlatDDP, NaiveDDP
 from systems.distributed.fsdp import FSDP
 from systems.distributed.launch import worker_state
-from systems.model import TransformerLM, cross_entropy, get_config
-from systems.optim import AdamW, OptimizerName, ShardedOptimizer
+from systems.model import get_config
+from systems.optim import OptimizerName
 from systems.optim.names import optimizer_name
 
 VARIANTS = ("none", "torch_ddp", "naive", "flat", "individual", "bucketed", "fsdp",
@@ -75,16 +79,6 @@ def _wrap(spec: TrainSpec, model: nn.Module, device: torch.device) -> nn.Module:
     return wrappers[spec.variant](model)
 
 
-def _optimizer(spec: TrainSpec, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    if spec.optimizer == OptimizerName.SHARDED:
-        return ShardedOptimizer(params, AdamW, lr=spec.lr)
-    if spec.optimizer == OptimizerName.TORCH_ZERO:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        return ZeroRedundancyOptimizer(params, optimizer_class=AdamW, lr=spec.lr)
-    return AdamW(params, lr=spec.lr)
-
-
 def _memory(device: torch.device) -> int | None:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else None
 
@@ -93,16 +87,17 @@ def setup_train(spec: TrainSpec) -> dict[str, Any]:
     """Build the configuration on this rank; returns memory after initialisation."""
     device = worker_state["device"]
     teardown_train()
-    torch.manual_seed(0)
-    config = get_config(spec.size)
-    with device:
-        model = TransformerLM(config)
-    wrapped = _wrap(spec, model, device)
-    optimizer = _optimizer(spec, [p for p in wrapped.parameters() if p.requires_grad])
+    workload = build_model_workload(
+        get_config(spec.size), batch_size=spec.batch_per_rank, seq_len=spec.seq_len,
+        device=device, options=StepOptions(optimizer=spec.optimizer, lr=spec.lr),
+        wrap=functools.partial(_wrap, spec, device=device))
+    # Every rank starts from the same weights (the seed; the wrappers broadcast rank 0's)
+    # and trains on a batch of its own.
     generator = torch.Generator().manual_seed(1 + dist.get_rank())
-    tokens = torch.randint(config.vocab_size, (spec.batch_per_rank, spec.seq_len + 1),
+    tokens = torch.randint(workload.config.vocab_size, (spec.batch_per_rank, spec.seq_len + 1),
                            generator=generator).to(device)
-    worker_state["train"] = (spec, wrapped, optimizer, tokens)
+    workload.load_batch(tokens[:, :-1], tokens[:, 1:])
+    worker_state["train"] = workload
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -121,25 +116,21 @@ def _optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 def train_round() -> dict[str, Any]:
     """One timed train step: forward+backward, gradient synchronisation, optimizer step."""
     device = worker_state["device"]
-    spec, wrapped, optimizer, tokens = worker_state["train"]
+    workload: ModelWorkload = worker_state["train"]
     timer = StepTimer(device)
-    optimizer.zero_grad(set_to_none=True)
-    loss = cross_entropy(wrapped(tokens[:, :-1]), tokens[:, 1:])
-    loss.backward()
-    timer.mark("backward")
-    if hasattr(wrapped, "finish_gradient_synchronization"):
-        wrapped.finish_gradient_synchronization()
-    timer.mark("sync")
-    before_step = _memory(device)
-    optimizer.step()
-    timer.mark("optimizer")
+    before_step = None
+    for name, phase in workload.phases:
+        if name == "optimizer":
+            before_step = _memory(device)
+        phase()
+        timer.mark(name)
     times = timer.intervals()
     return {
         "step_s": times["total"], "sync_s": times["sync"],
         "memory_before_step": before_step, "memory_after_step": _memory(device),
         "peak_memory": (torch.cuda.max_memory_allocated(device)
                         if device.type == "cuda" else None),
-        "optimizer_state_bytes": _optimizer_state_bytes(optimizer),
+        "optimizer_state_bytes": _optimizer_state_bytes(workload.optimizer),
     }
 
 
