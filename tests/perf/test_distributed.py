@@ -2,10 +2,12 @@
 
 Ranks are long-lived worker processes (a RankPool per world size and backend). Each
 benchmark round sends one command to every rank and waits for all of them: one round is
-one synchronised distributed operation, so pytest-benchmark's own timer measures real
+one synchronised distributed operation, timed by the timing core (`synced_benchmark`) as
+every perf case is, on the host (the parent owns no device: the ranks do), so it is real
 wall time of real work (plus about a millisecond of inter-process messaging). Each rank
 also times its part with CUDA events (host clocks on CPU); extra_info holds the max over
-ranks of those per-rank times, the number a distributed step is gated by.
+ranks of those per-rank times. How a variant compares with training alone ("none") is
+read from the saved run by the report, so no case depends on another having run first.
 
 Profiles: `smoke` is CPU/gloo with a tiny model (world size 2; all-reduce at 1 MB, world
 sizes 2, 4 and 6); `quick` and `full` use every visible GPU for the train steps (run with
@@ -19,6 +21,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 import pytest
+import torch
 
 from systems.bench.distributed.allreduce import bandwidths, timed_allreduces
 from systems.bench.distributed.train_step import (
@@ -28,7 +31,6 @@ from systems.bench.distributed.train_step import (
     train_round,
 )
 from systems.bench.metrics import is_out_of_memory
-from systems.common.clock import WALL
 from systems.common.hardware import gpu_count
 from systems.distributed import RankError, RankPool
 from systems.runs import keys
@@ -129,29 +131,39 @@ def pools():
         pool.close()
 
 
-def _run_rounds(benchmark, pool: RankPool, fn, *args, warmup: int, rounds: int) -> list:
-    """benchmark.pedantic over rounds of `fn` on all ranks; the timed rounds' results."""
+@pytest.fixture
+def device() -> torch.device:
+    """The parent's rounds wait on the ranks, which own the GPUs: it times them on the host
+    and never opens a CUDA context of its own."""
+    return torch.device("cpu")
+
+
+def _run_rounds(synced_benchmark, pool: RankPool, fn, *args, warmup: int,
+                rounds: int) -> list:
+    """Timed rounds of `fn` on all ranks (the shared timing core); their results."""
     results: list = []
-    benchmark.pedantic(lambda: results.append(pool.run(fn, *args)), warmup_rounds=warmup,
-                       rounds=rounds, iterations=1)
-    # A round is the host's clock around the ranks' work and the messaging to them; with
-    # gloo the work itself runs on the CPU.
-    benchmark.extra_info.update({keys.TIMING: WALL,
-                                 keys.TORCH_DEVICE: "cpu" if pool.backend == "gloo" else "cuda"})
+    synced_benchmark(lambda: results.append(pool.run(fn, *args)), warmup=warmup,
+                     rounds=rounds, precision="fp32")
+    extra = synced_benchmark.benchmark.extra_info
+    # With gloo the ranks' work runs on the CPU, with nccl on the GPUs. The parent's step
+    # returns only once the ranks are done, so its enqueue time is the whole round and says
+    # nothing about how much of it was the host's: none is recorded.
+    extra.update({keys.TORCH_DEVICE: "cpu" if pool.backend == "gloo" else "cuda",
+                  keys.HOST_ENQUEUE_S: None})
     return results[-rounds:]  # with --benchmark-disable it ran once, untimed
 
 
 @pytest.mark.benchmark(group="allreduce")
-def test_allreduce(perf_case: AllReduceCase, benchmark, pools):
+def test_allreduce(perf_case: AllReduceCase, synced_benchmark, pools):
     pool = pools(perf_case.world_size, perf_case.backend)
     size = perf_case.size_mb * MB
-    per_round = _run_rounds(benchmark, pool, timed_allreduces, size, perf_case.iterations,
+    per_round = _run_rounds(synced_benchmark, pool, timed_allreduces, size, perf_case.iterations,
                             warmup=1, rounds=perf_case.rounds)
     # Each all-reduce takes as long as its slowest rank; the median over all of them.
     slowest = [max(ranks[r][i] for r in range(perf_case.world_size))
                for ranks in per_round for i in range(perf_case.iterations)]
     seconds = statistics.median(slowest)
-    benchmark.extra_info.update(
+    synced_benchmark.benchmark.extra_info.update(
         asdict(perf_case), implementation=f"torch.distributed.all_reduce ({perf_case.backend})",
         dtype="float32", size_bytes=size, allreduce_s_median_max_over_ranks=seconds,
         allreduce_s_min=min(slowest), **bandwidths(size, seconds, perf_case.world_size),
@@ -160,20 +172,17 @@ def test_allreduce(perf_case: AllReduceCase, benchmark, pools):
     assert seconds > 0
 
 
-_NO_COMM_STEP: dict[tuple[str, int], float] = {}  # baseline per model size and world size
-
-
 def _max_over_ranks(rounds: list[list[dict]], key: str) -> list[float]:
     return [max(rank[key] for rank in ranks) for ranks in rounds]
 
 
 @pytest.mark.benchmark(group="ddp-train-step")
-def test_train_step(perf_case: TrainCase, benchmark, pools):
+def test_train_step(perf_case: TrainCase, synced_benchmark, pools):
     spec = perf_case.spec
     pool = pools(perf_case.world_size, perf_case.backend)
     try:
         init = pool.run(setup_train, spec)
-        rounds = _run_rounds(benchmark, pool, train_round, warmup=perf_case.warmup,
+        rounds = _run_rounds(synced_benchmark, pool, train_round, warmup=perf_case.warmup,
                              rounds=perf_case.rounds)
         pool.run(teardown_train)
     except RankError as error:
@@ -183,10 +192,6 @@ def test_train_step(perf_case: TrainCase, benchmark, pools):
     step = statistics.median(_max_over_ranks(rounds, "step_s"))
     sync = statistics.median(_max_over_ranks(rounds, "sync_s"))
     last = rounds[-1]
-    key = (spec.size, perf_case.world_size)
-    if spec.variant == "none":
-        _NO_COMM_STEP[key] = step
-    baseline = _NO_COMM_STEP.get(key)
     info = {
         **asdict(spec), "world_size": perf_case.world_size, "backend": perf_case.backend,
         "precision": "fp32", "implementation": spec.variant,
@@ -195,15 +200,13 @@ def test_train_step(perf_case: TrainCase, benchmark, pools):
         # Time from the end of backward until every gradient is synchronised: the
         # communication left exposed (torch DDP waits inside backward, so ~0 there).
         "sync_wait_s": sync, "sync_wait_fraction": sync / step,
-        "no_comm_step_s": baseline,
-        "overhead_vs_no_comm": None if baseline is None else step / baseline - 1,
         "memory_after_init_bytes": max(r["memory_after_init"] or 0 for r in init) or None,
         "peak_memory_bytes": max(r["peak_memory"] or 0 for r in last) or None,
         "memory_before_step_bytes": max(r["memory_before_step"] or 0 for r in last) or None,
         "memory_after_step_bytes": max(r["memory_after_step"] or 0 for r in last) or None,
         "optimizer_state_bytes_per_rank": [r["optimizer_state_bytes"] for r in last],
     }
-    benchmark.extra_info.update(info)
+    synced_benchmark.benchmark.extra_info.update(info)
     assert step > 0
     assert all(r["optimizer_state_bytes"] > 0 for r in last)
 

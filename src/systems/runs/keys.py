@@ -53,6 +53,8 @@ ALGBW = "algbw_gbps"
 BUSBW = "busbw_gbps"
 STEP_S = "step_s_median_max_over_ranks"
 ALLREDUCE_S = "allreduce_s_median_max_over_ranks"
+BATCH_PER_RANK = "batch_per_rank"
+# Saved by runs before the report derived it from the same run's "none" case.
 OVERHEAD_VS_NO_COMM = "overhead_vs_no_comm"
 SYNC_WAIT_FRACTION = "sync_wait_fraction"
 

@@ -188,16 +188,19 @@ def test_attention_tables_pair_implementations_and_plot(tmp_path) -> None:
 def test_distributed_sections_render_only_with_data(tmp_path) -> None:
     assert ddp_variants([], tmp_path / "d.png") is None
     assert allreduce_bandwidth([], tmp_path / "b.png") is None
-    ddp = [_result("naive", 0.5, variant="naive", world_size=2,
-                   **{keys.STEP_S: 0.45, keys.OVERHEAD_VS_NO_COMM: 0.125}),
+    ddp = [_result("none", 0.5, variant="none", world_size=2, **{keys.STEP_S: 0.4}),
+           _result("naive", 0.5, variant="naive", world_size=2, **{keys.STEP_S: 0.45}),
+           _result("saved", 0.5, variant="flat", world_size=4,  # no "none" at world size 4
+                   **{keys.STEP_S: 0.45, keys.OVERHEAD_VS_NO_COMM: 0.25}),
            *(_result(f"bucketed{mb}", 0.4 + mb / 1e4, variant="bucketed", world_size=2,
                      **{keys.BUCKET_SIZE_MB: mb, keys.STEP_S: 0.4}) for mb in (1, 10, 100))]
     collectives = [_result(f"ar{s}", 1e-5 + s / 100e9, backend="nccl", world_size=2,
                            size_bytes=s, **{keys.ALGBW: s / (1e-5 + s / 100e9) / 1e9})
                    for s in (10**4, 10**6, 10**8)]
     table = ddp_table(ddp)
-    assert len(table.splitlines()) == 6
-    assert "| naive | - | 2 | - | 450.0 | +12.5% |" in table
+    assert len(table.splitlines()) == 8
+    assert "| naive | - | 2 | - | 450.0 | +12.5% |" in table  # against "none" of its run
+    assert "| flat | - | 4 | - | 450.0 | +25.0% |" in table  # as an older run saved it
     assert "| nccl | 2 |" in collective_table(collectives)
     assert ddp_variants(ddp, tmp_path / "d.png").read_bytes()[:8] == PNG
     assert allreduce_bandwidth(collectives, tmp_path / "b.png").read_bytes()[:8] == PNG
