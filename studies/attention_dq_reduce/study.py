@@ -22,35 +22,39 @@ Usage: PYTHONPATH=src python -m studies.attention_dq_reduce.study --out DIR --co
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import astuple
-from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 import triton.testing
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from studies.harness import (
+    GRADS,
+    attempt,
+    bench_ms,
+    cudnn_row,
+    errors,
+    first_line,
+    max_abs,
+    reference_grads,
+    run_study,
+)
 from systems.attention.flash_triton import launch, tune
 from systems.attention.flash_triton.kernels import (
     LOG2E,
-    _load_rows,
-    _matrix,
-    _next_tile,
-    _program_tile,
-    _query_row_stats,
-    _query_stages,
-    _sees,
-    _store_rows,
+    load_rows,
+    matrix_base,
+    next_tile,
+    program_tile,
+    query_row_stats,
+    query_stages,
+    sees,
+    store_rows,
 )
-from systems.kernel_runtime.interpreter import INTERPRETED
 from systems.kernel_runtime.triton_build import HOPPER_SHARED_BYTES, build_for_hopper
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) of the variant, by head dim.
@@ -60,7 +64,6 @@ CONFIGS: dict[int, list[tuple[int, int, int, int]]] = {
     128: [(64, 128, 8, 3), (32, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3), (32, 64, 4, 3),
           (16, 128, 4, 3)],
 }
-GRADS = ("dq", "dk", "dv")
 
 
 @triton.jit
@@ -70,13 +73,13 @@ def _fused_stage(dk, dv, k, v, q_tiles, do_tiles, dq_tiles, L, Delta, b, h, keys
     # `_dkdv_stage` for half precision without a split, plus each query tile's dQ share.
     for q_start in range(lo, hi, BLOCK_M):
         rows = q_start + offs_m
-        q = _next_tile(q_tiles, b, h, q_start, 0, BLOCK_M, HEAD_DIM)
-        do = _next_tile(do_tiles, b, h, q_start, 0, BLOCK_M, HEAD_DIM)
-        lse2, delta = _query_row_stats(L, Delta, rows, n_q, CHECK_ROWS)
+        q = next_tile(q_tiles, b, h, q_start, 0, BLOCK_M, HEAD_DIM)
+        do = next_tile(do_tiles, b, h, q_start, 0, BLOCK_M, HEAD_DIM)
+        lse2, delta = query_row_stats(L, Delta, rows, n_q, CHECK_ROWS)
         s_t = tl.dot(k, tl.trans(q))
         p_t = tl.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
-            p_t = tl.where(_sees(rows[None, :], keys[:, None]), p_t, 0.0)
+            p_t = tl.where(sees(rows[None, :], keys[:, None]), p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         dp_t = tl.dot(v, tl.trans(do))
         ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
@@ -96,26 +99,26 @@ def fused_backward_kernel(
     """Grid (BH, key tiles). dV = P^T dO and dK = scale * dS^T Q as in
     `flash_backward_dkdv_kernel`, and dS K added into dq_tiles (fp32, unscaled). K, V, dK
     and dV share strides."""
-    bh, b, h, k_start, keys, cols_d = _program_tile(n_heads, BLOCK_N, HEAD_DIM, False)
+    bh, b, h, k_start, keys, cols_d = program_tile(n_heads, BLOCK_N, HEAD_DIM, False)
     qk_scale = SM_SCALE * LOG2E
-    k = _load_rows(_matrix(K, b, h, stride_b, stride_h), keys, cols_d, n_k, stride_s, HEAD_DIM)
-    v = _load_rows(_matrix(V, b, h, stride_b, stride_h), keys, cols_d, n_k, stride_s, HEAD_DIM)
+    k = load_rows(matrix_base(K, b, h, stride_b, stride_h), keys, cols_d, n_k, stride_s, HEAD_DIM)
+    v = load_rows(matrix_base(V, b, h, stride_b, stride_h), keys, cols_d, n_k, stride_s, HEAD_DIM)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     L += bh.to(tl.int64) * n_q
     Delta += bh.to(tl.int64) * n_q
 
     offs_m = tl.arange(0, BLOCK_M)
-    start, full_start = _query_stages(k_start, n_q, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    start, full_start = query_stages(k_start, n_q, BLOCK_M, BLOCK_N, IS_CAUSAL)
     dk, dv = _fused_stage(dk, dv, k, v, q_tiles, do_tiles, dq_tiles, L, Delta, b, h, keys,
                           offs_m, n_q, qk_scale, start, full_start, HEAD_DIM, BLOCK_M,
                           CHECK_Q_ROWS, True)
     dk, dv = _fused_stage(dk, dv, k, v, q_tiles, do_tiles, dq_tiles, L, Delta, b, h, keys,
                           offs_m, n_q, qk_scale, full_start, n_q, HEAD_DIM, BLOCK_M,
                           CHECK_Q_ROWS, False)
-    _store_rows(_matrix(dK, b, h, stride_b, stride_h), dk * SM_SCALE, keys, cols_d, n_k,
+    store_rows(matrix_base(dK, b, h, stride_b, stride_h), dk * SM_SCALE, keys, cols_d, n_k,
                 stride_s, HEAD_DIM)
-    _store_rows(_matrix(dV, b, h, stride_b, stride_h), dv, keys, cols_d, n_k, stride_s,
+    store_rows(matrix_base(dV, b, h, stride_b, stride_h), dv, keys, cols_d, n_k, stride_s,
                 HEAD_DIM)
 
 
@@ -170,77 +173,9 @@ def build_only(emit: Callable[[dict[str, object]], None]) -> None:
                                              num_warps=warps, num_stages=stages)
                     built["fits"] = built["shared_bytes"] <= HOPPER_SHARED_BYTES
                 except Exception as error:  # recorded per config
-                    built = {"error": f"{type(error).__name__}: {_first_line(error)}"}
+                    built = {"error": f"{type(error).__name__}: {first_line(error)}"}
                 row[label] = built
             emit(row)
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return (lines[0] if lines else "")[:200]
-
-
-def reference_grads(inputs: dict[str, torch.Tensor], is_causal: bool) -> list[torch.Tensor]:
-    """fp32 (dq, dk, dv): SDPA math on upcast inputs with autograd, one matrix at a time."""
-    q = inputs["q"]
-    grads = [torch.empty(q.shape, dtype=torch.float32, device=q.device) for _ in GRADS]
-    with sdpa_kernel(SDPBackend.MATH):
-        for i in range(q.shape[0]):
-            q1, k1, v1 = (inputs[name][i][None, None].float().requires_grad_()
-                          for name in "qkv")
-            out = F.scaled_dot_product_attention(q1, k1, v1, is_causal=is_causal)
-            matrix = torch.autograd.grad(out, (q1, k1, v1), inputs["do"][i][None, None].float())
-            for whole, part in zip(grads, matrix, strict=True):
-                whole[i] = part[0, 0]
-    return grads
-
-
-def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.float() - b.float()).abs().max().item()
-
-
-def _errors(grads: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], label: str
-            ) -> dict[str, float]:
-    """Max abs difference of each gradient from `expected`'s, keyed <grad>_<label>."""
-    return {f"{name}_{label}": _max_abs(g, e)
-            for name, g, e in zip(GRADS, grads, expected, strict=True)}
-
-
-def _bench(fn: Callable[[], object]) -> float:
-    return triton.testing.do_bench(fn, return_mode="median")
-
-
-def attempt(row: dict[str, object], work: Callable[[], dict[str, object]]) -> dict[str, object]:
-    """row with work()'s fields, or with the error that stopped it."""
-    try:
-        return row | work()
-    except Exception as error:  # recorded per row
-        return row | {"error": f"{type(error).__name__}: {_first_line(error)}"}
-
-
-def cudnn_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
-              expected: list[torch.Tensor]) -> dict[str, object]:
-    """cuDNN's errors against `expected`, how far two of its backward's dQs differ, and its
-    forward and backward times, causal, on (batch, 1, seq, d) views; its backward is the
-    one its forward picked."""
-    batch, seq, head_dim = q.shape
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        qc, kc, vc = (t.view(batch, 1, seq, head_dim).detach().requires_grad_()
-                      for t in (q, k, v))
-        doc = do.view(batch, 1, seq, head_dim)
-        out = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True)
-        grads = torch.autograd.grad(out, (qc, kc, vc), doc, retain_graph=True)
-        found: dict[str, object] = _errors([g.view(q.shape) for g in grads], expected, "vs_ref")
-        # Whether cuDNN's own backward adds dQ in a fixed order: a second call's dQ.
-        again = torch.autograd.grad(out, (qc, kc, vc), doc, retain_graph=True)
-        found["dq_run_to_run"] = _max_abs(grads[0], again[0])
-        del grads, again
-        found["forward_ms"] = _bench(
-            lambda: F.scaled_dot_product_attention(qc, kc, vc, is_causal=True))
-        found["backward_ms"] = _bench(
-            lambda: torch.autograd.grad(out, (qc, kc, vc), doc, retain_graph=True))
-    found["total_ms"] = found["forward_ms"] + found["backward_ms"]
-    return found
 
 
 def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, object]], None]
@@ -252,9 +187,9 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
     base = {"batch": batch, "seq": seq, "head_dim": head_dim, "dtype": "bf16",
             "causal": is_causal}
     expected = reference_grads(inputs, is_causal)
-    emit({**base, "kind": "reference", **{f"{name}_max_abs": g.abs().max().item()
+    emit({**base, "kind": "reference", **{f"{name}max_abs": g.abs().max().item()
                                           for name, g in zip(GRADS, expected, strict=True)},
-          "delta_torch_vs_kernel": _max_abs((o.float() * do.float()).sum(-1),
+          "delta_torch_vs_kernel": max_abs((o.float() * do.float()).sum(-1),
                                             inputs["delta"])})
 
     config = launch.default_config(head_dim, dtype)
@@ -265,10 +200,10 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
                                           config.backward_dkdv))
 
     ours = two_pass()
-    forward_ms = _bench(lambda: launch.flash_forward(q, k, v, is_causal))
-    backward_ms = _bench(two_pass)
+    forward_ms = bench_ms(lambda: launch.flash_forward(q, k, v, is_causal))
+    backward_ms = bench_ms(two_pass)
     emit({**base, "kind": "two_pass", "dq_config": astuple(config.backward_dq),
-          "dkdv_config": astuple(config.backward_dkdv), **_errors(ours, expected, "vs_ref"),
+          "dkdv_config": astuple(config.backward_dkdv), **errors(ours, expected, "vs_ref"),
           "forward_ms": forward_ms, "backward_ms": backward_ms,
           "total_ms": forward_ms + backward_ms})
 
@@ -279,16 +214,16 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
         try:
             first = fused_backward(q, k, v, o, lse, do, is_causal, tiles)
             second = fused_backward(q, k, v, o, lse, do, is_causal, tiles)
-            row |= _errors(first, expected, "vs_ref") | _errors(first, ours, "vs_two_pass")
-            row |= {f"{name}_run_to_run": _max_abs(a, b)
+            row |= errors(first, expected, "vs_ref") | errors(first, ours, "vs_two_pass")
+            row |= {f"{name}_run_to_run": max_abs(a, b)
                     for name, a, b in zip(GRADS, first, second, strict=True)}
             del first, second
-            row["backward_ms"] = _bench(lambda t=tiles: fused_backward(q, k, v, o, lse, do,
+            row["backward_ms"] = bench_ms(lambda t=tiles: fused_backward(q, k, v, o, lse, do,
                                                                        is_causal, t))
             row["total_ms"] = forward_ms + row["backward_ms"]
             row["backward_vs_two_pass"] = row["backward_ms"] / backward_ms
         except Exception as error:  # recorded per config
-            row["error"] = f"{type(error).__name__}: {_first_line(error)}"
+            row["error"] = f"{type(error).__name__}: {first_line(error)}"
         fused.append(row)
         emit(row)
 
@@ -301,61 +236,6 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
           best.get("backward_ms"), "cudnn_backward_ms": cudnn.get("backward_ms"),
           "two_pass_total_ms": forward_ms + backward_ms,
           "best_fused_total_ms": best.get("total_ms"), "cudnn_total_ms": cudnn.get("total_ms")})
-
-
-Emit = Callable[[dict[str, object]], None]
-
-
-def run_study(name: str, description: str, head_dims: Sequence[int],
-              build_only: Callable[[Emit], None],
-              measure: Callable[[int, int, int, Emit], None], seq_multiple: int = 1) -> int:
-    """The command line the backward studies share: --build-only calls `build_only`, else
-    `measure(batch, seq, head_dim, emit)` per head dim; every row is printed and the whole
-    result (versions, device, rows) rewritten to DIR/<name>.json as it comes, so a run cut
-    short keeps its rows."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--out", type=Path, help=f"write DIR/{name}.json")
-    parser.add_argument("--commit", default="unknown", help="recorded in the output")
-    parser.add_argument("--build-only", action="store_true",
-                        help="build every config for sm_90 (no GPU needed) and report "
-                             "shared memory, registers and spills")
-    parser.add_argument("--batch", type=int, default=16, help="attention matrices")
-    parser.add_argument("--seq-len", type=int, default=16384,
-                        help=f"a multiple of {seq_multiple}" if seq_multiple > 1 else None)
-    parser.add_argument("--head-dim", type=int, action="append", choices=sorted(head_dims),
-                        help="repeatable (default: all)")
-    args = parser.parse_args()
-    if args.build_only and INTERPRETED:
-        parser.error("the kernels are interpreted here: run with TRITON_INTERPRET=0")
-    if not args.build_only and not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU (or --build-only)")
-    if args.seq_len % seq_multiple:
-        parser.error(f"--seq-len must be a multiple of {seq_multiple}")
-    cuda = not args.build_only
-    rows: list[dict[str, object]] = []
-    result = {"commit": args.commit, "argv": sys.argv[1:],
-              "device": torch.cuda.get_device_name() if cuda else "none (built for sm_90)",
-              "torch": torch.__version__, "triton": triton.__version__,
-              "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if cuda
-              else None, "rows": rows}
-    path = args.out / f"{name}.json" if args.out else None
-    if path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def emit(row: dict[str, object]) -> None:
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        if path:
-            path.write_text(json.dumps(result, indent=1))
-
-    if args.build_only:
-        build_only(emit)
-        return 0
-    torch.set_float32_matmul_precision("highest")  # the fp32 reference without TF32
-    for head_dim in args.head_dim or list(head_dims):
-        measure(args.batch, args.seq_len, head_dim, emit)
-        torch.cuda.empty_cache()
-    return 0
 
 
 def main() -> int:

@@ -34,14 +34,14 @@ from dataclasses import asdict, astuple, replace
 
 import torch
 
-from studies.attention_dq_reduce.study import (
+from studies.harness import (
     GRADS,
-    _bench,
-    _errors,
-    _first_line,
-    _max_abs,
     attempt,
+    bench_ms,
     cudnn_row,
+    errors,
+    first_line,
+    max_abs,
     reference_grads,
     run_study,
 )
@@ -90,7 +90,7 @@ def build_only(emit: Callable[[dict[str, object]], None]) -> None:
                 row |= build(head_dim, config)
                 row["fits"] = row["shared_bytes"] <= HOPPER_SHARED_BYTES
             except Exception as error:  # recorded per config
-                row["error"] = f"{type(error).__name__}: {_first_line(error)}"
+                row["error"] = f"{type(error).__name__}: {first_line(error)}"
             emit(row)
 
 
@@ -101,7 +101,7 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
     q, k, v, o, lse, do = (inputs[n] for n in ("q", "k", "v", "o", "lse", "do"))
     base = {"batch": batch, "seq": seq, "head_dim": head_dim, "dtype": "bf16", "causal": True}
     expected = reference_grads(inputs, True)
-    emit({**base, "kind": "reference", **{f"{name}_max_abs": g.abs().max().item()
+    emit({**base, "kind": "reference", **{f"{name}max_abs": g.abs().max().item()
                                           for name, g in zip(GRADS, expected, strict=True)}})
 
     tiles = launch.default_config(head_dim, torch.bfloat16)
@@ -118,24 +118,24 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
 
     ours = two_pass()
     delta = dq_pass()[1]
-    forward_ms = _bench(lambda: launch.flash_forward(q, k, v, True))
-    backward_ms = _bench(two_pass)
+    forward_ms = bench_ms(lambda: launch.flash_forward(q, k, v, True))
+    backward_ms = bench_ms(two_pass)
     emit({**base, "kind": "two_pass", "dq_config": astuple(tiles.backward_dq),
-          "dkdv_config": astuple(tiles.backward_dkdv), **_errors(ours, expected, "vs_ref"),
+          "dkdv_config": astuple(tiles.backward_dkdv), **errors(ours, expected, "vs_ref"),
           "forward_ms": forward_ms, "backward_ms": backward_ms,
-          "dq_pass_ms": _bench(dq_pass), "dkdv_pass_ms": _bench(lambda: dkdv_pass(delta))})
+          "dq_pass_ms": bench_ms(dq_pass), "dkdv_pass_ms": bench_ms(lambda: dkdv_pass(delta))})
 
     def run(config: GluonConfig, poison: bool = False) -> tuple[torch.Tensor, ...]:
         return gluon_backward(q, k, v, o, lse, do, True, config=config, poison=poison)
 
     def variant(config: GluonConfig) -> dict[str, object]:
         first = run(config, poison=True)
-        found: dict[str, object] = _errors(first, expected, "vs_ref")
-        found |= _errors(first, ours, "vs_two_pass")
+        found: dict[str, object] = errors(first, expected, "vs_ref")
+        found |= errors(first, ours, "vs_two_pass")
         second = run(config, poison=True)
-        found["dq_run_to_run"] = _max_abs(first[0], second[0])
+        found["dq_run_to_run"] = max_abs(first[0], second[0])
         del first, second
-        found["backward_ms"] = _bench(lambda: run(config))
+        found["backward_ms"] = bench_ms(lambda: run(config))
         found["backward_vs_two_pass"] = found["backward_ms"] / backward_ms
         return found
 
@@ -151,7 +151,7 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
         emit(row)
     best = min(timed, key=lambda r: r["backward_ms"]) if timed else {}
     emit({**base, "kind": "summary", "forward_ms": forward_ms,
-          "prepare_finish_ms": _bench(lambda: prepare_and_finish(o, do)),
+          "prepare_finish_ms": bench_ms(lambda: prepare_and_finish(o, do)),
           "cudnn_forward_ms": cudnn.get("forward_ms"), "two_pass_backward_ms": backward_ms,
           "best_gluon_config": best.get("config"),
           "best_gluon_backward_ms": best.get("backward_ms"),

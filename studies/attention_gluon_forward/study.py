@@ -25,7 +25,7 @@ from dataclasses import asdict, replace
 
 import torch
 
-from studies.attention_dq_reduce.study import _bench, _max_abs, attempt, run_study
+from studies.harness import attempt, bench_ms, max_abs, run_study
 from systems.attention.flash_triton import launch
 from systems.attention.gluon.backward import HEAD_DIMS, gluon_backward
 from systems.attention.gluon.forward import CONFIGS, GluonForwardConfig, build, gluon_forward
@@ -80,10 +80,10 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return torch.stack(outs), torch.stack(lses)
 
 
-def _errors(o: torch.Tensor, lse: torch.Tensor, expected: tuple[torch.Tensor, torch.Tensor]
+def errors(o: torch.Tensor, lse: torch.Tensor, expected: tuple[torch.Tensor, torch.Tensor]
             ) -> dict[str, object]:
     n = CHECKED_MATRICES
-    return {"o_vs_ref": _max_abs(o[:n], expected[0]), "lse_vs_ref": _max_abs(lse[:n], expected[1]),
+    return {"o_vs_ref": max_abs(o[:n], expected[0]), "lse_vs_ref": max_abs(lse[:n], expected[1]),
             "nan": bool(o.isnan().any() or lse.isnan().any())}
 
 
@@ -94,15 +94,15 @@ def measure(batch: int, seq: int, head_dim: int, emit: Emit) -> None:
     base = {"batch": batch, "seq": seq, "head_dim": head_dim, "dtype": "bf16", "causal": True}
     expected = reference(q, k, v)
     o_t, lse_t = launch.flash_forward(q, k, v, True)
-    emit({**base, "kind": "triton_forward", **_errors(o_t, lse_t, expected),
-          "ms": _bench(lambda: launch.flash_forward(q, k, v, True))})
+    emit({**base, "kind": "triton_forward", **errors(o_t, lse_t, expected),
+          "ms": bench_ms(lambda: launch.flash_forward(q, k, v, True))})
     for config in candidates(head_dim):
         def row(c: GluonForwardConfig = config) -> dict[str, object]:
             o, lse = gluon_forward(q, k, v, True, c, poison=True)
-            found = _errors(o, lse, expected)
-            found["o_vs_triton"] = _max_abs(o, o_t)
-            found["lse_vs_triton"] = _max_abs(lse, lse_t)
-            found["ms"] = _bench(lambda: gluon_forward(q, k, v, True, c))
+            found = errors(o, lse, expected)
+            found["o_vs_triton"] = max_abs(o, o_t)
+            found["lse_vs_triton"] = max_abs(lse, lse_t)
+            found["ms"] = bench_ms(lambda: gluon_forward(q, k, v, True, c))
             return found
         emit(attempt({**base, "kind": "gluon_forward", **asdict(config)}, row))
     emit_rounds(base, _round_timers(q, k, v, do, batch, seq, head_dim), emit)
@@ -141,7 +141,7 @@ def emit_rounds(base: dict[str, object], timers: dict[str, Callable[[], object]]
     times: dict[str, list[float]] = {name: [] for name in timers}
     for round_index in range(ROUNDS):
         for name, timer in timers.items():
-            times[name].append(_bench(timer))
+            times[name].append(bench_ms(timer))
         emit({**base, "kind": "round", "round": round_index,
               "ms": {name: runs[-1] for name, runs in times.items()}})
     rival = times["step sdpa_cudnn"]

@@ -43,7 +43,7 @@ def _time(config, seq_len: int, steps: int, overrides: dict[str, object],
                                      seq_len=seq_len, device="cuda")
     if backward_first:  # the stream the step is captured on, before its first call
         _, highest = torch.cuda.Stream.priority_range()
-        workload.step._side_stream = torch.cuda.Stream(priority=highest)
+        workload.step.stream = torch.cuda.Stream(priority=highest)
     torch.cuda.reset_peak_memory_stats()
     stats = time_steps(workload.step, warmup=CUDA_GRAPH_WARMUP + 1, steps=steps,
                        device="cuda")

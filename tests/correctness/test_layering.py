@@ -9,7 +9,8 @@
 
 Modules of one layer may import each other, but only one way between two folders. A new
 top-level module or package must be placed in a layer here before it can land. Nothing in
-the package reads the repository's studies or its doc tools.
+the package reads the repository's studies or its doc tools, and a study reads the package
+through public names only and other studies only through studies/harness.py.
 """
 
 from __future__ import annotations
@@ -120,6 +121,34 @@ def test_the_package_reads_no_study_and_no_doc_tool(path: Path) -> None:
     # the repository's studies/ (a saved run's .benchmarks/<GPU>/studies/ is the package's own)
     assert not [s for s in _strings_in_code(tree) if re.search(r"(?<![\w/])studies[/.]", s)], (
         f"{path.relative_to(PACKAGE)} names a study's files")
+
+
+STUDIES = sorted((PACKAGE.parents[1] / "studies").rglob("*.py"))
+
+
+def private_imports(tree: ast.AST) -> list[str]:
+    """Names starting with `_` imported from the package or a study, and studies imported
+    other than through the shared harness."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or node.module is None:
+            continue
+        top = node.module.split(".")[0]
+        if top == "studies" and node.module != "studies.harness":
+            found.append(node.module)
+        if top in ("systems", "studies"):
+            found += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    return found
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.parent.name + "/" + p.name)
+def test_studies_read_public_names_only(path: Path) -> None:
+    assert not private_imports(ast.parse(path.read_text()))
+
+
+def test_the_check_sees_a_private_import() -> None:
+    tree = ast.parse("from systems.x import _y, z\nfrom studies.a.study import w")
+    assert private_imports(tree) == ["systems.x._y", "studies.a.study"]
 
 
 def test_the_check_sees_an_upward_import() -> None:

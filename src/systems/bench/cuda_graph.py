@@ -28,6 +28,9 @@ class CapturedStep:
 
     Each call returns what the captured call returned; replays overwrite those tensors, so
     copy what you keep.
+
+    `stream` is the side stream the warm-up calls and the capture run on; set another
+    (e.g. of a higher priority) before the first call to capture the step on it.
     """
 
     def __init__(self, step: Callable[[], object], warmup: int = 2,
@@ -41,7 +44,7 @@ class CapturedStep:
         self._warmup = warmup
         self._before_capture = before_capture
         self._calls = 0
-        self._side_stream = torch.cuda.Stream()
+        self.stream = torch.cuda.Stream()
         self._output: object = None
         self.graph: torch.cuda.CUDAGraph | None = None
 
@@ -56,10 +59,10 @@ class CapturedStep:
 
     def _warm_up(self) -> object:
         # On a side stream, as capture does: some libraries set up per-stream state lazily.
-        self._side_stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self._side_stream):
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
             output = self._step()
-        torch.cuda.current_stream().wait_stream(self._side_stream)
+        torch.cuda.current_stream().wait_stream(self.stream)
         return output
 
     def _capture(self) -> None:
@@ -74,6 +77,6 @@ class CapturedStep:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=self._side_stream):
+        with torch.cuda.graph(graph, stream=self.stream):
             self._output = self._step()
         self.graph = graph

@@ -25,13 +25,18 @@ arrive as fp64 when torch.compile launches the kernels and promote the accumulat
 Each loop over tiles runs in two stages: tiles every row sees whole (no masking at all),
 then the few tiles cut by the causal diagonal or by the end of the sequence (masked).
 Masked scores become `causal.MASKED_SCORE` (never -inf), so a row never sees
-exp(-inf - -inf); which query sees which key is `causal.query_sees_key`'s rule (`_sees`).
+exp(-inf - -inf); which query sees which key is `causal.query_sees_key`'s rule (`sees`).
 
-The three kernels open alike (`_program_tile`): a program owns one tile of rows of one
+The three kernels open alike (`program_tile`): a program owns one tile of rows of one
 matrix, and the query-tile programs (forward, dQ) run the last tile first.
 
 With fp32 inputs, dK and dV sum their per-query-tile products with Kahan compensation
 (`_accumulate_dot`); half-precision inputs accumulate plainly in fp32.
+
+The tile helpers without a leading underscore (`program_tile`, `matrix_base`, `load_rows`,
+`store_rows`, `next_tile`, `query_stages`, `query_row_stats`, `sees`) are the building
+blocks a variant kernel composes (studies/attention_dq_reduce builds a fused backward
+from them); the stages are this file's own.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ MASKED_SCORE: tl.constexpr = tl.constexpr(causal.MASKED_SCORE)
 
 
 @triton.jit
-def _sees(queries, keys):
+def sees(queries, keys):
     """`causal.query_sees_key` on (broadcastable) query and key positions."""
     return queries >= keys
 
@@ -57,12 +62,12 @@ def _visible(rows, keys, n_k, IS_CAUSAL: tl.constexpr):
     """(rows, keys) bool: the key exists and, under the causal mask, the row's query sees it."""
     keep = keys[None, :] < n_k
     if IS_CAUSAL:
-        keep = keep & _sees(rows[:, None], keys[None, :])
+        keep = keep & sees(rows[:, None], keys[None, :])
     return keep
 
 
 @triton.jit
-def _program_tile(n_heads, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+def program_tile(n_heads, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
                   LAST_TILE_FIRST: tl.constexpr):
     """(bh, b, h, start, rows, cols_d) of this program: matrix bh = (batch b, head h), its
     rows [start, start + BLOCK) and the BLOCK_D columns. LAST_TILE_FIRST runs the tiles in
@@ -80,13 +85,13 @@ def _program_tile(n_heads, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
 
 
 @triton.jit
-def _matrix(base, b, h, stride_b, stride_h):
+def matrix_base(base, b, h, stride_b, stride_h):
     """Where matrix (b, h) of a tensor starts."""
     return base + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
 
 
 @triton.jit
-def _load_rows(base, rows, cols, n_rows, stride_s, HEAD_DIM: tl.constexpr):
+def load_rows(base, rows, cols, n_rows, stride_s, HEAD_DIM: tl.constexpr):
     """Rows `rows` of a (n_rows, HEAD_DIM) matrix whose rows are stride_s apart;
     out-of-range rows and pad columns read 0."""
     ptrs = base + rows[:, None].to(tl.int64) * stride_s + cols[None, :]
@@ -94,14 +99,14 @@ def _load_rows(base, rows, cols, n_rows, stride_s, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def _store_rows(base, tile, rows, cols, n_rows, stride_s, HEAD_DIM: tl.constexpr):
+def store_rows(base, tile, rows, cols, n_rows, stride_s, HEAD_DIM: tl.constexpr):
     ptrs = base + rows[:, None].to(tl.int64) * stride_s + cols[None, :]
     tl.store(ptrs, tile.to(base.dtype.element_ty),
              mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM))
 
 
 @triton.jit
-def _next_tile(tiles, b, h, start, col, ROWS: tl.constexpr, COLS: tl.constexpr):
+def next_tile(tiles, b, h, start, col, ROWS: tl.constexpr, COLS: tl.constexpr):
     """Rows [start, start + ROWS) and columns [col, col + COLS) of matrix (b, h) through
     its descriptor, as (ROWS, COLS)."""
     return tiles.load([b, h, start, col]).reshape(ROWS, COLS)
@@ -113,7 +118,7 @@ def _load_tail(base, rows, n_rows, stride_s, ROWS: tl.constexpr, HEAD_DIM: tl.co
     """The tail columns [BLOCK_D, BLOCK_D + BLOCK_T) of the rows under SPLIT; otherwise a
     placeholder that nothing reads."""
     if SPLIT:
-        tail = _load_rows(base, rows, BLOCK_D + tl.arange(0, BLOCK_T), n_rows, stride_s,
+        tail = load_rows(base, rows, BLOCK_D + tl.arange(0, BLOCK_T), n_rows, stride_s,
                           HEAD_DIM)
     else:
         tail = tl.zeros([ROWS, BLOCK_T], dtype=base.dtype.element_ty)
@@ -124,7 +129,7 @@ def _load_tail(base, rows, n_rows, stride_s, ROWS: tl.constexpr, HEAD_DIM: tl.co
 def _store_tail(base, tile, rows, n_rows, stride_s, HEAD_DIM: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr):
     if SPLIT:
-        _store_rows(base, tile, rows, BLOCK_D + tl.arange(0, BLOCK_T), n_rows, stride_s,
+        store_rows(base, tile, rows, BLOCK_D + tl.arange(0, BLOCK_T), n_rows, stride_s,
                     HEAD_DIM)
 
 
@@ -142,7 +147,7 @@ def _key_stages(q_start, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def _query_stages(k_start, n_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def query_stages(k_start, n_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   IS_CAUSAL: tl.constexpr):
     """For a key tile: queries [start, full_start) need the causal mask, [full_start, n_q) not."""
     start = 0
@@ -160,11 +165,11 @@ def _forward_stage(acc, acc_t, m_i, l_i, q, q_t, k_tiles, v_tiles, k_tail_tiles,
                    BLOCK_T: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                    IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for k_start in range(lo, hi, BLOCK_N):
-        k = _next_tile(k_tiles, b, h, k_start, 0, BLOCK_N, BLOCK_D)
-        v = _next_tile(v_tiles, b, h, k_start, 0, BLOCK_N, BLOCK_D)
+        k = next_tile(k_tiles, b, h, k_start, 0, BLOCK_N, BLOCK_D)
+        v = next_tile(v_tiles, b, h, k_start, 0, BLOCK_N, BLOCK_D)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if SPLIT:
-            k_t = _next_tile(k_tail_tiles, b, h, k_start, BLOCK_D, BLOCK_N, BLOCK_T)
+            k_t = next_tile(k_tail_tiles, b, h, k_start, BLOCK_D, BLOCK_N, BLOCK_T)
             s = tl.dot(q_t, tl.trans(k_t), s, input_precision=DOT_PRECISION)
         if MASKED:
             keep = _visible(rows, k_start + offs_n, n_k, IS_CAUSAL)
@@ -180,7 +185,7 @@ def _forward_stage(acc, acc_t, m_i, l_i, q, q_t, k_tiles, v_tiles, k_tail_tiles,
         acc = acc * correction[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         if SPLIT:
-            v_t = _next_tile(v_tail_tiles, b, h, k_start, BLOCK_D, BLOCK_N, BLOCK_T)
+            v_t = next_tile(v_tail_tiles, b, h, k_start, BLOCK_D, BLOCK_N, BLOCK_T)
             acc_t = acc_t * correction[:, None]
             acc_t = tl.dot(p.to(v_t.dtype), v_t, acc_t, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -197,10 +202,10 @@ def flash_forward_kernel(
 ):
     """Grid (BH, query tiles). O = softmax(Q K^T * scale) V, L = logsumexp of each row."""
     # Causal query tiles at the end of the sequence do the most work: start them first.
-    bh, b, h, q_start, rows, cols_d = _program_tile(n_heads, BLOCK_M, BLOCK_D, True)
+    bh, b, h, q_start, rows, cols_d = program_tile(n_heads, BLOCK_M, BLOCK_D, True)
     qk_scale = SM_SCALE * LOG2E
-    q_base = _matrix(Q, b, h, stride_qb, stride_qh)
-    q = _load_rows(q_base, rows, cols_d, n_q, stride_qs, HEAD_DIM)
+    q_base = matrix_base(Q, b, h, stride_qb, stride_qh)
+    q = load_rows(q_base, rows, cols_d, n_q, stride_qs, HEAD_DIM)
     q_t = _load_tail(q_base, rows, n_q, stride_qs, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_T, SPLIT)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -217,8 +222,8 @@ def flash_forward_kernel(
         acc, acc_t, m_i, l_i, q, q_t, k_tiles, v_tiles, k_tail_tiles, v_tail_tiles, b, h, rows,
         offs_n, n_k, qk_scale, full_end, end, BLOCK_D, BLOCK_T, SPLIT, BLOCK_N, IS_CAUSAL, True,
         DOT_PRECISION)
-    o_base = _matrix(Out, b, h, stride_ob, stride_oh)
-    _store_rows(o_base, acc / l_i[:, None], rows, cols_d, n_q, stride_os, HEAD_DIM)
+    o_base = matrix_base(Out, b, h, stride_ob, stride_oh)
+    store_rows(o_base, acc / l_i[:, None], rows, cols_d, n_q, stride_os, HEAD_DIM)
     _store_tail(o_base, acc_t / l_i[:, None], rows, n_q, stride_os, HEAD_DIM, BLOCK_D, BLOCK_T,
                 SPLIT)
     tl.store(L + bh.to(tl.int64) * n_q + rows, (m_i + tl.log2(l_i)) * LN2,
@@ -231,13 +236,13 @@ def _dq_stage(dq, dq_t, q, q_t, do, do_t, lse2, delta, k_tiles, v_tiles, k_tail_
               BLOCK_T: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
               IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for k_start in range(lo, hi, BLOCK_N):
-        k = _next_tile(k_tiles, b, h, k_start, 0, BLOCK_N, BLOCK_D)
-        v = _next_tile(v_tiles, b, h, k_start, 0, BLOCK_N, BLOCK_D)
+        k = next_tile(k_tiles, b, h, k_start, 0, BLOCK_N, BLOCK_D)
+        v = next_tile(v_tiles, b, h, k_start, 0, BLOCK_N, BLOCK_D)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         if SPLIT:
-            k_t = _next_tile(k_tail_tiles, b, h, k_start, BLOCK_D, BLOCK_N, BLOCK_T)
-            v_t = _next_tile(v_tail_tiles, b, h, k_start, BLOCK_D, BLOCK_N, BLOCK_T)
+            k_t = next_tile(k_tail_tiles, b, h, k_start, BLOCK_D, BLOCK_N, BLOCK_T)
+            v_t = next_tile(v_tail_tiles, b, h, k_start, BLOCK_D, BLOCK_N, BLOCK_T)
             s = tl.dot(q_t, tl.trans(k_t), s, input_precision=DOT_PRECISION)
             dp = tl.dot(do_t, tl.trans(v_t), dp, input_precision=DOT_PRECISION)
         p = tl.exp2(s * qk_scale - lse2[:, None])
@@ -260,14 +265,14 @@ def flash_backward_dq_kernel(
     DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). dQ = scale * dS K, and Delta = rowsum(O * dO) for dK/dV."""
-    bh, b, h, q_start, rows, cols_d = _program_tile(n_heads, BLOCK_M, BLOCK_D, True)
+    bh, b, h, q_start, rows, cols_d = program_tile(n_heads, BLOCK_M, BLOCK_D, True)
     qk_scale = SM_SCALE * LOG2E
-    q_base = _matrix(Q, b, h, stride_qb, stride_qh)
-    do_base = _matrix(dO, b, h, stride_dob, stride_doh)
-    o_base = _matrix(Out, b, h, stride_ob, stride_oh)
-    q = _load_rows(q_base, rows, cols_d, n_q, stride_qs, HEAD_DIM)
-    do = _load_rows(do_base, rows, cols_d, n_q, stride_dos, HEAD_DIM)
-    o = _load_rows(o_base, rows, cols_d, n_q, stride_os, HEAD_DIM)
+    q_base = matrix_base(Q, b, h, stride_qb, stride_qh)
+    do_base = matrix_base(dO, b, h, stride_dob, stride_doh)
+    o_base = matrix_base(Out, b, h, stride_ob, stride_oh)
+    q = load_rows(q_base, rows, cols_d, n_q, stride_qs, HEAD_DIM)
+    do = load_rows(do_base, rows, cols_d, n_q, stride_dos, HEAD_DIM)
+    o = load_rows(o_base, rows, cols_d, n_q, stride_os, HEAD_DIM)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     q_t = _load_tail(q_base, rows, n_q, stride_qs, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_T, SPLIT)
     do_t = _load_tail(do_base, rows, n_q, stride_dos, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_T, SPLIT)
@@ -292,8 +297,8 @@ def flash_backward_dq_kernel(
                          k_tail_tiles, v_tail_tiles, b, h, rows, offs_n, n_k, qk_scale,
                          full_end, end, BLOCK_D, BLOCK_T, SPLIT, BLOCK_N, IS_CAUSAL, True,
                          DOT_PRECISION)
-    dq_base = _matrix(dQ, b, h, stride_dqb, stride_dqh)
-    _store_rows(dq_base, dq * SM_SCALE, rows, cols_d, n_q, stride_dqs, HEAD_DIM)
+    dq_base = matrix_base(dQ, b, h, stride_dqb, stride_dqh)
+    store_rows(dq_base, dq * SM_SCALE, rows, cols_d, n_q, stride_dqs, HEAD_DIM)
     _store_tail(dq_base, dq_t * SM_SCALE, rows, n_q, stride_dqs, HEAD_DIM, BLOCK_D, BLOCK_T,
                 SPLIT)
 
@@ -314,7 +319,7 @@ def _accumulate_dot(total, carry, a, b, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _query_row_stats(L, Delta, rows, n_q, CHECK_ROWS: tl.constexpr):
+def query_row_stats(L, Delta, rows, n_q, CHECK_ROWS: tl.constexpr):
     """(L in log2 units, D) of a query tile's rows; with CHECK_ROWS, rows past the end read
     L = +inf, which turns their P into 0."""
     if CHECK_ROWS:
@@ -336,17 +341,17 @@ def _dkdv_stage(dk, dv, dk_carry, dv_carry, dk_t, dv_t, dk_t_carry, dv_t_carry, 
     # the causal diagonal: the end of the sequence is handled by CHECK_ROWS and L = +inf.
     for q_start in range(lo, hi, BLOCK_M):
         rows = q_start + offs_m
-        q = _next_tile(q_tiles, b, h, q_start, 0, BLOCK_M, BLOCK_D)
-        do = _next_tile(do_tiles, b, h, q_start, 0, BLOCK_M, BLOCK_D)
-        lse2, delta = _query_row_stats(L, Delta, rows, n_q, CHECK_ROWS)
+        q = next_tile(q_tiles, b, h, q_start, 0, BLOCK_M, BLOCK_D)
+        do = next_tile(do_tiles, b, h, q_start, 0, BLOCK_M, BLOCK_D)
+        lse2, delta = query_row_stats(L, Delta, rows, n_q, CHECK_ROWS)
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
         if SPLIT:
-            q_t = _next_tile(q_tail_tiles, b, h, q_start, BLOCK_D, BLOCK_M, BLOCK_T)
-            do_t = _next_tile(do_tail_tiles, b, h, q_start, BLOCK_D, BLOCK_M, BLOCK_T)
+            q_t = next_tile(q_tail_tiles, b, h, q_start, BLOCK_D, BLOCK_M, BLOCK_T)
+            do_t = next_tile(do_tail_tiles, b, h, q_start, BLOCK_D, BLOCK_M, BLOCK_T)
             s_t = tl.dot(k_t, tl.trans(q_t), s_t, input_precision=DOT_PRECISION)
         p_t = tl.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
-            p_t = tl.where(_sees(rows[None, :], keys[:, None]), p_t, 0.0)
+            p_t = tl.where(sees(rows[None, :], keys[:, None]), p_t, 0.0)
         dv, dv_carry = _accumulate_dot(dv, dv_carry, p_t.to(do.dtype), do, DOT_PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         if SPLIT:
@@ -373,12 +378,12 @@ def flash_backward_dkdv_kernel(
     """Grid (BH, key tiles). dV = P^T dO and dK = scale * dS^T Q, summed over query tiles."""
     # Causal key tiles at the start of the sequence are seen by the most queries: they are
     # already first in launch order.
-    bh, b, h, k_start, keys, cols_d = _program_tile(n_heads, BLOCK_N, BLOCK_D, False)
+    bh, b, h, k_start, keys, cols_d = program_tile(n_heads, BLOCK_N, BLOCK_D, False)
     qk_scale = SM_SCALE * LOG2E
-    k_base = _matrix(K, b, h, stride_kb, stride_kh)
-    v_base = _matrix(V, b, h, stride_vb, stride_vh)
-    k = _load_rows(k_base, keys, cols_d, n_k, stride_ks, HEAD_DIM)
-    v = _load_rows(v_base, keys, cols_d, n_k, stride_vs, HEAD_DIM)
+    k_base = matrix_base(K, b, h, stride_kb, stride_kh)
+    v_base = matrix_base(V, b, h, stride_vb, stride_vh)
+    k = load_rows(k_base, keys, cols_d, n_k, stride_ks, HEAD_DIM)
+    v = load_rows(v_base, keys, cols_d, n_k, stride_vs, HEAD_DIM)
     k_t = _load_tail(k_base, keys, n_k, stride_ks, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_T, SPLIT)
     v_t = _load_tail(v_base, keys, n_k, stride_vs, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_T, SPLIT)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -393,7 +398,7 @@ def flash_backward_dkdv_kernel(
     Delta += bh.to(tl.int64) * n_q
 
     offs_m = tl.arange(0, BLOCK_M)
-    start, full_start = _query_stages(k_start, n_q, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    start, full_start = query_stages(k_start, n_q, BLOCK_M, BLOCK_N, IS_CAUSAL)
     dk, dv, dk_carry, dv_carry, dk_t, dv_t, dk_t_carry, dv_t_carry = _dkdv_stage(
         dk, dv, dk_carry, dv_carry, dk_t, dv_t, dk_t_carry, dv_t_carry, k, v, k_t, v_t,
         q_tiles, do_tiles, q_tail_tiles, do_tail_tiles, L, Delta, b, h, keys, offs_m, n_q,
@@ -404,10 +409,10 @@ def flash_backward_dkdv_kernel(
         q_tiles, do_tiles, q_tail_tiles, do_tail_tiles, L, Delta, b, h, keys, offs_m, n_q,
         qk_scale, full_start, n_q, BLOCK_D, BLOCK_T, SPLIT, BLOCK_M, CHECK_Q_ROWS, False,
         DOT_PRECISION)
-    dk_base = _matrix(dK, b, h, stride_dkb, stride_dkh)
-    dv_base = _matrix(dV, b, h, stride_dvb, stride_dvh)
-    _store_rows(dk_base, dk * SM_SCALE, keys, cols_d, n_k, stride_dks, HEAD_DIM)
-    _store_rows(dv_base, dv, keys, cols_d, n_k, stride_dvs, HEAD_DIM)
+    dk_base = matrix_base(dK, b, h, stride_dkb, stride_dkh)
+    dv_base = matrix_base(dV, b, h, stride_dvb, stride_dvh)
+    store_rows(dk_base, dk * SM_SCALE, keys, cols_d, n_k, stride_dks, HEAD_DIM)
+    store_rows(dv_base, dv, keys, cols_d, n_k, stride_dvs, HEAD_DIM)
     _store_tail(dk_base, dk_t * SM_SCALE, keys, n_k, stride_dks, HEAD_DIM, BLOCK_D, BLOCK_T,
                 SPLIT)
     _store_tail(dv_base, dv_t, keys, n_k, stride_dvs, HEAD_DIM, BLOCK_D, BLOCK_T, SPLIT)

@@ -2,7 +2,7 @@
 
 Query i sees keys 0..i: queries and keys are aligned at position 0, also when their
 lengths differ. The Triton kernels apply the same rule inside their tiles
-(`kernels._sees`), and flex_attention through `causal_mask_mod`.
+(`kernels.sees`), and flex_attention through `causal_mask_mod`.
 """
 
 from __future__ import annotations
