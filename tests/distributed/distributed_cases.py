@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from systems.distributed import FSDP, DDPBucketed, DDPIndividualParameters, FlatDDP, NaiveDDP
-from systems.distributed.launch import worker_state
+from systems.distributed.rank_pool import worker_state
 from systems.model import MODEL_CONFIGS, TransformerLM, cross_entropy
 from systems.optim import AdamW, ShardedOptimizer
 

@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from systems.distributed import DDPBucketed
 from systems.distributed.grad_sync import make_buckets
-from systems.distributed.launch import worker_state
+from systems.distributed.rank_pool import worker_state
 
 VARIANTS = [
     ("naive", {}), ("flat", {}), ("individual", {}),

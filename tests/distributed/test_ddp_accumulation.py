@@ -18,7 +18,7 @@ import torch.distributed as dist
 from distributed_cases import SEQ, VOCAB, BranchToyModel, make_wrapper, params_of
 from torch import nn
 
-from systems.distributed.launch import worker_state
+from systems.distributed.rank_pool import worker_state
 from systems.model import cross_entropy
 
 VARIANTS = [

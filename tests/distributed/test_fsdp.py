@@ -8,7 +8,7 @@ from distributed_cases import ExactStackModel, tiny_lm, train_and_compare
 
 from systems.distributed import FSDP
 from systems.distributed import fsdp as fsdp_module
-from systems.distributed.launch import worker_state
+from systems.distributed.rank_pool import worker_state
 
 DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Low-precision compute: the parameter updates must match fp32 training to within a few

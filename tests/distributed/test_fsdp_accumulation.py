@@ -10,7 +10,7 @@ from distributed_cases import SEQ, VOCAB, BranchToyModel, ExactStackModel, train
 
 from systems.distributed import FSDP
 from systems.distributed import fsdp as fsdp_module
-from systems.distributed.launch import worker_state
+from systems.distributed.rank_pool import worker_state
 from systems.model import cross_entropy
 
 

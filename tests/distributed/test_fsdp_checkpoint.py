@@ -12,7 +12,7 @@ from checkpoint_cases import through_a_file
 from distributed_cases import MODELS, ToyModel, global_batches, loss_fn, vocab_of
 
 from systems.distributed import FSDP
-from systems.distributed.launch import worker_state
+from systems.distributed.rank_pool import worker_state
 from systems.optim import AdamW
 
 GLOBAL_BATCH, STEPS, SAVED_AT = 12, 4, 2  # every world size tested divides the batch

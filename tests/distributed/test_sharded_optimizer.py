@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from distributed_cases import train_and_compare
 
-from systems.distributed.launch import worker_state
+from systems.distributed.rank_pool import worker_state
 from systems.optim import AdamW, ShardedOptimizer
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from checkpoint_cases import through_a_file
 
-from systems.distributed.launch import worker_state
+from systems.distributed.rank_pool import worker_state
 from systems.optim import AdamW, ShardedOptimizer
 
 SHAPES = [(7, 5), (13,), (3, 3, 2), (1,), (11, 4), (29,)]

@@ -2,7 +2,7 @@
 
 from systems.distributed.ddp import DDPBucketed, DDPIndividualParameters, FlatDDP, NaiveDDP
 from systems.distributed.fsdp import FSDP
-from systems.distributed.launch import RankError, RankPool
+from systems.distributed.rank_pool import RankError, RankPool
 
 __all__ = [
     "FSDP", "DDPBucketed", "DDPIndividualParameters", "FlatDDP", "NaiveDDP", "RankError",

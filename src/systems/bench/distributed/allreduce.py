@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from systems.bench.timing import StepTimer
-from systems.distributed.launch import worker_state
+from systems.distributed.rank_pool import worker_state
 
 
 def bus_bandwidth_factor(world_size: int) -> float:

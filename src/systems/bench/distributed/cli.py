@@ -32,8 +32,8 @@ from systems.cli_flags import (
 )
 from systems.common.cli_help import ArgumentParser, HelpFormatter, positive_float, positive_int
 from systems.common.hardware import gpu_count
-from systems.distributed.launch import worker_state
 from systems.distributed.process_group import RendezvousError, init_from_env
+from systems.distributed.rank_pool import worker_state
 
 
 def _max_over_ranks(value: float) -> float:

@@ -23,7 +23,7 @@ from systems.bench.timing import StepTimer
 from systems.bench.workloads import ModelWorkload, StepOptions, build_model_workload
 from systems.distributed.ddp import DDPBucketed, DDPIndividualParameters, FlatDDP, NaiveDDP
 from systems.distributed.fsdp import FSDP
-from systems.distributed.launch import worker_state
+from systems.distributed.rank_pool import worker_state
 from systems.model import get_config
 from systems.optim import OptimizerName
 from systems.optim.names import optimizer_name
