@@ -227,7 +227,7 @@ def attention_device_time(repo: Path, history_file: str) -> str:
 # fused Gluon backward for Hopper, ordered (deterministic) and not.
 BACKWARD_VARIANTS = ("triton", "triton_gluon_bwd", "triton_gluon_bwd_unordered")
 VARIANT_RIVAL = "sdpa_cudnn"
-VARIANT_LABELS = {"triton": "ours (two passes)", "triton_gluon_bwd": "ours + Gluon ordered",
+VARIANT_LABELS = {"triton": "ours (default)", "triton_gluon_bwd": "ours + Gluon ordered",
                   "triton_gluon_bwd_unordered": "ours + Gluon unordered",
                   "sdpa_cudnn": "SDPA cuDNN"}
 
@@ -292,6 +292,7 @@ def attention_backward_variants(repo: Path, *history_files: str) -> str:
 
 IN_TURN_RIVALS = ("sdpa_cudnn", "sdpa_flash")
 IN_TURN_STEPS = {"test_attention": "forward + backward",
+                 "test_attention_table": "forward + backward",
                  "test_attention_leaderboard": "leaderboard: o.sum(), backward"}
 
 

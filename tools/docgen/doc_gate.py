@@ -23,9 +23,11 @@ def gate_constants() -> str:
             "enqueueing. (Constants of `systems.runs.gate`.)\n")
 
 
-_GATE_ROW = re.compile(r"^(?P<case>\S+::\S+)\s+(?P<base>[\d.]+)\s+(?P<cur>[\d.]+)\s+"
+_GATE_ROW = re.compile(r"^(?P<case>\S+::\S+)\s+(?:(?P<clock>wall|graph replay|device busy)\s+)?"
+                       r"(?P<base>[\d.]+)\s+(?P<cur>[\d.]+)\s+"
                        r"(?P<change>[+-][\d.]+%)\s+(?P<threshold>[\d.]+%)\s+(?P<verdict>.+)$")
-_GATE_BASELINE = re.compile(r"medians vs (?P<baseline>\S+)")
+# "medians vs BASELINE" in a perf session, "perf gate: RUN vs BASELINE" from `baseline judge`
+_GATE_BASELINE = re.compile(r"(?:medians|perf gate: \S+) vs (?P<baseline>\S+)")
 _GATE_TALLY = re.compile(r"^\d+ (ok|SLOWER|faster|not gated)")
 
 

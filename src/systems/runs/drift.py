@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from systems.runs import keys
 from systems.runs.gate import CEILING, SPREAD_FACTOR, Timing, Verdict, judge
 from systems.runs.history import MalformedRunError, read_run
 
@@ -41,10 +42,13 @@ class Drift:
 
 
 def distinct_measurements(runs: list[dict]) -> dict[str, list[Timing]]:
-    """Per case name, the distinct measurements in run order (identical stats = a copy)."""
+    """Per case name, the distinct measurements in run order (identical stats = a copy).
+    A case timed with an injected slowdown measures the gate, not the code: left out."""
     seen: dict[str, list[dict]] = {}
     for run in runs:
         for bench in run["benchmarks"]:
+            if {keys.INJECTED_HOST, keys.INJECTED_DEVICE} & (bench.get("extra_info") or {}).keys():
+                continue
             stats = seen.setdefault(bench["name"], [])
             if bench["stats"] not in stats:
                 stats.append(bench["stats"])

@@ -245,9 +245,9 @@ def test_device_rounds_in_turn_show_each_rounds_ratio_not_the_medians_ratio(
     out = render(block, generators(tmp_path))
     assert ("| 16x16384x128 | bf16 | forward + backward | ours + Gluon ordered | 7.200 | "
             "7.000 | 9.600 | 1.000 (0.900–1.200) | 0.700 (0.700–0.750) |") in out
-    assert ("| 16x16384x64 | bf16 | leaderboard: o.sum(), backward | ours (two passes) | "
+    assert ("| 16x16384x64 | bf16 | leaderboard: o.sum(), backward | ours (default) | "
             "4.450 | 4.550 | - | 0.978 (0.957–1.000) | - |") in out
-    assert ("SDPA cuDNN: ours + Gluon ordered at 16x16384x128, ours (two passes) at "
+    assert ("SDPA cuDNN: ours + Gluon ordered at 16x16384x128, ours (default) at "
             "16x16384x64; SDPA flash: ours + Gluon ordered at 16x16384x128.") in out
     assert "over 2 or 3 rounds taken in turn" in out and "Time: device time (do_bench)" in out
     (tmp_path / "none.json").write_text((tmp_path / name).read_text().replace(
