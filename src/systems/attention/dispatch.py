@@ -19,6 +19,7 @@ import torch
 from systems.attention.gluon.backward import BLOCK_N as GLUON_BLOCK_N
 from systems.attention.gluon.backward import gluon_head_dim
 from systems.attention.gluon.forward import CONFIGS as GLUON_FORWARD_CONFIGS
+from systems.common import hardware
 
 TRITON, GLUON = "triton", "gluon"  # forwards
 TWO_PASS, GLUON_ORDERED, GLUON_UNORDERED = "two_pass", "gluon_ordered", "gluon_unordered"
@@ -120,7 +121,9 @@ def _capability(index: int) -> tuple[int, int]:
 
 @functools.cache
 def _device_capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
+    # Under the small-GPU switch (SYSTEMS_GPU_LIMITS) the emulated target's capability, so
+    # that an H100 standing in for a smaller GPU runs what that GPU would.
+    return hardware.capability(torch.device("cuda", index))
 
 
 def _choice(index: int, dtype: torch.dtype, shape: tuple[int, ...]) -> Kernels:

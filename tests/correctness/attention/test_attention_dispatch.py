@@ -225,3 +225,23 @@ def test_the_public_function_runs_what_the_table_names(monkeypatch, seq, poisone
     again = problem.run(FlashAttentionTriton.apply)
     for name in GRADS:
         assert torch.equal(again[name], ours[name]), name
+
+
+def test_the_small_gpu_switch_turns_the_gluon_rows_off(monkeypatch):
+    """An H100 standing in for an RTX 4090 (SYSTEMS_GPU_LIMITS=sm_89) must run what the
+    4090 would: the dispatch and the Gluon kernels see sm_89, so no Gluon pair is picked."""
+    from systems.common import hardware
+
+    hopper = hardware.GpuTarget((9, 0), 232448, 65536, 132)
+    monkeypatch.setattr(hardware, "_cuda_target", lambda index: hopper)
+    dispatch._device_capability.cache_clear()
+    assert dispatch._device_capability(0) == HOPPER
+    assert _pick(capability=HOPPER, head_dim=128, seq=16384, matrices=64) is not DEFAULT
+    monkeypatch.setenv(hardware.GPU_LIMITS_ENV, "sm_89")
+    dispatch._device_capability.cache_clear()
+    try:
+        assert dispatch._device_capability(0) == (8, 9)
+        assert _pick(capability=dispatch._device_capability(0), head_dim=128, seq=16384,
+                     matrices=64) is DEFAULT
+    finally:
+        dispatch._device_capability.cache_clear()

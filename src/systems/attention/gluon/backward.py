@@ -26,6 +26,7 @@ from systems.attention.gluon.backward_kernel import (
     prepare_kernel,
     warpgroup_block,
 )
+from systems.common import hardware
 from systems.kernel_runtime.triton_build import build_for_hopper
 
 SM_REGISTERS = 65536
@@ -116,7 +117,7 @@ def unsupported_setting(device: torch.device, dtype: torch.dtype, seq: int) -> s
     it can (`unsupported_reason` checks the rest)."""
     if device.type != "cuda":
         return f"needs a CUDA device, got {device}"
-    if torch.cuda.get_device_capability(device) != (9, 0):
+    if hardware.capability(device) != (9, 0):  # the small-GPU switch's target where it is on
         return f"needs an sm_90 GPU (H100, H200), got {torch.cuda.get_device_name(device)}"
     if dtype != torch.bfloat16:
         return f"needs bf16, got {dtype}"
