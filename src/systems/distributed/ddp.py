@@ -16,20 +16,18 @@ DDP does) and copes with ranks that disagree on which parameters got gradients.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch.distributed as dist
 from torch import nn
 
-from systems.distributed.grad_sync import GradientSynchronizer
+from systems.distributed.grad_sync import GradientSynchronizer, LocalAccumulation
 from systems.distributed.process_group import broadcast_module_state
 
 _MIB = 2**20
 
 
-class _DataParallel(nn.Module):
+class _DataParallel(LocalAccumulation, nn.Module):
     """Broadcasts rank 0's state at construction; averages gradients on request."""
 
     def __init__(self, module: nn.Module, *, bucket_bytes: float | None, overlap: bool) -> None:
@@ -41,23 +39,11 @@ class _DataParallel(nn.Module):
         # parameters() yields a tied parameter once; frozen ones need no communication.
         trainable = [p for p in module.parameters() if p.requires_grad]
         self.grad_sync = GradientSynchronizer(trainable, bucket_bytes, overlap)
-        self._accumulating = False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # As in torch DDP, whether a backward synchronizes is decided by its forward.
         self.grad_sync.require_sync = not self._accumulating
         return self.module(*args, **kwargs)
-
-    @contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Accumulate gradients locally: backwards of forwards run inside communicate
-        nothing. The first backward of a forward outside (or, failing that,
-        finish_gradient_synchronization()) averages the accumulated sums over ranks."""
-        previous, self._accumulating = self._accumulating, True
-        try:
-            yield
-        finally:
-            self._accumulating = previous
 
     def finish_gradient_synchronization(self) -> None:
         """Wait until every gradient holds its average over ranks; call before step()."""

@@ -63,8 +63,7 @@ tree, not on the world size, so a checkpoint saved at one world size loads at an
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -73,6 +72,7 @@ from torch import nn
 
 from systems.distributed.grad_sync import (
     GradientSynchronizer,
+    LocalAccumulation,
     host_group,
     mark_synchronized,
     mark_unsynchronized,
@@ -277,7 +277,7 @@ class _GatherUnit(torch.autograd.Function):
         return None, None, None
 
 
-class FSDP(nn.Module):
+class FSDP(LocalAccumulation, nn.Module):
     """Shards 2-D weights over the default process group; see the module docstring."""
 
     def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None) -> None:
@@ -307,7 +307,6 @@ class FSDP(nn.Module):
         self._same_collectives = _SameCollectives(self._units)
         for index, unit in enumerate(self._units):
             unit.index, unit.agree = index, self._same_collectives
-        self._accumulating = False
         self._shard_ids = frozenset(id(unit.shard) for unit in self._units)
         self._pending = False  # a unit got gradients since the last sync
         for hooked in {**self._roots, **self._owned}:
@@ -433,17 +432,6 @@ class FSDP(nn.Module):
         if following is not None:  # prefetch what backward needs next
             following.start_gather()
         return full.as_strided(size, stride, offset)
-
-    @contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Accumulate gradients locally: backwards of forwards run inside communicate
-        nothing. The first backward of a forward outside (or, failing that,
-        finish_gradient_synchronization()) reduces the accumulated sums over ranks."""
-        previous, self._accumulating = self._accumulating, True
-        try:
-            yield
-        finally:
-            self._accumulating = previous
 
     def _mark_unsynchronized(self) -> None:
         if not self._pending:

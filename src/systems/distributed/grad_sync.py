@@ -46,12 +46,31 @@ first backward and costs one dict check per step while nothing awaits a sync.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+
+class LocalAccumulation:
+    """`no_sync()` for a data-parallel wrapper (the DDP variants and FSDP): backwards of
+    forwards run inside it communicate nothing. The first backward of a forward outside (or,
+    failing that, finish_gradient_synchronization()) reduces the accumulated sums over
+    ranks. The wrapper reads `_accumulating` when its forward decides how backward syncs."""
+
+    _accumulating = False
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        previous, self._accumulating = self._accumulating, True
+        try:
+            yield
+        finally:
+            self._accumulating = previous
 
 
 @dataclass(eq=False)
