@@ -10,7 +10,8 @@ compiled kernel, and every later call hands the arguments straight to that kerne
 The owner guarantees that every call passes arguments Triton would specialise alike: the
 same dtypes, the same integers, and pointers that are all 16-byte aligned (see
 `systems.attention.flash_triton.launch`, which keys its launchers by exact shapes).
-Tensor-descriptor arguments have one layout per launcher (shape, strides, block shape,
+Tensor-descriptor arguments have one layout per launcher (the descriptor's fields after its
+base: shape, strides, block shape, and for Gluon's descriptors the shared-memory layout;
 given at construction): calls pass their base tensors only.
 
 Later calls skip Triton's Python launch wrapper too where its layout is the one checked
@@ -40,8 +41,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from systems.kernel_runtime.cuda_context import make_primary_context_current
 from systems.kernel_runtime.interpreter import INTERPRETED
 
-# A tensor descriptor's layout: shape, strides and block shape (TensorDescriptor's fields).
-DescriptorLayout = tuple[Sequence[int], Sequence[int], list[int]]
+# A tensor descriptor's layout: its fields after the base tensor, in order (Triton's
+# TensorDescriptor: shape, strides, block shape; Gluon's adds the shared-memory layout).
+DescriptorLayout = tuple
 
 
 @dataclass(frozen=True)
@@ -68,19 +70,25 @@ def launch_hooks_installed() -> bool:
 
 class KernelLauncher:
     """`launcher(*args)` runs `kernel[grid](*args, **constexprs, num_warps=...,
-    num_stages=...)`, where each argument at an index of `descriptors` is a tensor that the
-    kernel reads through a TensorDescriptor of that layout (checked by TensorDescriptor on
-    the first call). The constexprs must be the kernel's trailing parameters."""
+    num_stages=..., maxnreg=...)`, where each argument at an index of `descriptors` is a
+    tensor that the kernel reads through a `descriptor_type` (Triton's TensorDescriptor, or
+    Gluon's) of that layout, checked by the descriptor on the first call. The constexprs
+    must be the kernel's trailing parameters."""
 
     def __init__(self, kernel: triton.JITFunction, grid: Sequence[int],
                  constexprs: Mapping[str, object], *, num_warps: int, num_stages: int,
                  device_index: int,
-                 descriptors: Mapping[int, DescriptorLayout] | None = None) -> None:
+                 descriptors: Mapping[int, DescriptorLayout] | None = None,
+                 descriptor_type: type = TensorDescriptor,
+                 maxnreg: int | None = None) -> None:
         self.kernel = kernel
         self.descriptors = dict(descriptors or {})
+        self.descriptor_type = descriptor_type
         self.grid = tuple(grid)
         self.constexprs = dict(constexprs)
         self.options = {"num_warps": num_warps, "num_stages": num_stages}
+        if maxnreg is not None:
+            self.options["maxnreg"] = maxnreg
         names = kernel.arg_names
         trailing = names[len(names) - len(self.constexprs):]
         if set(trailing) != set(self.constexprs):
@@ -100,8 +108,8 @@ class KernelLauncher:
 
     def _described(self, args: Sequence[object]) -> list[object]:
         """args with each descriptor's base tensor wrapped in its TensorDescriptor."""
-        return [TensorDescriptor(arg, *self.descriptors[index]) if index in self.descriptors
-                else arg for index, arg in enumerate(args)]
+        return [self.descriptor_type(arg, *self.descriptors[index])
+                if index in self.descriptors else arg for index, arg in enumerate(args)]
 
     def __call__(self, *args: object) -> None:
         if not INTERPRETED:  # Triton encodes descriptors through the driver
@@ -112,7 +120,8 @@ class KernelLauncher:
                                             **self.options)
             if not INTERPRETED:
                 self._compiled = result
-                self._direct = _DirectLaunch.of(result, self._grid_xyz, self.descriptors)
+                self._direct = _DirectLaunch.of(result, self._grid_xyz, self.descriptors,
+                                                self.descriptor_type)
             return
         stream = driver.active.get_current_stream(self._device_index)
         if self._direct is not None:
@@ -153,7 +162,7 @@ class KernelLauncher:
                 # the descriptor's shape (i32) and strides (i64).
                 params.append((TENSOR_MAP, 0, len(maps)))
                 maps.append(tensor_map)
-                shape, strides, _ = layout
+                shape, strides = layout[:2]
                 params += [(INT32, 0, n) for n in shape] + [(INT64, 0, n) for n in strides]
             elif isinstance(kind, str) and kind.startswith("*") and isinstance(value, TensorSlot):
                 params.append((POINTER, value.index, 0))
@@ -172,7 +181,7 @@ def _tensor_map(slot: object, layout: DescriptorLayout, meta: Mapping[str, objec
     swizzle, out-of-bounds fill), innermost dim first."""
     if not isinstance(slot, TensorSlot) or meta["fp4_padded"]:
         return None
-    shape, strides, _ = layout
+    shape, strides = layout[:2]
     size = meta["elem_size"]
     host_dtype = sys.modules["triton.backends.nvidia.driver"].TMA_DTYPE_DEVICE_TO_HOST
     # TensorDescriptor's default padding ("zero"): no out-of-bounds fill request.
@@ -203,18 +212,20 @@ class _DirectLaunch:
     def __init__(self, c_launch: Callable, grid_xyz: tuple[int, int, int],
                  after_stream: tuple[object, ...],
                  descriptors: dict[int, tuple[DescriptorLayout, object]],
-                 expand: Callable) -> None:
+                 expand: Callable, descriptor_type: type) -> None:
         self._c_launch = c_launch
         # The C launcher's fixed arguments sit either side of each call's stream.
         self._grid = grid_xyz
         self._after_stream = after_stream
         self.descriptors = descriptors  # argument index: (layout, Triton's metadata)
         self._expand = expand
+        self._descriptor_type = descriptor_type
         self._expanded: dict[int, dict[int, list[object]]] = {i: {} for i in descriptors}
 
     @classmethod
     def of(cls, compiled: object, grid_xyz: tuple[int, int, int],
-           layouts: Mapping[int, DescriptorLayout]) -> _DirectLaunch | None:
+           layouts: Mapping[int, DescriptorLayout],
+           descriptor_type: type) -> _DirectLaunch | None:
         """The direct launch of `compiled`, or None when Triton's launcher does not have
         the layout checked here (another Triton version, a kernel that needs scratch
         memory, or descriptors other than `layouts` says): the caller then keeps Triton's
@@ -248,7 +259,7 @@ class _DirectLaunch:
         after_stream = (compiled.function, run.launch_cooperative_grid, run.launch_pdl,
                         None, None, compiled.packed_metadata, None, None, None)
         descriptors = {i: (layouts[i], meta) for i, meta in descriptor_meta.items()}
-        return cls(c_launch, grid_xyz, after_stream, descriptors, expand)
+        return cls(c_launch, grid_xyz, after_stream, descriptors, expand, descriptor_type)
 
     def _expanded_descriptor(self, index: int, base: object) -> list[object]:
         by_address = self._expanded[index]
@@ -258,7 +269,8 @@ class _DirectLaunch:
             if len(by_address) >= _DESCRIPTOR_CACHE_SIZE:
                 by_address.clear()
             layout, meta = self.descriptors[index]
-            expanded = by_address[address] = self._expand(TensorDescriptor(base, *layout), meta)
+            expanded = by_address[address] = self._expand(self._descriptor_type(base, *layout),
+                                                          meta)
         return expanded
 
     def __call__(self, stream: int, args: Sequence[object],

@@ -17,14 +17,23 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_flash_attention import Problem, _logsumexp, _reference, assert_close_as_pytorch
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from systems.attention import custom_ops, get_attention, unsupported_reason
 from systems.attention.flash_triton import flash_forward
 from systems.attention.functions import FlashAttentionTritonKernels, FlashAttentionTritonUnordered
-from systems.attention.gluon.backward import CONFIGS, SCHEDULES, GluonConfig, gluon_backward
+from systems.attention.gluon.backward import (
+    CONFIGS,
+    SCHEDULES,
+    GluonConfig,
+    descriptor_layouts,
+    gluon_backward,
+)
+from systems.attention.gluon.backward import descriptor_specs as backward_specs
 from systems.attention.gluon.backward import unsupported_reason as gluon_unsupported_reason
 from systems.attention.gluon.forward import CONFIGS as GLUON_FORWARD_CONFIGS
 from systems.attention.gluon.forward import GluonForwardConfig, gluon_forward
+from systems.attention.gluon.forward import descriptor_specs as forward_specs
 from systems.model import ModelConfig, TransformerLM
 
 GRADS = ("dq", "dk", "dv")
@@ -357,3 +366,23 @@ def test_more_key_blocks_than_sms(head_dim):
     with pytest.raises(ValueError, match="would deadlock"):
         gluon_backward(problem.q, problem.k, problem.v, o, lse, problem.do, True,
                        config=longest_first)
+
+
+@pytest.mark.parametrize("specs", [
+    *(backward_specs(config, head_dim) for (head_dim, _), config in CONFIGS.items()),
+    *(forward_specs(config, head_dim) for head_dim, config in GLUON_FORWARD_CONFIGS.items())])
+def test_launch_layouts_are_those_of_descriptors_over_contiguous_rows(specs):
+    """The launches keep one descriptor layout per problem (`descriptor_layouts`): it is the
+    one Gluon's TensorDescriptor.from_tensor gives for the contiguous rows a call passes,
+    at each parameter's index."""
+    rows, head_dim = 3 * 256, max(spec[1][-1] for spec in specs.values())
+    shapes = {name: (rows,) if len(block) == 1 else (rows, head_dim)
+              for name, (_, block, _) in specs.items()}
+    layouts = descriptor_layouts(specs, shapes)
+    assert sorted(layouts) == list(range(len(specs)))
+    for index, (name, (dtype, block, layout)) in enumerate(specs.items()):
+        tensor = torch.zeros(shapes[name], dtype=torch.bfloat16 if dtype == "bf16"
+                             else torch.float32)
+        described = TensorDescriptor.from_tensor(tensor, block, layout)
+        assert layouts[index] == (list(described.shape), list(described.strides),
+                                  described.block_shape, described.layout)

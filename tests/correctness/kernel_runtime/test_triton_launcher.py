@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.backends.nvidia.driver  # noqa: F401 - what replay reads TMA dtypes from
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 import systems.kernel_runtime.interpreter  # noqa: F401 - sets TRITON_INTERPRET before the kernel exists
 from systems.kernel_runtime.launcher import (
@@ -87,7 +88,7 @@ def test_direct_launch_flattens_arguments_and_expands_a_descriptor_once_per_addr
 
     after_stream = ("function", False, False, None, None, (4, 1, 0), None, None, None)
     direct = _DirectLaunch(lambda *flat: calls.append(flat), (4, 2, 1), after_stream,
-                           {0: (((8,), (1,), [8]), "meta")}, expand)
+                           {0: (((8,), (1,), [8]), "meta")}, expand, TensorDescriptor)
     first, second = torch.zeros(8), torch.zeros(8)
     for src in (first, second, first):
         direct(7, (src, "dst", 8), ("SCALE", "BLOCK"))
@@ -113,7 +114,8 @@ def _compiled_launcher(signature: dict[str, str], num_ctas: int = 1) -> KernelLa
         function=1234, src=SimpleNamespace(signature=signature),
         metadata=SimpleNamespace(num_ctas=num_ctas, num_warps=4, shared=1024),
         run=SimpleNamespace(launch_cooperative_grid=False, launch_pdl=False))
-    launch._direct = _DirectLaunch(None, (4, 1, 1), (), {0: (_LAYOUT, _META)}, None)
+    launch._direct = _DirectLaunch(None, (4, 1, 1), (), {0: (_LAYOUT, _META)}, None,
+                                   TensorDescriptor)
     return launch
 
 

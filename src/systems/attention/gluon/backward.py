@@ -10,10 +10,13 @@ else in the order the shares arrive, as FA3 does by default.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -27,6 +30,7 @@ from systems.attention.gluon.backward_kernel import (
     warpgroup_block,
 )
 from systems.common import hardware
+from systems.kernel_runtime.launcher import DescriptorLayout, KernelLauncher
 from systems.kernel_runtime.triton_build import build_for_hopper
 
 SM_REGISTERS = 65536
@@ -194,28 +198,58 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
             config.schedule not in SCHEDULES):
         raise ValueError(f"{config}: writers must be 1 or 2, block_m 64 or 128, and the "
                          f"schedule one of {SCHEDULES}")
-    _check_launch_order(config, seq // BLOCK_N, q.device)
     q2, k2, v2, o2, do2 = (aligned_rows(padded_to(t, head_dim)) for t in (q, k, v, o, do))
     rows = q2.shape[0]
+    launch = _backward_launch(rows, seq, head_dim, d, config, q.get_device())
 
     def new(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return output_buffer(like.shape, dtype, like.device, poison)
 
-    delta, acc = new(lse, torch.float32), new(q2, torch.float32)
+    delta, acc = new(lse, torch.float32).view(-1), new(q2, torch.float32)
     dq, dk, dv = new(q2, q.dtype), new(k2, k.dtype), new(v2, v.dtype)
-    prepare(o2, do2, delta.view(-1), acc)
-    semaphores = torch.zeros(rows // config.block_m if config.ordered else 1,
-                             dtype=torch.int32, device=q.device)
-    flat = {"q_desc": q2, "do_desc": do2, "k_desc": k2, "v_desc": v2,
-            "lse_desc": aligned_rows(lse[..., None]).view(-1), "delta_desc": delta.view(-1),
-            "dq_desc": acc}
-    descs = descriptors(descriptor_specs(config, head_dim), flat)
-    gluon_backward_kernel[(seq // BLOCK_N, rows // seq)](
-        *descs, dk, dv, semaphores, seq, **constexprs(head_dim, config, d ** -0.5),
-        num_warps=CONSUMER_WARPS, maxnreg=config.max_regs)
-    finish(acc, dq, d ** -0.5)
+    launch.prepare(o2, do2, delta, acc)
+    semaphores = torch.zeros(launch.semaphores, dtype=torch.int32, device=q.device)
+    launch.backward(q2, do2, k2, v2, aligned_rows(lse[..., None]).view(-1), delta, acc,
+                    dk, dv, semaphores, seq)
+    launch.finish(acc, dq, d ** -0.5)
     return tuple(cut_to(grad, d).view(like.shape)
                  for grad, like in ((dq, q), (dk, k), (dv, v)))
+
+
+@dataclass(frozen=True)
+class _BackwardLaunch:
+    """One backward problem's kernels, each compiled on its first call and launched directly
+    after (`KernelLauncher`): D and the zeroed dQ accumulator, the fused backward, dQ."""
+
+    prepare: KernelLauncher
+    backward: KernelLauncher
+    finish: KernelLauncher
+    semaphores: int  # how many the ordered dQ needs (one per query tile), else 1
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_launch(rows: int, seq: int, head_dim: int, d: int, config: GluonConfig,
+                     device_index: int) -> _BackwardLaunch:
+    """The launches for `rows` stacked rows of `seq`-long matrices at the padded `head_dim`
+    (the problem's own head dim `d` sets the softmax scale)."""
+    _check_launch_order(config, seq // BLOCK_N, torch.device("cuda", device_index))
+    matrices = {"lse_desc": (rows,), "delta_desc": (rows,)}
+    shapes = {name: matrices.get(name, (rows, head_dim)) for name in
+              descriptor_specs(config, head_dim)}
+    rows_kernel = {"HEAD_DIM": head_dim, "ROWS": PREPARE_ROWS}
+
+    def row_kernel(kernel: triton.JITFunction) -> KernelLauncher:
+        return KernelLauncher(kernel, (rows // PREPARE_ROWS,), rows_kernel, num_warps=4,
+                              num_stages=3, device_index=device_index)
+
+    backward = KernelLauncher(
+        gluon_backward_kernel, (seq // BLOCK_N, rows // seq),
+        constexprs(head_dim, config, d ** -0.5), num_warps=CONSUMER_WARPS, num_stages=1,
+        device_index=device_index, maxnreg=config.max_regs,
+        descriptors=descriptor_layouts(descriptor_specs(config, head_dim), shapes),
+        descriptor_type=TensorDescriptor)
+    return _BackwardLaunch(row_kernel(prepare_kernel), backward, row_kernel(finish_kernel),
+                           rows // config.block_m if config.ordered else 1)
 
 
 def output_buffer(shape: torch.Size | tuple[int, ...], dtype: torch.dtype,
@@ -226,11 +260,16 @@ def output_buffer(shape: torch.Size | tuple[int, ...], dtype: torch.dtype,
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def descriptors(specs: dict[str, tuple[str, list[int], object]],
-                tensors: dict[str, torch.Tensor]) -> list[TensorDescriptor]:
-    """A TMA descriptor per `descriptor_specs` entry, in its order, over `tensors[name]`."""
-    return [TensorDescriptor.from_tensor(tensors[name], block, layout)
-            for name, (_, block, layout) in specs.items()]
+def descriptor_layouts(specs: dict[str, tuple[str, list[int], object]],
+                       shapes: dict[str, tuple[int, ...]]) -> dict[int, DescriptorLayout]:
+    """Each `descriptor_specs` entry's TMA descriptor layout over a contiguous tensor of
+    `shapes[name]`, by its parameter index (the descriptors lead the kernel's parameters)."""
+    layouts = {}
+    for index, (name, (_, block, layout)) in enumerate(specs.items()):
+        shape = list(shapes[name])
+        strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+        layouts[index] = (shape, strides, block, layout)
+    return layouts
 
 
 def descriptor_signature(specs: dict[str, tuple[str, list[int], object]]) -> dict[str, str]:
@@ -259,22 +298,6 @@ def aligned_rows(t: torch.Tensor) -> torch.Tensor:
     if rows.is_contiguous() and rows.data_ptr() % 16 == 0:
         return rows
     return rows.clone(memory_format=torch.contiguous_format)
-
-
-def prepare(o: torch.Tensor, do: torch.Tensor, delta: torch.Tensor, acc: torch.Tensor
-            ) -> None:
-    """D = rowsum(O * dO) into `delta` (rows,) and zeros into the fp32 dQ accumulator `acc`
-    (rows, d), from contiguous (rows, d) o and do."""
-    rows, head_dim = o.shape
-    prepare_kernel[(rows // PREPARE_ROWS,)](o, do, delta, acc, HEAD_DIM=head_dim,
-                                            ROWS=PREPARE_ROWS)
-
-
-def finish(acc: torch.Tensor, dq: torch.Tensor, sm_scale: float) -> None:
-    """dQ (rows, d) of its own dtype from the accumulator of the unscaled dS K."""
-    rows, head_dim = acc.shape
-    finish_kernel[(rows // PREPARE_ROWS,)](acc, dq, sm_scale, HEAD_DIM=head_dim,
-                                           ROWS=PREPARE_ROWS)
 
 
 def build(head_dim: int, config: GluonConfig) -> dict[str, int | list[int]]:

@@ -28,6 +28,7 @@ It takes what the Gluon backward takes (`gluon_launch.unsupported_reason`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -39,13 +40,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from systems.attention.flash_triton.launch import _sm_count
 from systems.attention.gluon.backward import (
     aligned_rows,
     cut_to,
+    descriptor_layouts,
     descriptor_signature,
-    descriptors,
     gluon_head_dim,
     output_buffer,
     padded_to,
@@ -54,6 +56,7 @@ from systems.attention.gluon.backward import (
 )
 from systems.attention.gluon.backward_kernel import LOG2E, mma_layout, named_arrive, named_sync
 from systems.attention.shared import causal
+from systems.kernel_runtime.launcher import KernelLauncher
 from systems.kernel_runtime.triton_build import build_for_hopper
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
@@ -393,16 +396,27 @@ def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     q2, k2, v2 = (aligned_rows(padded_to(t, head_dim)) for t in (q, k, v))
     o = output_buffer((*q.shape[:-1], head_dim), q.dtype, q.device, poison)
     lse = output_buffer(q.shape[:-1], torch.float32, q.device, poison)
-    descs = descriptors(descriptor_specs(config, head_dim),
-                        {"q_desc": q2, "k_desc": k2, "v_desc": v2})
     n_matrices = q2.shape[0] // seq
-    grid = n_matrices * (seq // BLOCK_M)  # one program per query tile
+    tiles = n_matrices * (seq // BLOCK_M)  # one program per query tile
     if config.persistent:
-        grid = min(grid, programs or _sm_count(q.device))
-    gluon_forward_kernel[(grid,)](*descs, o, lse, seq, n_matrices,
-                                  **constexprs(head_dim, config, d ** -0.5), num_warps=4,
-                                  maxnreg=config.max_regs)
+        tiles = min(tiles, programs or _sm_count(q.device))
+    launch = _forward_launch(q2.shape[0], seq, head_dim, d, config, tiles, q.get_device())
+    launch(q2, k2, v2, o, lse, seq, n_matrices)
     return cut_to(o, d), lse
+
+
+@functools.lru_cache(maxsize=256)
+def _forward_launch(rows: int, seq: int, head_dim: int, d: int, config: GluonForwardConfig,
+                    programs: int, device_index: int) -> KernelLauncher:
+    """The forward's launch for `rows` stacked rows of `seq`-long matrices at the padded
+    `head_dim` (the problem's own head dim `d` sets the softmax scale), compiled on its first
+    call and launched directly after."""
+    specs = descriptor_specs(config, head_dim)
+    return KernelLauncher(
+        gluon_forward_kernel, (programs,), constexprs(head_dim, config, d ** -0.5),
+        num_warps=4, num_stages=1, device_index=device_index, maxnreg=config.max_regs,
+        descriptors=descriptor_layouts(specs, dict.fromkeys(specs, (rows, head_dim))),
+        descriptor_type=TensorDescriptor)
 
 
 def build(head_dim: int, config: GluonForwardConfig) -> dict[str, int | list[int]]:
