@@ -20,11 +20,12 @@ Four studies:
   flex_attention on the same shape; the device time of `triton.testing.do_bench` (median
   and mean, through `systems.bench.timing.device_time`) goes into extra_info beside
   pytest-benchmark's own numbers, with ours in do_bench rounds taken in turn as above.
-- `test_attention_table`: issue 43's table of shapes (batch x heads from 16 to 128,
-  seq 1024 to 16384, d 64 and 128) and the 2.7b model's heads (4 x 32 x 512 and 2048,
-  d = 80), bf16, causal, forward+backward of ours (the dispatch's pick, recorded in
-  `extra_info["kernels"]`), with short do_bench rounds taken in turn with SDPA's cuDNN and
-  flash backends (`extra_info["interleaved_device_ms"]`).
+- `test_attention_table` (quick and full): shapes from one 16k sequence to many short
+  ones (batch x heads 16 to 128, seq 1024 to 16384, d 64 and 128) and the 2.7b model's
+  heads (4 x 32 x 512 and 2048, d = 80), bf16, causal, forward+backward of ours (the
+  dispatch's pick, recorded in `extra_info["kernels"]`), with short do_bench rounds taken
+  in turn with SDPA's cuDNN and flash backends and FlashAttention-4 where `flash-attn-4` is
+  installed (`extra_info["interleaved_device_ms"]`).
 - `test_attention_device_time`: the batch-1 forward + backward of the rivals (SDPA flash and
   cuDNN, compiled flex_attention, the Triton kernels) captured in a CUDA graph and timed by
   replay. Up to seq 8192 the eager rounds above time the host queuing kernels; replay
@@ -196,17 +197,19 @@ def _is_ours(impl: str) -> bool:
     return impl.startswith("triton")
 
 
-def _rival_steps(case: AttentionCase, device: torch.device) -> dict[str, Callable[[], object]]:
-    """The case's step for each of INTERLEAVED_RIVALS that runs it."""
+def _rival_steps(case: AttentionCase, device: torch.device,
+                 rivals: tuple[str, ...] = INTERLEAVED_RIVALS) -> dict[str, Callable[[], object]]:
+    """The case's step for each of `rivals` that runs it."""
     return _steps_that_run(
-        lambda rival: _attention_workload(replace(case, impl=rival), device).step)
+        lambda rival: _attention_workload(replace(case, impl=rival), device).step, rivals)
 
 
-def _steps_that_run(build: Callable[[str], Callable[[], object]]
+def _steps_that_run(build: Callable[[str], Callable[[], object]],
+                    rivals: tuple[str, ...] = INTERLEAVED_RIVALS
                     ) -> dict[str, Callable[[], object]]:
-    """build(rival) for each of INTERLEAVED_RIVALS, less those it finds unsupported here."""
+    """build(rival) for each of `rivals`, less those it finds unsupported here."""
     steps = {}
-    for rival in INTERLEAVED_RIVALS:
+    for rival in rivals:
         try:
             steps[rival] = build(rival)
         except UnsupportedWorkload:
@@ -323,19 +326,19 @@ def leaderboard_step(impl: str, device: torch.device) -> Callable[[], None]:
 test_attention_leaderboard.perf_cases = leaderboard_cases
 
 
-# Issue 43's shapes (batch, heads, seq, d) and the 2.7b model's heads, where our default
-# is compared with SDPA in device time. Short rounds keep each case to a few seconds.
+# Shapes (batch, heads, seq, d) from long single sequences to many short ones, and the 2.7b
+# model's heads, where our default is compared with SDPA and, where it is installed,
+# FlashAttention-4, in device time. Short rounds keep each case to a few seconds.
 TABLE_SHAPES = ((1, 16, 16384, 64), (1, 16, 16384, 128), (4, 16, 4096, 64),
                 (4, 16, 4096, 128), (8, 16, 1024, 64), (16, 1, 4096, 64), (16, 1, 2048, 128),
                 (4, 32, 512, 80), (4, 32, 2048, 80))
 TABLE_ROUNDS = 5
 TABLE_ROUND_SPANS_MS = {"warmup_ms": 25, "rep_ms": 100}
+TABLE_RIVALS = ("sdpa_cudnn", "sdpa_flash", "fa4")
 
 
 def table_cases(profile: str) -> list[AttentionCase]:
-    # In the full profile until the H100 baseline is recorded with them: the quick
-    # profile's every case must be in the committed baseline (test_perf_baseline.py).
-    if profile != "full":
+    if profile == "smoke":
         return []
     return [AttentionCase("triton", shape, "bf16", "forward_backward", is_causal=True,
                           warmup=3, rounds=5) for shape in TABLE_SHAPES]
@@ -343,8 +346,8 @@ def table_cases(profile: str) -> list[AttentionCase]:
 
 @pytest.mark.gpu
 def test_attention_table(perf_case: AttentionCase, device, synced_benchmark) -> None:
-    """Ours as the dispatch runs it against SDPA cuDNN and flash, in device time taken in
-    turn (the eager rounds beside them are what a caller sees)."""
+    """Ours as the dispatch runs it against SDPA cuDNN and flash and FlashAttention-4, in
+    device time taken in turn (the eager rounds beside them are what a caller sees)."""
     synced_benchmark.benchmark.group = f"{perf_case.group}-table"
     workload = build_case_workload(perf_case, device)
     synced_benchmark(workload.step, warmup=perf_case.warmup, rounds=perf_case.rounds,
@@ -355,7 +358,8 @@ def test_attention_table(perf_case: AttentionCase, device, synced_benchmark) -> 
     synced_benchmark.benchmark.extra_info[keys.KERNELS] = kernels_for(
         perf_case.shape, DTYPES[perf_case.dtype], device, perf_case.is_causal).name
     record_device_time_in_turn(synced_benchmark, perf_case.impl, workload.step,
-                               _rival_steps(perf_case, device), rounds=TABLE_ROUNDS,
+                               _rival_steps(perf_case, device, TABLE_RIVALS),
+                               rounds=TABLE_ROUNDS,
                                spans_ms=TABLE_ROUND_SPANS_MS)
 
 

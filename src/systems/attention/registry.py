@@ -8,6 +8,7 @@ implementations up here; `unsupported_reason` says where one cannot run.
 from __future__ import annotations
 
 import functools
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -120,6 +121,28 @@ def flex_compiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return _compiled_flex()(q, k, v, block_mask=mask)
 
 
+def flash_attention_4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      is_causal: bool = False) -> torch.Tensor:
+    """FlashAttention-4 (the `flash-attn-4` package's CuTe kernels, its default
+    non-deterministic backward) on our layout: it takes (batch, seq, heads, d), so the
+    leading dims are one batch dim and the heads are read in place, transposed."""
+    from flash_attn.cute import flash_attn_func
+
+    def per_token(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(-1, *t.shape[-3:]).transpose(1, 2) if t.dim() >= 3 else t[None, :, None]
+
+    out = flash_attn_func(per_token(q), per_token(k), per_token(v), causal=is_causal)
+    out = out[0] if isinstance(out, tuple) else out  # (out, lse)
+    return out.transpose(1, 2).reshape(q.shape) if q.dim() >= 3 else out[0, :, 0]
+
+
+def _flash_attention_4_limits(device: torch.device, dtype: torch.dtype, seq: int) -> str | None:
+    if importlib.util.find_spec("flash_attn") is None or (
+            importlib.util.find_spec("flash_attn.cute") is None):
+        return "needs the flash-attn-4 package (flash_attn.cute)"
+    return None
+
+
 @dataclass(frozen=True)
 class AttentionBackend:
     """One implementation and where it can run."""
@@ -172,6 +195,9 @@ ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
                                          limits=gluon_unsupported_setting),
     "triton_gluon_bwd_unordered": AttentionBackend(triton_unordered_attention,
                                                    limits=gluon_unsupported_setting),
+    # The rival on Hopper and Blackwell, where it is installed.
+    "fa4": AttentionBackend(flash_attention_4, needs_cuda=True, half_precision_only=True,
+                            limits=_flash_attention_4_limits),
 }
 
 
