@@ -11,8 +11,8 @@ in turn (device time; calls whose host path is longer than their kernels show th
 as an eager caller sees it). The default pair runs as FlashAttentionTriton runs it (with
 launches replayed from C++); the others through FlashAttentionTritonKernels. A pair wins
 a shape where its median per-round ratio to the default is below WIN; the table holds,
-per head dim, each winning pair's largest region of (seq >= s, tokens >= t) in which it
-wins at every grid point.
+per head dim, regions of (seq >= s, tokens >= t) in which one pair beats the default at
+every grid point (`table`). `--rows FILE.json` forms the table again from a saved run.
 
 Usage: PYTHONPATH=src python studies/attention_dispatch/study.py [--out FILE.json]
 (about 4 to 5 minutes on one H100).
@@ -132,30 +132,45 @@ def measure(seq: int, head_dim: int, tokens: int, capability: tuple[int, int]
 
 
 def winner(row: dict[str, object]) -> str:
-    """The pair that beats the default by WIN at this shape, or the default."""
-    ratios = {name: r for name, r in row["over_default"].items() if name not in RIVALS}
-    best = min(ratios, key=ratios.get, default=DEFAULT.name)
-    return best if ratios.get(best, 1.0) < WIN else DEFAULT.name
+    """The pair that beats the default by most at this shape, if by WIN, or the default."""
+    ratios = beaters(row)
+    return min(ratios, key=ratios.get) if ratios else DEFAULT.name
+
+
+def beaters(row: dict[str, object]) -> dict[str, float]:
+    """Each pair that beats the default by WIN at this shape: its ratio to the default."""
+    return {name: r for name, r in row["over_default"].items()
+            if name not in RIVALS and name != DEFAULT.name and r < WIN}
 
 
 def table(rows: list[dict[str, object]], capability: tuple[int, int]) -> list[Rule]:
-    """Per head dim, each winning pair's largest (seq >= s, tokens >= t) region in which
-    it wins at every measured shape, larger regions first."""
-    rules: list[tuple[int, Rule]] = []
+    """Rules of (seq >= s, tokens >= t) regions, per head dim: each names a pair that beats
+    the default at every measured shape of its region. Greedily, the region that covers
+    the most shapes no earlier rule covers comes first (ties: the pair's lower mean ratio
+    over it); a shape two pairs both win may go to either, since either beats the default."""
+    rules: list[Rule] = []
     for head_dim in HEAD_DIMS:
-        wins = {(r["seq"], r["tokens"]): winner(r) for r in rows if r["head_dim"] == head_dim}
-        for name in set(wins.values()) - {DEFAULT.name}:
-            best: tuple[int, int, int] | None = None
-            for s, t in itertools.product(SEQS, TOKENS):
-                region = [w for (seq, tok), w in wins.items() if seq >= s and tok >= t]
-                wins_all = bool(region) and all(w == name for w in region)
-                if wins_all and (best is None or len(region) > best[0]):
-                    best = (len(region), s, t)
-            if best is not None:
-                forward, backward = name.split("+")
-                rules.append((best[0], Rule(capability, torch.bfloat16, head_dim, best[1],
-                                            best[2], Kernels(forward, backward))))
-    return [rule for _, rule in sorted(rules, key=lambda item: -item[0])]
+        wins = {(r["seq"], r["tokens"]): beaters(r) for r in rows if r["head_dim"] == head_dim}
+        names = sorted({name for won in wins.values() for name in won})
+        covered: set[tuple[int, int]] = set()
+        while True:
+            best: tuple[int, float, str, int, int] | None = None
+            for name, s, t in itertools.product(names, SEQS, TOKENS):
+                region = [point for point in wins if point[0] >= s and point[1] >= t]
+                if not region or not all(name in wins[point] for point in region):
+                    continue
+                new = len(set(region) - covered)
+                mean = statistics.fmean(wins[point][name] for point in region)
+                if new and (best is None or (new, -mean) > (best[0], -best[1])):
+                    best = (new, mean, name, s, t)
+            if best is None:
+                break
+            _, _, name, s, t = best
+            covered |= {point for point in wins if point[0] >= s and point[1] >= t}
+            forward, backward = name.split("+")
+            rules.append(Rule(capability, torch.bfloat16, head_dim, s, t,
+                              Kernels(forward, backward)))
+    return rules
 
 
 def _print_row(row: dict[str, object]) -> None:
@@ -167,10 +182,26 @@ def _print_row(row: dict[str, object]) -> None:
           flush=True)
 
 
+def print_table(rules: list[Rule]) -> None:
+    print("TABLE: tuple[Rule, ...] = (")
+    for rule in rules:
+        print(f"    Rule(HOPPER, torch.bfloat16, {rule.head_dim}, "
+              f"min_seq={rule.min_seq}, min_tokens={rule.min_tokens},\n"
+              f"         kernels=Kernels({rule.kernels.forward.upper()}, "
+              f"{rule.kernels.backward.upper()})),")
+    print(")")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="write every row as JSON here")
+    parser.add_argument("--rows", type=Path, help="form the table from this saved run instead")
     args = parser.parse_args()
+    if args.rows:
+        saved = json.loads(args.rows.read_text())
+        print(f"{saved['device']}, torch {saved['torch']}: the table its rounds give:\n")
+        print_table(table(saved["rows"], HOPPER))
+        return 0
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -186,13 +217,7 @@ def main() -> int:
         _print_row(rows[-1])
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"{time.perf_counter() - started:.0f} s. The table these rounds give:\n")
-    print("TABLE: tuple[Rule, ...] = (")
-    for rule in table(rows, capability):
-        print(f"    Rule({rule.capability}, torch.bfloat16, {rule.head_dim}, "
-              f"min_seq={rule.min_seq}, min_tokens={rule.min_tokens},\n"
-              f"         kernels=Kernels({rule.kernels.forward.upper()}, "
-              f"{rule.kernels.backward.upper()})),")
-    print(")")
+    print_table(table(rows, capability))
     if args.out:
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                         "torch": torch.__version__, "rows": rows}, indent=1))

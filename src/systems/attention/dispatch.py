@@ -63,21 +63,26 @@ class Rule:
                 and tokens >= self.min_tokens)
 
 
-# Measured on one H200 (sm_90, as the H100; torch 2.11, Triton 3.6), bf16, causal,
-# forward+backward, five do_bench rounds taken in turn per shape, by
-# `PYTHONPATH=src python studies/attention_dispatch/study.py` (its run is saved as
-# studies/attention_dispatch/runs/2026-11-27_h200.json). A pair wins a shape where its median
-# per-round ratio to the default is below 0.98. The ordered Gluon backward won at seq 16384
-# for d = 64 (from 32768 tokens) and d = 96, and for d = 128 from seq 2048 once the GPU is
-# filled (262144 tokens: 0.92 to 0.84 of the two passes); below those its launches from
-# Python cost more than its kernels save. No pair beat the default at d = 80. Every other
-# shape runs DEFAULT.
+# Measured on one H100 (sm_90, as the H200; torch 2.11, Triton 3.6), bf16, causal,
+# forward+backward, three do_bench rounds taken in turn per shape, by
+# `PYTHONPATH=src python -m studies.attention_dispatch.study` (its run is saved as
+# studies/attention_dispatch/runs/2026-11-27_h100.json; `--rows` forms the table again from
+# it). A pair beats the default at a shape where its median per-round ratio to the default
+# is below 0.98; each rule names a pair that beats it at every measured shape of its region.
+# The ordered Gluon backward wins once the GPU is filled (262144 tokens: from seq 8192 at
+# d = 64, from 1024 at d = 128, 0.97 to 0.87 of the two passes) and at seq 16384; below
+# those its launches cost more than its kernels save. No pair beat the default at d = 80.
+# Every other shape runs DEFAULT.
 TABLE: tuple[Rule, ...] = (
     Rule(HOPPER, torch.bfloat16, 64, min_seq=16384, min_tokens=32768,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
+    Rule(HOPPER, torch.bfloat16, 64, min_seq=8192, min_tokens=262144,
+         kernels=Kernels(TRITON, GLUON_ORDERED)),
     Rule(HOPPER, torch.bfloat16, 96, min_seq=16384, min_tokens=262144,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
-    Rule(HOPPER, torch.bfloat16, 128, min_seq=2048, min_tokens=262144,
+    Rule(HOPPER, torch.bfloat16, 128, min_seq=1024, min_tokens=262144,
+         kernels=Kernels(GLUON, GLUON_ORDERED)),
+    Rule(HOPPER, torch.bfloat16, 128, min_seq=16384, min_tokens=32768,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
 )
 

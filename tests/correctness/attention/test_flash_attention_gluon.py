@@ -9,6 +9,7 @@ for sm_90 is checked on any machine (test_triton_builds.py)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import replace
 
@@ -31,9 +32,11 @@ from systems.attention.gluon.backward import (
 )
 from systems.attention.gluon.backward import descriptor_specs as backward_specs
 from systems.attention.gluon.backward import unsupported_reason as gluon_unsupported_reason
+from systems.attention.gluon.backward import unsupported_setting as gluon_unsupported_setting
 from systems.attention.gluon.forward import CONFIGS as GLUON_FORWARD_CONFIGS
 from systems.attention.gluon.forward import GluonForwardConfig, gluon_forward
 from systems.attention.gluon.forward import descriptor_specs as forward_specs
+from systems.common import hardware
 from systems.model import ModelConfig, TransformerLM
 
 GRADS = ("dq", "dk", "dv")
@@ -386,3 +389,20 @@ def test_launch_layouts_are_those_of_descriptors_over_contiguous_rows(specs):
         described = TensorDescriptor.from_tensor(tensor, block, layout)
         assert layouts[index] == (list(described.shape), list(described.strides),
                                   described.block_shape, described.layout)
+
+
+def test_the_device_check_compiles_without_a_graph_break(monkeypatch):
+    """torch.compile traces the Gluon input checks (FlashAttentionTritonKernels' forward):
+    the capability read must be a constant to it, not a call it refuses to trace."""
+    # The GPU's own limits are read once and cached, as on a GPU.
+    monkeypatch.setattr(hardware, "_cuda_target",
+                        functools.cache(lambda index: hardware.TARGETS["sm_90"]))
+
+    def checked(x: torch.Tensor) -> torch.Tensor:
+        reason = gluon_unsupported_setting(torch.device("cuda", 0), torch.bfloat16, 256)
+        return x + 1 if reason is None else x - 1
+
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(checked)(torch.zeros(4))
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert torch.equal(torch.compile(checked)(torch.zeros(4)), torch.ones(4))

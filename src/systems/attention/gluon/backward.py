@@ -116,12 +116,18 @@ def cut_to(t: torch.Tensor, head_dim: int) -> torch.Tensor:
     return t if t.shape[-1] == head_dim else t[..., :head_dim].contiguous()
 
 
+@torch.compiler.assume_constant_result  # compiled code reads it as a constant, untraced
+def _capability(index: int) -> tuple[int, int]:
+    return hardware.capability(torch.device("cuda", index))
+
+
 def unsupported_setting(device: torch.device, dtype: torch.dtype, seq: int) -> str | None:
     """Why the Gluon backward cannot run on this device, dtype and sequence length; None if
     it can (`unsupported_reason` checks the rest)."""
     if device.type != "cuda":
         return f"needs a CUDA device, got {device}"
-    if hardware.capability(device) != (9, 0):  # the small-GPU switch's target where it is on
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if _capability(index) != (9, 0):  # the small-GPU switch's target where it is on
         return f"needs an sm_90 GPU (H100, H200), got {torch.cuda.get_device_name(device)}"
     if dtype != torch.bfloat16:
         return f"needs bf16, got {dtype}"
