@@ -1,13 +1,13 @@
-"""Markdown tables of benchmark results: end-to-end steps, speedups, attention, distributed."""
+"""Markdown tables of benchmark results for the results page: training recipes and
+data-parallel steps."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from systems.accounting import step_memory
 from systems.common.formatting import fmt, markdown_table
-from systems.model import MODEL_CONFIGS, ModelConfig
+from systems.model import MODEL_CONFIGS
 from systems.runs import keys
 from systems.runs.history import Result
 
@@ -50,55 +50,6 @@ def _gib(value: object) -> str:
     return fmt(value, ".2f", 2**-30)
 
 
-def _compile_tag(result: Result) -> str:
-    return "compiled" if result.get(keys.COMPILED) else "eager"
-
-
-def end_to_end_table(results: Sequence[Result]) -> str:
-    """One row per end-to-end step benchmark: time, throughput, memory and the run file."""
-    rows = sorted((r for r in results if r.kind == "end_to_end"),
-                  key=_sort_key(keys.SIZE, keys.SEQ_LEN, keys.MODE, keys.PRECISION,
-                                keys.COMPILED, keys.ATTENTION))
-    return markdown_table(
-        ["size", "ctx", "mode", "precision", "compile", "attention", "mean ± std ms",
-         "TFLOP/s", "MFU", "tokens/s", "peak GiB", "run"],
-        [[r.get(keys.SIZE), r.get(keys.SEQ_LEN), r.get(keys.MODE), r.get(keys.PRECISION),
-          _compile_tag(r), r.get(keys.ATTENTION, "-"), mean_std_ms(r),
-          fmt(r.get(keys.TFLOPS), ".1f"), fmt(r.get(keys.MFU), ".1%"),
-          fmt(r.get(keys.TOKENS_PER_S), ",.0f"), _gib(r.get(keys.PEAK_MEMORY)), r.short_run]
-         for r in rows])
-
-
-def speedup_table(
-    results: Sequence[Result], axis: str, baseline: object, contender: object,
-    label: Sequence[str], names: tuple[str, str] | None = None,
-) -> str:
-    """Pair results equal in everything but `axis` and measured in the same run (never a
-    ratio across runs or files); speedup = base / contender, of medians.
-
-    `label`: extra_info keys shown to identify each pair; `names`: the two sides' column
-    names (default: the axis values).
-    """
-    base_name, contender_name = names or (str(baseline), str(contender))
-    def identity(r: Result) -> tuple:
-        return r.kind, r.measured_in, tuple(sorted((k, str(v)) for k, v in r.info.items()
-                                                   if k in _IDENTITY_KEYS and k != axis))
-
-    base = {identity(r): r for r in results if r.get(axis) == baseline}
-    rows = []
-    for r in results:
-        if r.get(axis) != contender or identity(r) not in base:
-            continue
-        b = base[identity(r)]
-        rows.append([*(r.get(k, "-") for k in label), median_ms(b), median_ms(r),
-                     f"{b.median / r.median:.2f}x", _gib(b.get(keys.PEAK_MEMORY)),
-                     _gib(r.get(keys.PEAK_MEMORY)), r.short_run])
-    rows.sort(key=lambda row: tuple((_SIZE_ORDER.get(v, 99), str(v)) for v in row[:len(label)]))
-    return markdown_table([*(keys.HEADERS.get(k, k) for k in label), f"{base_name} median ms",
-                           f"{contender_name} median ms", "speedup", f"{base_name} peak GiB",
-                           f"{contender_name} peak GiB", "run"], rows)
-
-
 def recipes_table(results: Sequence[Result], baseline: str = "pytorch_baseline",
                   contender: str = "optimized", plain: str = "eager") -> str:
     """Per model size and context: the three training recipes side by side, the speedups of
@@ -128,40 +79,6 @@ def recipes_table(results: Sequence[Result], baseline: str = "pytorch_baseline",
          f"{contender} cold s", f"{contender} peak GiB", "run"], rows)
 
 
-# What makes two results the same workload (the measured numbers are left out).
-_IDENTITY_KEYS = {
-    keys.SIZE, keys.SEQ_LEN, keys.BATCH, keys.MODE, keys.PRECISION, keys.COMPILED,
-    keys.ATTENTION, keys.IMPLEMENTATION, keys.SEQ_LEN, keys.HEAD_DIM, keys.DTYPE, keys.PASS,
-    keys.VARIANT, keys.BUCKET_SIZE_MB, keys.WORLD_SIZE, keys.BACKEND, keys.SIZE_BYTES,
-    keys.CAUSAL, keys.BATCH_HEADS, "d_model", "d_ff", "num_layers", "num_heads", "vocab_size",
-}
-
-
-def warmup_study_table(results: Sequence[Result]) -> str:
-    """The same step timed after 0, 1, 2, ... untimed warm-up steps."""
-    rows = sorted((r for r in results if r.kind == "warmup_study"),
-                  key=_sort_key(keys.SIZE, keys.PRECISION, keys.WARMUP_ROUNDS))
-    return markdown_table(
-        ["size", "ctx", "mode", "precision", "warm-up steps", "mean ± std ms", "max ms", "run"],
-        [[r.get(keys.SIZE), r.get(keys.SEQ_LEN), r.get(keys.MODE), r.get(keys.PRECISION),
-          r.get(keys.WARMUP_ROUNDS), mean_std_ms(r), fmt(r.stats.get("max"), ".2f", 1e3),
-          r.short_run] for r in rows])
-
-
-def attention_table(results: Sequence[Result]) -> str:
-    rows = sorted((r for r in results if r.kind == "attention"),
-                  key=_sort_key(keys.PASS, keys.DTYPE, keys.CAUSAL, keys.BATCH_HEADS,
-                                keys.HEAD_DIM, keys.SEQ_LEN, keys.IMPLEMENTATION))
-    return markdown_table(
-        ["implementation", "mode", "dtype", "causal", "batch x heads", "seq len", "head dim",
-         "mean ± std ms", "TFLOP/s", "peak GiB", "run"],
-        [[r.get(keys.IMPLEMENTATION), r.get(keys.PASS, "-"), r.get(keys.DTYPE, "-"),
-          r.get(keys.CAUSAL, "-"), r.get(keys.BATCH_HEADS, "-"), r.get(keys.SEQ_LEN),
-          r.get(keys.HEAD_DIM, "-"), mean_std_ms(r, 3),
-          fmt(r.get(keys.TFLOPS), ".1f"), _gib(r.get(keys.PEAK_MEMORY)), r.short_run]
-         for r in rows])
-
-
 _SAME_TRAINING = (keys.SIZE, keys.BATCH_PER_RANK, keys.SEQ_LEN, keys.WORLD_SIZE, keys.BACKEND)
 
 
@@ -189,45 +106,3 @@ def ddp_table(results: Sequence[Result]) -> str:
           fmt(overhead_vs_no_comm(r, results), "+.1%"),
           fmt(r.get(keys.SYNC_WAIT_FRACTION), ".1%"), fmt(r.get(keys.PEAK_MEMORY), ".2f", 2**-30),
           r.short_run] for r in rows])
-
-
-def collective_table(results: Sequence[Result]) -> str:
-    rows = sorted((r for r in results if r.kind == "collective"),
-                  key=_sort_key(keys.BACKEND, keys.WORLD_SIZE, keys.SIZE_BYTES))
-    return markdown_table(
-        ["backend", "world size", "size MB", "ms per all-reduce (slowest rank, median)",
-         "algbw GB/s", "busbw GB/s", "run"],
-        [[r.get(keys.BACKEND, "-"), r.get(keys.WORLD_SIZE, "-"),
-          fmt(r.get(keys.SIZE_BYTES), ".3g", 1e-6), fmt(r.get(keys.ALLREDUCE_S), ".3f", 1e3),
-          fmt(keys.gb_per_s(r.get(keys.ALGBW)), ".1f"),
-          fmt(keys.gb_per_s(r.get(keys.BUSBW)), ".1f"), r.short_run] for r in rows])
-
-
-_CONFIG_FIELDS = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
-
-
-def model_config(result: Result) -> ModelConfig | None:
-    """The measured model's hyperparameters (as recorded), else its preset, else None."""
-    if all(isinstance(result.get(f), int) for f in _CONFIG_FIELDS):
-        return ModelConfig(**{f: result.get(f) for f in _CONFIG_FIELDS},
-                           max_seq_len=max(2048, int(result.get(keys.SEQ_LEN) or 0)))
-    return MODEL_CONFIGS.get(str(result.get(keys.SIZE)))
-
-
-def memory_prediction_table(results: Sequence[Result]) -> str:
-    """Measured peak memory of end-to-end steps next to `systems.accounting.step_memory`."""
-    rows = []
-    for r in sorted((r for r in results if r.kind == "end_to_end"),
-                    key=_sort_key(keys.SIZE, keys.SEQ_LEN, keys.MODE, keys.PRECISION)):
-        config, measured = model_config(r), r.get(keys.PEAK_MEMORY)
-        if config is None or not measured or r.get(keys.COMPILED) \
-                or r.get(keys.ATTENTION, "reference") != "reference":
-            continue  # the model describes eager steps with reference attention only
-        predicted = step_memory(config, r.get(keys.BATCH, 4), r.get(keys.SEQ_LEN),
-                                r.get(keys.PRECISION), r.get(keys.MODE))
-        rows.append([r.get(keys.SIZE), r.get(keys.SEQ_LEN), r.get(keys.MODE),
-                     r.get(keys.PRECISION), _gib(predicted.activations),
-                     _gib(predicted.peak), _gib(measured), f"{measured / predicted.peak:.2f}"])
-    return markdown_table(["size", "ctx", "mode", "precision", "predicted activations GiB",
-                           "predicted peak GiB (lower bound)", "measured peak GiB",
-                           "measured / predicted"], rows)

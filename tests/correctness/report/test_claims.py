@@ -10,7 +10,7 @@ import pytest
 
 from systems.report import plots
 from systems.report.claims import all_claims, claims_table, summary_table
-from systems.report.tables import provenance, recipes_table, speedup_table
+from systems.report.tables import provenance, recipes_table
 from systems.runs import keys
 from systems.runs.history import Result
 
@@ -112,14 +112,7 @@ def test_recipe_and_ddp_claims_name_both_time_kinds() -> None:
     assert claims["fsdp", "torch_fsdp2"].ours.time_kind == keys.RANK_EVENT_TIME
 
 
-def test_speedup_and_recipe_tables_never_pair_across_runs() -> None:
-    across = [_attention("reference", 4e-3, "G/0001_a.json"),
-              _attention("triton", 1e-3, "G/0002_b.json")]
-    assert speedup_table(across, keys.IMPLEMENTATION, "reference", "triton", [keys.SEQ_LEN]) == ""
-    same = [_attention("reference", 4e-3, "G/0003_c.json"),
-            _attention("triton", 1e-3, "G/0003_c.json")]
-    assert "| 0003_c.json |" in speedup_table(across + same, keys.IMPLEMENTATION, "reference",
-                                               "triton", [keys.SEQ_LEN])
+def test_recipe_tables_never_pair_across_runs() -> None:
     recipes = [_result(f"r-{name}", 0.1, file, size="small", seq_len=512,
                        mode="train_step", recipe=name)
                for name, file in (("optimized", "G/0001.json"),
@@ -260,16 +253,11 @@ def test_histories_at_any_depth_are_found_and_named_relative_to_the_root(tmp_pat
     assert all_claims([r for run in runs for r in run.results]) == []  # different files
 
 
-def test_speedup_and_recipe_tables_are_ratios_of_medians_like_the_claims() -> None:
+def test_recipe_tables_are_ratios_of_medians_like_the_claims() -> None:
     def skewed(result: Result, mean: float) -> Result:
         # One slow round: the mean moves, the median does not.
         return Result(**{**result.__dict__, "stats": {**result.stats, "mean": mean}})
 
-    attention = [skewed(_attention("reference", 4e-3, "G/0001.json"), 40e-3),
-                 skewed(_attention("triton", 1e-3, "G/0001.json"), 1e-3)]
-    speedups = speedup_table(attention, keys.IMPLEMENTATION, "reference", "triton",
-                             [keys.SEQ_LEN])
-    assert "| 4096 | 4.00 | 1.00 | 4.00x |" in speedups
     recipes = [skewed(_result(f"test_training_recipe[2.7b-{name}]", median, "G/0002.json",
                               size="2.7b", context_length=512, mode="train_step",
                               recipe=name), mean)

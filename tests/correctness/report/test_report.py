@@ -12,15 +12,7 @@ from smoke_runs import save_smoke_runs
 from systems.report.cli import main
 from systems.report.compare import compare_runs
 from systems.report.plots import allreduce_bandwidth, ddp_variants
-from systems.report.tables import (
-    attention_table,
-    collective_table,
-    ddp_table,
-    end_to_end_table,
-    recipes_table,
-    speedup_table,
-    warmup_study_table,
-)
+from systems.report.tables import ddp_table, recipes_table
 from systems.runs import keys
 from systems.runs.baseline import run_timings
 from systems.runs.gate import FLOOR, compare, regressions
@@ -61,22 +53,6 @@ def test_runs_with_an_injected_slowdown_never_reach_a_report(smoke_runs, tmp_pat
     runs = load_runs(copy_root)
     assert [len(r.results) for r in runs if r.path.name == "9999_slowed.json"] == [0]
     assert all(r.file != "gpu/9999_slowed.json" for r in latest_results(runs))
-
-
-def test_end_to_end_table_lists_every_step_with_its_run(smoke_runs) -> None:
-    results = latest_results(load_runs(smoke_runs))
-    table = end_to_end_table(results)
-    e2e = [r for r in results if r.kind == "end_to_end"]
-    assert len(table.splitlines()) == 2 + len(e2e)
-    assert "| tiny | 64 | forward | bf16 | eager | reference |" in table
-
-
-def test_warmup_study_rows_are_not_end_to_end_rows() -> None:
-    info = {"size": "tiny", "mode": "train_step", "precision": "bf16", "warmup_rounds": 0}
-    study = _result("test_warmup_study[warmup0-tiny]", 0.1, **info)
-    assert study.kind == "warmup_study"
-    assert end_to_end_table([study]) == ""
-    assert "| tiny |" in warmup_study_table([study])
 
 
 def test_results_command_writes_page_and_plots(smoke_runs, tmp_path) -> None:
@@ -149,17 +125,6 @@ def _result(name: str, mean: float, **info) -> Result:
                   datetime="2026-01-01", device="GPU fixture")
 
 
-def _attention_fixture() -> list[Result]:
-    """Attention results as test_attention.py records them: shape (batch, seq, d) and mode."""
-    return [_result(f"attn-{impl}-{n}", scale * n * n * 1e-9,
-                    **keys.normalise({"implementation": impl, "shape": [16, n, 64],
-                                      "dtype": "bfloat16", "causal": True,
-                                      "mode": "forward_backward",
-                                      "peak_memory_bytes": int(scale * n * n * 100)}))
-            for impl, scale in (("reference", 4.0), ("triton", 1.0))
-            for n in (256, 1024, 4096)]
-
-
 def test_recipes_table_puts_the_three_recipes_side_by_side() -> None:
     def recipe(name: str, size: str, mean: float) -> Result:
         return _result(f"recipe-{size}-{name}", mean, size=size, seq_len=512,
@@ -173,16 +138,6 @@ def test_recipes_table_puts_the_three_recipes_side_by_side() -> None:
     # 2.7b: 150 / 120 ms against the baseline, 300 / 120 against eager; cold 15 s and 12 s.
     assert "| 1.25x | 2.50x | 25.0% | 15.0 | 12.0 |" in rows[1]
     assert "| - | - | 25.0% | - | 5.0 |" in rows[0]  # small: ours alone
-    assert not any(r.startswith("| 2.7b") for r in end_to_end_table(results).splitlines())
-
-
-def test_attention_tables_pair_implementations_and_plot(tmp_path) -> None:
-    results = _attention_fixture()
-    assert len(attention_table(results).splitlines()) == 2 + len(results)
-    assert results[0].kind == "attention" and results[0].get("seq_len") == 256
-    speedups = speedup_table(results, "implementation", "reference", "triton",
-                             ["mode", "seq_len"])
-    assert speedups.count("4.00x") == 3
 
 
 def test_distributed_sections_render_only_with_data(tmp_path) -> None:
@@ -201,7 +156,6 @@ def test_distributed_sections_render_only_with_data(tmp_path) -> None:
     assert len(table.splitlines()) == 8
     assert "| naive | - | 2 | - | 450.0 | +12.5% |" in table  # against "none" of its run
     assert "| flat | - | 4 | - | 450.0 | +25.0% |" in table  # as an older run saved it
-    assert "| nccl | 2 |" in collective_table(collectives)
     assert ddp_variants(ddp, tmp_path / "d.png").read_bytes()[:8] == PNG
     assert allreduce_bandwidth(collectives, tmp_path / "b.png").read_bytes()[:8] == PNG
 
@@ -215,7 +169,6 @@ def test_real_distributed_run_lands_in_the_distributed_tables(tmp_path) -> None:
     table = ddp_table(results)
     assert len(table.splitlines()) == 2 + len(train_steps)
     assert "| - | - |" not in table  # step time and overhead are read from extra_info
-    assert "| gloo | 2 |" in collective_table(results)
 
 
 def test_combined_history_files_keep_the_source_run(smoke_runs, tmp_path) -> None:
