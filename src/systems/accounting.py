@@ -1,14 +1,13 @@
-"""Analytic memory and communication models for training our Transformer LMs.
+"""Analytic memory and FLOP models for training our Transformer LMs.
 
-Conventions: sizes in bytes, times in seconds, bandwidths in bytes/s. "Activations" are the
-tensors autograd saves for backward, counted once per storage (what is alive at the end of
-the forward pass), as our `TransformerLM` saves them; `tests/correctness/bench/test_accounting.py`
-checks the count against saved-tensor hooks.
+Sizes are in bytes. "Activations" are the tensors autograd saves for backward, counted once
+per storage (what is alive at the end of the forward pass), as our `TransformerLM` saves
+them; `tests/correctness/bench/test_accounting.py` checks the count against saved-tensor
+hooks. docs/accounting.md tabulates them for our model sizes.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from systems.model import ModelConfig
@@ -163,26 +162,6 @@ def step_memory(
 
 
 # ------------------------------------------------------------------ activation checkpointing
-def checkpointed_activation_bytes(
-    layer_bytes: int, boundary_bytes: int, num_layers: int, segment: int
-) -> int:
-    """Peak saved activations when only every `segment`-th block input is kept.
-
-    Forward keeps ceil(L / segment) block inputs; backward recomputes one segment at a time,
-    holding its `segment` blocks' activations on top of the kept inputs.
-    """
-    if not 1 <= segment <= num_layers:
-        raise ValueError(f"segment must lie in [1, {num_layers}], got {segment}")
-    return math.ceil(num_layers / segment) * boundary_bytes + segment * layer_bytes
-
-
-def best_checkpoint_segment(layer_bytes: int, boundary_bytes: int, num_layers: int) -> int:
-    """The segment length minimising `checkpointed_activation_bytes` (about sqrt(L) when a
-    block's activations are a fixed multiple of its input)."""
-    return min(range(1, num_layers + 1), key=lambda s: checkpointed_activation_bytes(
-        layer_bytes, boundary_bytes, num_layers, s))
-
-
 def checkpoint_blocks_for_budget(
     config: ModelConfig, batch_size: int, seq_len: int, precision: str, budget_bytes: int,
     scores_saved: bool = True,
@@ -206,102 +185,6 @@ def checkpoint_blocks_for_budget(
         if replace(memory, activations=saved).peak <= budget_bytes:
             return blocks
     return config.num_layers
-
-
-# ------------------------------------------------------------------------ the XXL FFN model
-@dataclass(frozen=True)
-class FFNStack:
-    """A stack of two-matmul FFN blocks (d_model -> d_ff -> d_model, no biases)."""
-
-    d_model: int = 16384
-    d_ff: int = 53248
-    num_blocks: int = 126
-
-    @property
-    def parameters(self) -> int:
-        return self.num_blocks * 2 * self.d_model * self.d_ff
-
-    def state_bytes(self) -> int:
-        """fp32 master weights, gradients and the two AdamW moments."""
-        return self.parameters * FP32 * (2 + ADAMW_STATES)
-
-    def activation_bytes(self, tokens: int) -> int:
-        """bf16 tensors saved for backward: each block's input and its hidden activation."""
-        return tokens * self.num_blocks * (self.d_model + self.d_ff) * BF16
-
-    def fsdp_bytes_per_device(self, tokens: int, devices: int) -> int:
-        """State and half of the activations sharded over `devices`; the other half replicated."""
-        half = self.activation_bytes(tokens) / 2
-        return math.ceil(self.state_bytes() / devices + half / devices + half)
-
-    def min_fsdp_devices(self, tokens: int, device_bytes: int) -> int | None:
-        """Fewest devices for which `fsdp_bytes_per_device` fits, or None if none does."""
-        replicated = self.activation_bytes(tokens) / 2
-        if replicated >= device_bytes:
-            return None
-        devices = math.ceil((self.state_bytes() + replicated) / (device_bytes - replicated))
-        while self.fsdp_bytes_per_device(tokens, devices) > device_bytes:  # ceil rounding
-            devices += 1
-        return devices
-
-
-# ------------------------------------------------------------------------------ communication
-def ddp_overhead(
-    model_bytes: float, bandwidth: float, call_overhead: float, buckets: int,
-    backward_seconds: float,
-) -> float:
-    """Seconds spent after backward finishes until the last bucket's all-reduce completes.
-
-    Buckets fill uniformly during backward (one every backward_seconds / buckets) and their
-    all-reduces run one after another, each costing call_overhead + bucket bytes / bandwidth.
-    Either the last all-reduce alone sticks out (compute-bound) or all of them queue behind
-    the first bucket (communication-bound).
-    """
-    if buckets < 1:
-        raise ValueError(f"buckets must be >= 1, got {buckets}")
-    per_bucket = call_overhead + model_bytes / buckets / bandwidth
-    fill = backward_seconds / buckets
-    return max(per_bucket, fill + buckets * per_bucket - backward_seconds)
-
-
-def best_bucket_count(
-    model_bytes: float, bandwidth: float, call_overhead: float, backward_seconds: float,
-    max_buckets: int = 4096,
-) -> int:
-    """The number of buckets minimising `ddp_overhead` (bucket size = model_bytes / count)."""
-    return min(range(1, max_buckets + 1), key=lambda b: ddp_overhead(
-        model_bytes, bandwidth, call_overhead, b, backward_seconds))
-
-
-def ring_all_reduce_bytes(tensor_bytes: float, world_size: int) -> float:
-    """Bytes each rank sends in a ring all-reduce (a reduce-scatter then an all-gather)."""
-    return 2 * ring_all_gather_bytes(tensor_bytes, world_size)
-
-
-def ring_all_gather_bytes(tensor_bytes: float, world_size: int) -> float:
-    """Bytes each rank sends in a ring all-gather, or equally a reduce-scatter."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    return tensor_bytes * (world_size - 1) / world_size
-
-
-def data_parallel_bytes_per_step(
-    param_bytes: float, world_size: int, scheme: str
-) -> float:
-    """Bytes each rank sends per step.
-
-    "ddp": all-reduce the gradients. "sharded_optimizer": the same all-reduce, then every
-    rank broadcasts the parameters it updated (each rank sends its shard to the others once).
-    "zero1": reduce-scatter the gradients so each rank gets only its shard's, then all-gather
-    the updated parameters: the volume of a plain all-reduce.
-    """
-    all_reduce = ring_all_reduce_bytes(param_bytes, world_size)
-    gather = ring_all_gather_bytes(param_bytes, world_size)
-    volumes = {"ddp": all_reduce, "sharded_optimizer": all_reduce + gather,
-               "zero1": 2 * gather}
-    if scheme not in volumes:
-        raise ValueError(f"unknown scheme {scheme!r}; choose one of {sorted(volumes)}")
-    return volumes[scheme]
 
 
 # ------------------------------------------------------------------------------- FLOP counts

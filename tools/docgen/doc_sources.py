@@ -9,6 +9,7 @@ from functools import partial
 from pathlib import Path
 
 from tools.docgen import (
+    doc_accounting,
     doc_attention,
     doc_backward,
     doc_claims,
@@ -42,4 +43,8 @@ def generators(repo: Path) -> dict[str, Generator]:
         "recipe-ratios": partial(doc_recipes.recipe_ratios, repo),
         "breakdowns": partial(doc_recipes.breakdown_side_by_side, repo),
         "claims-summary": partial(doc_claims.claims_summary, repo),
+        "accounting-memory": doc_accounting.config_memory_table,
+        "accounting-checkpointing": doc_accounting.checkpointing_table,
+        "accounting-xxl": doc_accounting.xxl_table,
+        "accounting-communication": doc_accounting.communication_table,
     }

@@ -1,5 +1,5 @@
 """docs/RESULTS.md: per GPU, the claims (ours against the rivals, same run) and the plots
-first, then one compact table per topic; the analytic accounting last. Sections appear
+first, then one compact table per topic. Sections appear
 only when their data exists. Every case's newest result is `systems report latest`."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from systems.common.hardware import slugify
-from systems.report import accounting_tables, claims, plots, tables
+from systems.report import claims, plots, tables
 from systems.runs.history import Result, Run, latest_results, runs_by_device
 
 _COMMAND = "python -m systems report results"
@@ -91,25 +91,6 @@ def device_section(device: str, runs: Sequence[Run], img_dir: Path, page_dir: Pa
     return lines
 
 
-def accounting_section() -> list[str]:
-    return [
-        "## Analytic accounting (`systems.accounting`)\n",
-        *_section(f"Memory of our models (batch {accounting_tables.BATCH}, "
-                  f"ctx {accounting_tables.CONTEXT})", accounting_tables.config_memory_table(),
-                  "Peak = max(params + AdamW + activations at backward start, params + grads "
-                  "+ AdamW + its sqrt(v) buffer at the optimizer step).\n"),
-        *_section("Activation checkpointing (fp32, ctx 512)",
-                  accounting_tables.checkpointing_table(),
-                  "Keeping every segment-th block input and recomputing one segment at a "
-                  "time in backward.\n"),
-        *_section("The XXL FFN model and FSDP", accounting_tables.xxl_table(),
-                  "FSDP shards the fp32 state and half the activations; the other half "
-                  "stays replicated.\n"),
-        *_section("Data-parallel communication per step", accounting_tables.communication_table(),
-                  "Bytes each rank sends (ring collectives) for fp32 gradients/parameters.\n"),
-    ]
-
-
 def results_page(runs: Sequence[Run], out_dir: Path, img_dir: Path) -> str:
     """The whole page; plots are written under `img_dir` and linked relative to `out_dir`."""
     lines = ["# Results\n",
@@ -122,5 +103,4 @@ def results_page(runs: Sequence[Run], out_dir: Path, img_dir: Path) -> str:
                      "`.benchmarks/`, then regenerate this page.\n")
     for device, device_runs in sorted(by_device.items()):
         lines += device_section(device, device_runs, img_dir, out_dir)
-    lines += accounting_section()
     return "\n".join(lines).rstrip() + "\n"

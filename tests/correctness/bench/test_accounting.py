@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -70,65 +68,6 @@ def test_step_memory_pieces_follow_the_mode() -> None:
     forward = acc.step_memory(config, 4, 512, mode="forward")
     assert forward.peak == params and forward.activations == 0
     assert acc.step_memory(config, 4, 512, mode="forward_backward").optimizer_state == 0
-
-
-def test_best_checkpoint_segment_is_near_sqrt_layers_and_beats_no_checkpointing() -> None:
-    layers = 64
-    # When a block's activations equal its input's size, the optimum is sqrt(L).
-    assert acc.best_checkpoint_segment(1000, 1000, layers) == math.isqrt(layers)
-    config = MODEL_CONFIGS["2.7b"]
-    layer = acc.layer_activation_bytes(config, 4, 512)
-    boundary = acc.residual_stream_bytes(config, 4, 512)
-    best = acc.best_checkpoint_segment(layer, boundary, config.num_layers)
-    cost = acc.checkpointed_activation_bytes(layer, boundary, config.num_layers, best)
-    assert cost < layer * config.num_layers
-    assert all(cost <= acc.checkpointed_activation_bytes(layer, boundary, config.num_layers, s)
-               for s in range(1, config.num_layers + 1))
-    with pytest.raises(ValueError):
-        acc.checkpointed_activation_bytes(layer, boundary, config.num_layers, 0)
-
-
-def test_xxl_ffn_memory_and_fsdp_sizing() -> None:
-    model = acc.FFNStack()
-    assert model.parameters == 126 * 2 * 16384 * 53248
-    assert model.state_bytes() == 16 * model.parameters  # fp32 weights, grads, two moments
-    tokens, limit = 1024, 95 * 10**9
-    devices = model.min_fsdp_devices(tokens, limit)
-    assert model.fsdp_bytes_per_device(tokens, devices) <= limit
-    assert model.fsdp_bytes_per_device(tokens, devices - 1) > limit
-    # Activations replicated on every device can exceed a device no matter the sharding.
-    assert model.min_fsdp_devices(10**6, limit) is None
-
-
-def test_ddp_overhead_regimes_and_optimal_bucket_count() -> None:
-    model_bytes, bandwidth, backward = 8e9, 100e9, 0.3
-    # Free calls: more buckets always hide more; the tail is one bucket's transfer.
-    assert acc.ddp_overhead(model_bytes, bandwidth, 0.0, 1, backward) == pytest.approx(0.08)
-    free = [acc.ddp_overhead(model_bytes, bandwidth, 0.0, b, backward) for b in (1, 4, 16)]
-    assert free == sorted(free, reverse=True)
-    # Communication-bound: everything queues behind the first bucket.
-    slow = acc.ddp_overhead(model_bytes, 1e9, 0.0, 4, backward)
-    assert slow == pytest.approx(backward / 4 + model_bytes / 1e9 - backward)
-    call = 1e-3
-    best = acc.best_bucket_count(model_bytes, bandwidth, call, backward)
-    at_best = acc.ddp_overhead(model_bytes, bandwidth, call, best, backward)
-    assert 1 < best < 4096
-    assert all(at_best <= acc.ddp_overhead(model_bytes, bandwidth, call, b, backward)
-               for b in range(1, 200))
-    # Expensive calls favour a single bucket.
-    assert acc.best_bucket_count(model_bytes, bandwidth, 1.0, backward) == 1
-
-
-def test_data_parallel_communication_volumes() -> None:
-    size, ranks = 1e9, 4
-    ddp = acc.data_parallel_bytes_per_step(size, ranks, "ddp")
-    assert ddp == pytest.approx(2 * size * 3 / 4)
-    assert acc.data_parallel_bytes_per_step(size, ranks, "zero1") == pytest.approx(ddp)
-    assert acc.data_parallel_bytes_per_step(size, ranks, "sharded_optimizer") == \
-        pytest.approx(1.5 * ddp)
-    assert acc.data_parallel_bytes_per_step(size, 1, "ddp") == 0
-    with pytest.raises(ValueError):
-        acc.data_parallel_bytes_per_step(size, ranks, "zero3")
 
 
 def test_reference_attention_part_flops() -> None:
