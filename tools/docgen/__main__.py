@@ -1,5 +1,5 @@
-"""Rewrite the generated blocks of README.md, docs/*.md and studies/*/README.md from the
-sources they name.
+"""Rewrite the generated blocks of README.md, docs/*.md, studies/*/README.md and the logs
+kept in studies/*/runs/*.md from the sources they name.
 
     python -m tools.docgen                 # every prose doc (docs/RESULTS.md is written whole)
     python -m tools.docgen docs/attention.md
@@ -19,12 +19,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 def default_docs(repo: Path) -> list[Path]:
     """The prose docs: README.md, every .md under docs/ except the generated results page,
-    the READMEs of docs/' folders, and each study's README (its log quotes its runs in
-    generated blocks)."""
+    the READMEs of docs/' folders, and each study's README and the earlier logs kept in its
+    runs/ folder (a log quotes its runs in generated blocks)."""
     return [repo / "README.md",
             *sorted(p for p in (repo / "docs").glob("*.md") if p.name != "RESULTS.md"),
             *sorted((repo / "docs").glob("*/README.md")),
-            *sorted((repo / "studies").glob("*/README.md"))]
+            *sorted((repo / "studies").glob("*/README.md")),
+            *sorted((repo / "studies").glob("*/runs/*.md"))]
 
 
 def main(argv: list[str]) -> int:
