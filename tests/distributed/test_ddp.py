@@ -8,6 +8,7 @@ import weakref
 
 import pytest
 import torch
+import torch.distributed as dist
 from distributed_cases import SEQ, VOCAB, ToyModel, make_wrapper, train_and_compare
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -20,6 +21,10 @@ VARIANTS = [
     ("naive", {}), ("flat", {}), ("individual", {}),
     ("bucketed", {"bucket_size_mb": None}),
 ]
+# DDPBucketed's layouts: several buckets with the tail shrinking from a budget smaller than
+# the bucket, and without shrinking.
+LAYOUTS = {"tail": {"bucket_size_mb": 6000 / 2**20, "tail_bucket_mb": 1000 / 2**20},
+           "no_tail": {"bucket_size_mb": 2097 / 2**20, "tail_bucket_mb": None}}
 
 
 @pytest.mark.parametrize("model_name", ["toy", "tiny_lm"])
@@ -47,6 +52,26 @@ def test_bitwise_equal_when_the_math_is_exact(run_on_ranks, backend, variant, op
     results = run_on_ranks(train_and_compare, variant, "exact", options=options, steps=1,
                            exact=True)
     assert all(r["compared"] > 0 for r in results)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_bucket_layouts_match_single_process(run_on_ranks, backend, layout):
+    results = run_on_ranks(train_and_compare, "bucketed", "toy", options=LAYOUTS[layout])
+    assert all(r["buckets"] >= 3 for r in results)
+    results = run_on_ranks(train_and_compare, "bucketed", "exact", options=LAYOUTS[layout],
+                           steps=1, exact=True)
+    assert all(r["compared"] > 0 for r in results)
+
+
+def train_on_own_group(model_name: str) -> dict:
+    # A second group of every rank (as an NCCL communicator with fewer thread blocks is).
+    group = dist.new_group(backend=dist.get_backend())
+    return train_and_compare("bucketed", model_name, steps=2,
+                             options={"bucket_size_mb": 2097 / 2**20, "process_group": group})
+
+
+def test_all_reduces_on_a_group_of_their_own(run_on_ranks, backend):
+    assert all(r["compared"] > 0 for r in run_on_ranks(train_on_own_group, "toy"))
 
 
 @pytest.mark.parametrize("world_size", [4, 6])
@@ -135,3 +160,10 @@ def test_buckets_shrink_towards_the_end_of_backward():
     assert sizes == [192, 256, 128, 64]
     assert len(make_buckets(params, None)) == 1
     assert [len(b) for b in make_buckets(params, 8 * mib)] == [1] * 40
+    # A smaller tail budget: 16, 32, 64, 128, then 256 MiB; none: every bucket 256 MiB.
+    sizes = [sum(p.numel() * p.element_size() for p in bucket) // mib
+             for bucket in make_buckets(params, 256 * mib, tail_bytes=16 * mib)]
+    assert sizes == [144, 256, 128, 64, 32, 16]
+    sizes = [sum(p.numel() * p.element_size() for p in bucket) // mib
+             for bucket in make_buckets(params, 256 * mib, tail_bytes=None)]
+    assert sizes == [128, 256, 256]

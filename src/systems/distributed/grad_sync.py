@@ -6,7 +6,14 @@ Every data-parallel variant is one configuration of `GradientSynchronizer`:
   reverse registration order, which is roughly the order backward produces them), or None
   (everything in one bucket);
 - overlap: launch each bucket from post-accumulate-grad hooks as soon as its last gradient
-  is ready, or launch all buckets in `finish()` after backward.
+  is ready, or launch all buckets in `finish()` after backward;
+- tail: how small the buckets become towards the end of backward (`make_buckets`);
+- group: the process group of the all-reduces (default: the default group), e.g. an NCCL
+  communicator limited to fewer thread blocks so that it takes fewer SMs from backward.
+
+Whoever wants to act on a bucket as soon as its all-reduce lands (`BucketSteps` steps the
+optimizer on it) registers a listener: it is called with the bucket's parameters and the
+all-reduce's work handle as each bucket is launched.
 
 Gradients live in their bucket, so the all-reduce runs in place with no copy in or out: a
 bucket of several parameters owns one flat buffer (allocated once, like torch DDP's
@@ -46,7 +53,7 @@ first backward and costs one dict check per step while nothing awaits a sync.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -101,21 +108,26 @@ TAIL_BUCKET_BYTES = 64 * 2**20
 
 
 def make_buckets(
-    params: list[nn.Parameter], bucket_bytes: float | None
+    params: list[nn.Parameter], bucket_bytes: float | None,
+    tail_bytes: float | None = TAIL_BUCKET_BYTES,
 ) -> list[list[nn.Parameter]]:
     """Group `params` into buckets of consecutive parameters in reverse order (the order
     backward produces their gradients), each of at most `bucket_bytes` bytes.
 
     Budgets shrink towards the end of backward: the last bucket holds at most
-    `TAIL_BUCKET_BYTES`, each earlier one at most twice the next, so the communication
-    still queued when backward finishes is small. A parameter larger than its budget gets
-    a bucket of its own; a bucket never mixes dtypes or devices (its gradients share one
-    buffer). None means a single bucket.
+    `tail_bytes`, each earlier one at most twice the next, so the communication still
+    queued when backward finishes is small (`tail_bytes` None: every budget is
+    `bucket_bytes`). A parameter larger than its budget gets a bucket of its own; a bucket
+    never mixes dtypes or devices (its gradients share one buffer). None means a single
+    bucket.
     """
+    if tail_bytes is not None and tail_bytes <= 0:
+        raise ValueError(f"tail_bytes must be positive or None, got {tail_bytes}")
     # Filled from the end of backward (forward order), then put in backward order.
     buckets: list[list[nn.Parameter]] = []
     size = 0
-    budget = None if bucket_bytes is None else min(bucket_bytes, TAIL_BUCKET_BYTES)
+    budget = bucket_bytes if bucket_bytes is None or tail_bytes is None else min(
+        bucket_bytes, tail_bytes)
     for param in params:
         nbytes = param.numel() * param.element_size()
         current = buckets[-1] if buckets else None
@@ -160,6 +172,12 @@ def _refuse_unsynchronized_step(optimizer: torch.optim.Optimizer, _args: object,
         raise RuntimeError(UNSYNCHRONIZED_STEP)
 
 
+def check_synchronized(optimizer: torch.optim.Optimizer) -> None:
+    """Raise as `optimizer.step()` would on gradients not averaged over ranks yet, for
+    steps that do not go through `step()` (`BucketSteps`)."""
+    _refuse_unsynchronized_step(optimizer, (), {})
+
+
 def mark_unsynchronized(owner: object, param_ids: frozenset[int]) -> None:
     """Refuse optimizer steps on `param_ids` until mark_synchronized(owner).
 
@@ -202,9 +220,14 @@ class GradientSynchronizer:
     """
 
     def __init__(self, params: list[nn.Parameter], bucket_bytes: float | None,
-                 overlap: bool) -> None:
-        self.buckets = [_Bucket(group) for group in make_buckets(params, bucket_bytes)]
+                 overlap: bool, *, tail_bytes: float | None = TAIL_BUCKET_BYTES,
+                 group: dist.ProcessGroup | None = None) -> None:
+        self.buckets = [_Bucket(members) for members
+                        in make_buckets(params, bucket_bytes, tail_bytes)]
         self.overlap = overlap
+        self.group = group
+        # Called with (bucket parameters, all-reduce work) as each bucket is launched.
+        self.listeners: list[Callable[[list[nn.Parameter], dist.Work], None]] = []
         self.require_sync = True
         count = sum(len(bucket.params) for bucket in self.buckets)
         self._usage_group = host_group()
@@ -269,7 +292,10 @@ class GradientSynchronizer:
                     view.copy_(param.grad)  # a fresh gradient (its .grad was None)
                     param.grad = view
             flat = bucket.buffer
-        bucket.work = dist.all_reduce(flat, op=dist.ReduceOp.AVG, async_op=True)
+        bucket.work = dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.group,
+                                      async_op=True)
+        for listener in self.listeners:
+            listener(bucket.params, bucket.work)
 
     def _used_on_any_rank(self) -> list[bool]:
         """Which parameters got a gradient on at least one rank since the last finish()."""
