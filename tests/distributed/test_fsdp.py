@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from distributed_cases import ExactStackModel, tiny_lm, train_and_compare
+import torch.distributed as dist
+from distributed_cases import (
+    MODELS,
+    ExactStackModel,
+    global_batches,
+    loss_fn,
+    tiny_lm,
+    train_and_compare,
+    vocab_of,
+)
 
 from systems.distributed import FSDP
 from systems.distributed import fsdp as fsdp_module
 from systems.distributed.rank_pool import worker_state
+from systems.optim import AdamW
 
 DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Low-precision compute: the parameter updates must match fp32 training to within a few
@@ -56,11 +66,11 @@ def test_units_follow_module_list_elements(run_on_ranks):
     assert [len(names) for names in units] == [1, 7, 7, 1]  # embedding, 2 blocks, LM head
 
 
-def collectives_per_step() -> dict[str, int]:
+def collectives_per_step(prefetch: int = 1) -> dict[str, int]:
     """All-gathers in forward and backward and reduce-scatters of one tiny_lm step (the
     second: the first has no recorded order to prefetch by)."""
     device = worker_state["device"]
-    wrapped = FSDP(tiny_lm().to(device))
+    wrapped = FSDP(tiny_lm().to(device), prefetch=prefetch)
     tokens = torch.randint(512, (2, 16), device=device)
     counts = dict.fromkeys(("forward", "backward", "reduce_scatter"), 0)
     phase = "forward"
@@ -89,11 +99,59 @@ def collectives_per_step() -> dict[str, int]:
     return counts
 
 
-def test_one_collective_per_unit(run_on_ranks):
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_one_collective_per_unit(run_on_ranks, prefetch):
     # 4 units (embedding, 2 blocks, LM head); backward re-gathers all but the embedding,
-    # whose backward needs only the token ids.
-    assert run_on_ranks(collectives_per_step) == [
+    # whose backward needs only the token ids. Gathering further ahead gathers nothing twice.
+    assert run_on_ranks(collectives_per_step, prefetch) == [
         {"forward": 4, "backward": 3, "reduce_scatter": 4}] * 2
+
+
+def trained_with_prefetch(model_name: str, prefetch: int, steps: int = 3) -> dict:
+    """Full parameters after `steps` AdamW steps of FSDP gathering `prefetch` calls ahead
+    (the first step gathers on demand: prefetching follows the previous step's order)."""
+    device, world = worker_state["device"], dist.get_world_size()
+    torch.manual_seed(0)
+    wrapped = FSDP(MODELS[model_name]().to(device), prefetch=prefetch)
+    optimizer = AdamW(wrapped.parameters(), lr=1e-2, weight_decay=0.1)
+    mine = slice(2 * dist.get_rank(), 2 * dist.get_rank() + 2)
+    for inputs, targets, weights in global_batches(vocab_of(wrapped.module), 2 * world, steps,
+                                                   seed=0):
+        optimizer.zero_grad(set_to_none=True)
+        logits = wrapped(inputs[mine].to(device))
+        loss_fn(model_name, logits, targets[mine].to(device), weights[mine].to(device)).backward()
+        wrapped.finish_gradient_synchronization()
+        optimizer.step()
+    return wrapped.gather_full_params()
+
+
+def same_bits_at_prefetch(model_name: str, prefetch: int) -> None:
+    default, other = (trained_with_prefetch(model_name, p) for p in (1, prefetch))
+    for name, tensor in default.items():
+        assert torch.equal(other[name], tensor), f"{name}: not bitwise equal"
+
+
+@pytest.mark.parametrize("prefetch", [0, 2, 3])
+@pytest.mark.parametrize("model_name", ["exact_stack", "tiny_lm"])
+def test_prefetch_depth_changes_no_bit(run_on_ranks, backend, model_name, prefetch):
+    # Prefetching moves only when a gather is launched, never what is computed.
+    run_on_ranks(same_bits_at_prefetch, model_name, prefetch)
+
+
+def test_prefetch_two_ahead_matches_single_process(run_on_ranks, backend):
+    results = run_on_ranks(train_and_compare, "fsdp", "tiny_lm", steps=3,
+                           options={"prefetch": 2})
+    assert all(r["compared"] > 0 for r in results)
+
+
+def wrap_with_prefetch(prefetch: object) -> None:
+    with pytest.raises(ValueError, match="prefetch"):
+        FSDP(ExactStackModel().to(worker_state["device"]), prefetch=prefetch)
+
+
+@pytest.mark.parametrize("prefetch", [-1, 1.5, True])
+def test_rejects_a_prefetch_that_is_not_a_count(run_on_ranks, prefetch):
+    run_on_ranks(wrap_with_prefetch, prefetch)
 
 
 def wrap_with_compute_dtype(compute_dtype, error: type[Exception]) -> None:

@@ -26,11 +26,13 @@ unit that gets gradients, a weight that got none receives zeros, where single-pr
 training leaves its `.grad` None; a weight used only sometimes belongs outside a ModuleList
 element, in a unit of its own.
 
-Gathers run ahead: when unit-root call i starts, the gather for call i+1 is launched, so a
-block's gather starts once the block two before it has finished; backward does the same in
-the order backward asked for the units in the previous step (the first backward guesses
-the reverse of the order the forward saved them in). Orders are recorded in each step and
-used in the next, so the first forward gathers on demand.
+Gathers run ahead (`prefetch`, default 1): when unit-root call i starts, the gathers for
+calls i+1 .. i+prefetch are launched, so with 1 a block's gather starts once the block two
+before it has finished; backward does the same in the order backward asked for the units
+in the previous step (the first backward guesses the reverse of the order the forward saved
+them in). Orders are recorded in each step and used in the next, so the first forward
+gathers on demand; so does every gather with `prefetch=0`. Each further call ahead keeps
+one more unit's full weights alive.
 
 With `compute_dtype`, shards are cast before the all-gather, the module computes in that
 dtype, gradients are reduced in it and accumulated into the fp32 shards: master weights
@@ -280,12 +282,16 @@ class _GatherUnit(torch.autograd.Function):
 class FSDP(LocalAccumulation, nn.Module):
     """Shards 2-D weights over the default process group; see the module docstring."""
 
-    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None, *,
+                 prefetch: int = 1) -> None:
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("initialise the default process group before wrapping a model")
         _check_compute_dtype(compute_dtype)
-        self.module, self.compute_dtype = module, compute_dtype
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be an int >= 0 (unit-root calls gathered "
+                             f"ahead), got {prefetch!r}")
+        self.module, self.compute_dtype, self.prefetch = module, compute_dtype, prefetch
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         broadcast_module_state(module)
         self.param_names = [name for name, _ in module.named_parameters()]
@@ -362,7 +368,7 @@ class FSDP(LocalAccumulation, nn.Module):
         self.grad_sync.require_sync = not self._accumulating
         self._recording_calls, self._recording_saved = [], []
         self._by_storage.clear()
-        for unit in self._roots[self._call_order[0]] if self._call_order else []:
+        for unit in self._roots[self._call_order[0]] if self._call_order and self.prefetch else []:
             self._start_gather(unit)
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             output = self.module(*args, **kwargs)
@@ -385,9 +391,10 @@ class FSDP(LocalAccumulation, nn.Module):
         if module in self._roots:
             index = len(self._recording_calls)
             self._recording_calls.append(module)
-            upcoming = self._call_order[index + 1] if index + 1 < len(self._call_order) else None
-            for unit in self._roots[module] + self._roots.get(upcoming, []):
-                self._start_gather(unit)  # this call's units, then prefetch the next call's
+            upcoming = self._call_order[index + 1:index + 1 + self.prefetch]
+            ahead = [unit for call in upcoming for unit in self._roots.get(call, [])]
+            for unit in self._roots[module] + ahead:
+                self._start_gather(unit)  # this call's units, then prefetch the next calls'
             for unit in self._roots[module]:
                 self._open(unit)
         for attr, entry in self._owned.get(module, []):
@@ -428,8 +435,11 @@ class FSDP(LocalAccumulation, nn.Module):
         if not self._recording_backward or self._recording_backward[-1] is not unit:
             self._recording_backward.append(unit)
         full = unit.gathered()
-        following = self._next_in_backward.get(unit)
-        if following is not None:  # prefetch what backward needs next
+        following = unit
+        for _ in range(self.prefetch):  # prefetch what backward needs next
+            following = self._next_in_backward.get(following)
+            if following is None:
+                break
             following.start_gather()
         return full.as_strided(size, stride, offset)
 
