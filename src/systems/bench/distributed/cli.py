@@ -18,6 +18,8 @@ from systems.bench.distributed.allreduce import bandwidths, timed_allreduces
 from systems.bench.distributed.train_step import (
     DATA_PARALLEL_OPTIMIZERS,
     DEFAULT_BUCKET_SIZE_MB,
+    DEFAULT_PREFETCH,
+    DEFAULT_TAIL_BUCKET_MB,
     VARIANTS,
     TrainSpec,
     setup_train,
@@ -30,7 +32,13 @@ from systems.cli_flags import (
     add_size,
     add_warmup_steps,
 )
-from systems.common.cli_help import ArgumentParser, HelpFormatter, positive_float, positive_int
+from systems.common.cli_help import (
+    ArgumentParser,
+    HelpFormatter,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from systems.common.hardware import gpu_count
 from systems.distributed.process_group import RendezvousError, init_from_env
 from systems.distributed.rank_pool import worker_state
@@ -56,11 +64,18 @@ def _allreduce(args: argparse.Namespace) -> list[dict]:
 
 def _train(args: argparse.Namespace) -> list[dict]:
     spec = TrainSpec(args.variant, args.size, args.batch_size, args.seq_len, args.bucket_size_mb,
-                     args.optimizer)
+                     args.optimizer, tail_bucket_mb=args.tail_bucket_mb,
+                     early_step=args.early_step, prefetch=args.prefetch,
+                     nccl_max_ctas=args.nccl_max_ctas)
     setup_train(spec)
     steps = [train_round() for _ in range(args.warmup + args.steps)][args.warmup:]
     step = statistics.median(_max_over_ranks(s["step_s"]) for s in steps)
     return [{"spec": vars(spec), "step_s": step}]
+
+
+def _tail_bucket_mb(text: str) -> float:
+    """A positive budget in MiB, or 0 for buckets that do not shrink."""
+    return 0.0 if text.strip() in ("0", "0.0") else positive_float(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_seq_len(train, default=128, retired=("--context",))
     train.add_argument("--optimizer", choices=[o.value for o in DATA_PARALLEL_OPTIMIZERS],
                        default=DATA_PARALLEL_OPTIMIZERS[0].value, help="optimizer")
+    train.add_argument("--tail-bucket-mb", type=_tail_bucket_mb,
+                       default=DEFAULT_TAIL_BUCKET_MB,
+                       help="bucketed: the last bucket's budget, MiB (0: no shrinking tail)")
+    train.add_argument("--early-step", action="store_true",
+                       help="bucketed: step each bucket's parameters as soon as its all-reduce "
+                            "lands; none: each block's as soon as its gradients exist")
+    train.add_argument("--prefetch", type=non_negative_int, default=DEFAULT_PREFETCH,
+                       help="fsdp: unit-root calls gathered ahead")
+    train.add_argument("--nccl-max-ctas", type=positive_int, default=None,
+                       help="bucketed: all-reduce on an NCCL communicator of at most this many "
+                            "thread blocks")
     add_warmup_steps(train, warmup=2, steps=5)
     return parser
 

@@ -10,7 +10,7 @@ cli.py).
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import gc
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +21,10 @@ from torch import nn
 
 from systems.bench.timing import StepTimer
 from systems.bench.workloads import ModelWorkload, StepOptions, build_model_workload
+from systems.distributed.bucket_steps import BucketSteps
 from systems.distributed.ddp import DDPBucketed, DDPIndividualParameters, FlatDDP, NaiveDDP
 from systems.distributed.fsdp import FSDP
+from systems.distributed.grad_sync import TAIL_BUCKET_BYTES
 from systems.distributed.rank_pool import worker_state
 from systems.model import get_config
 from systems.optim import OptimizerName
@@ -36,13 +38,22 @@ DATA_PARALLEL_OPTIMIZERS = (OptimizerName.ADAMW, OptimizerName.SHARDED, Optimize
 # quick perf profile gates. `None` (one bucket, synchronised after backward) would overlap no
 # communication with backward, which is what the bucketed variant is for.
 DEFAULT_BUCKET_SIZE_MB = 100.0
+DEFAULT_TAIL_BUCKET_MB = TAIL_BUCKET_BYTES / 2**20
+DEFAULT_PREFETCH = 1
 
 
 @dataclass(frozen=True)
 class TrainSpec:
     """One configuration. variant 'none': each rank trains alone (no communication).
-    `bucket_size_mb` belongs to the bucketed variant (None there: one bucket); every other
-    variant records None, so saved results name a bucket only where one was used."""
+
+    Options of one variant (every other variant records None, so saved results name an
+    option only where it was used): `bucket_size_mb` (bucketed; None: one bucket),
+    `tail_bucket_mb` (bucketed: the last bucket's budget, see `DDPBucketed`; 0: no
+    shrinking tail), `nccl_max_ctas` (bucketed: all-reduce on an NCCL communicator of at
+    most this many thread blocks), `prefetch` (fsdp: calls gathered ahead). `early_step`
+    (none and bucketed; False elsewhere): the optimizer step of each bucket as soon as its
+    all-reduce lands (`BucketSteps`), or with no communication of each block as soon as its
+    gradients exist (`OverlappedUpdates`, the same overlap without waiting for a network)."""
 
     variant: str
     size: str = "xl"
@@ -51,6 +62,10 @@ class TrainSpec:
     bucket_size_mb: float | None = DEFAULT_BUCKET_SIZE_MB
     optimizer: OptimizerName = OptimizerName.ADAMW
     lr: float = 1e-4
+    tail_bucket_mb: float | None = DEFAULT_TAIL_BUCKET_MB
+    early_step: bool = False
+    prefetch: int | None = DEFAULT_PREFETCH
+    nccl_max_ctas: int | None = None
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -58,8 +73,14 @@ class TrainSpec:
         # frozen: validated and normalised values replace the ones given
         object.__setattr__(self, "optimizer",
                            optimizer_name(self.optimizer, DATA_PARALLEL_OPTIMIZERS))
+        if self.early_step and self.variant not in ("none", "bucketed"):
+            raise ValueError(f"early_step is an option of 'none' and 'bucketed', not of "
+                             f"{self.variant!r}")
         if self.variant != "bucketed":
-            object.__setattr__(self, "bucket_size_mb", None)
+            for name in ("bucket_size_mb", "tail_bucket_mb", "nccl_max_ctas"):
+                object.__setattr__(self, name, None)
+        if self.variant != "fsdp":
+            object.__setattr__(self, "prefetch", None)
 
 
 def _wrap(spec: TrainSpec, model: nn.Module, device: torch.device) -> nn.Module:
@@ -73,10 +94,40 @@ def _wrap(spec: TrainSpec, model: nn.Module, device: torch.device) -> nn.Module:
             fully_shard(block)
         return fully_shard(model)
     wrappers = {"naive": NaiveDDP, "flat": FlatDDP, "individual": DDPIndividualParameters,
-                "fsdp": FSDP, "none": lambda m: m}
+                "none": lambda m: m}
     if spec.variant == "bucketed":
-        return DDPBucketed(model, spec.bucket_size_mb)
+        return DDPBucketed(model, spec.bucket_size_mb, tail_bucket_mb=spec.tail_bucket_mb or None,
+                           process_group=_limited_group(spec.nccl_max_ctas))
+    if spec.variant == "fsdp":
+        return FSDP(model, prefetch=spec.prefetch)
     return wrappers[spec.variant](model)
+
+
+def _limited_group(max_ctas: int | None) -> dist.ProcessGroup | None:
+    """None (the default group), or an NCCL group of every rank whose collectives use at
+    most `max_ctas` thread blocks (SMs): made once per limit on each rank."""
+    if max_ctas is None:
+        return None
+    if dist.get_backend() != "nccl":
+        raise ValueError("nccl_max_ctas needs the nccl backend")
+    key = f"nccl_group_max_ctas_{max_ctas}"
+    if key not in worker_state:
+        options = dist.ProcessGroupNCCL.Options()
+        options.config.max_ctas = max_ctas
+        worker_state[key] = dist.new_group(backend="nccl", pg_options=options)
+    return worker_state[key]
+
+
+def _with_bucket_steps(workload: ModelWorkload, steps: BucketSteps) -> ModelWorkload:
+    """`workload` whose optimizer phase is `steps.step()` (the buckets stepped during
+    backward are left out there)."""
+    phases = tuple((name, steps.step if name == "optimizer" else phase)
+                   for name, phase in workload.phases)
+
+    def step() -> object:
+        return [phase() for _, phase in phases][0]
+
+    return dataclasses.replace(workload, phases=phases, step=step)
 
 
 def _memory(device: torch.device) -> int | None:
@@ -87,10 +138,19 @@ def setup_train(spec: TrainSpec) -> dict[str, Any]:
     """Build the configuration on this rank; returns memory after initialisation."""
     device = worker_state["device"]
     teardown_train()
+    wrapped: list[nn.Module] = []
+
+    def wrap(model: nn.Module) -> nn.Module:
+        wrapped.append(_wrap(spec, model, device))
+        return wrapped[-1]
+
+    overlap = spec.early_step and spec.variant == "none"
     workload = build_model_workload(
         get_config(spec.size), batch_size=spec.batch_per_rank, seq_len=spec.seq_len,
-        device=device, options=StepOptions(optimizer=spec.optimizer, lr=spec.lr),
-        wrap=functools.partial(_wrap, spec, device=device))
+        device=device, wrap=wrap,
+        options=StepOptions(optimizer=spec.optimizer, lr=spec.lr, overlap_optimizer=overlap))
+    if spec.early_step and spec.variant == "bucketed":
+        workload = _with_bucket_steps(workload, BucketSteps(workload.optimizer, wrapped[0]))
     # Every rank starts from the same weights (the seed; the wrappers broadcast rank 0's)
     # and trains on a batch of its own.
     generator = torch.Generator().manual_seed(1 + dist.get_rank())
@@ -105,7 +165,9 @@ def setup_train(spec: TrainSpec) -> dict[str, Any]:
 
 
 def _optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    inner = getattr(optimizer, "local_optimizer", None) or getattr(optimizer, "optim", None)
+    # ShardedOptimizer's local part, torch ZeRO's, OverlappedUpdates' optimizer.
+    inner = next((getattr(optimizer, name) for name in ("local_optimizer", "optim", "optimizer")
+                  if hasattr(optimizer, name)), None)
     state = (inner or optimizer).state
     # FSDP2 keeps DTensors, whose numel() is global: count the local shard.
     local = [getattr(t, "_local_tensor", t) for s in state.values() for t in s.values()
