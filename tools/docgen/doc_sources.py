@@ -13,6 +13,7 @@ from tools.docgen import (
     doc_attention,
     doc_backward,
     doc_claims,
+    doc_dp_scaling,
     doc_gate,
     doc_profiles,
     doc_recipes,
@@ -47,4 +48,5 @@ def generators(repo: Path) -> dict[str, Generator]:
         "accounting-checkpointing": doc_accounting.checkpointing_table,
         "accounting-xxl": doc_accounting.xxl_table,
         "accounting-communication": doc_accounting.communication_table,
+        "dp-scaling": partial(doc_dp_scaling.dp_scaling, repo),
     }

@@ -1,0 +1,126 @@
+"""Generated doc block for data-parallel scaling: all-reduce bus bandwidth by message size
+at each world size against the largest measured there, each variant's step and tokens/s at
+1, 2 and 4 GPUs with scaling efficiency, and each variant against the no-communication step
+(and its torch rival) round by round. Source: the study's files
+`<folder>/world{1,2,4}.json` (studies/dp_scaling/study.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from systems.common.formatting import markdown_table
+from tools.docgen.doc_blocks import read_source
+
+WORLD_SIZES = (1, 2, 4)
+# Each of our variants against the torch implementation it must beat (the issue's goals).
+RIVALS = {"bucketed": "torch_ddp", "fsdp": "torch_fsdp2"}
+
+
+def _runs(repo: Path, folder: str) -> dict[int, dict]:
+    found = {}
+    for world in WORLD_SIZES:
+        name = f"{folder}/world{world}.json"
+        if (repo / name).is_file():
+            found[world] = read_source(repo, name, "dp_scaling study run")
+    return found
+
+
+def _busbw_table(runs: dict[int, dict]) -> str:
+    measured = [w for w in WORLD_SIZES if runs.get(w, {}).get("allreduce")]
+    if not measured:
+        return ""
+    by_world = {w: {row["size_bytes"]: row["busbw_gbps"] for row in runs[w]["allreduce"]}
+                for w in measured}
+    peaks = {w: max(by_world[w].values()) for w in measured}
+    sizes = sorted({size for rows in by_world.values() for size in rows})
+    rows = []
+    for size in sizes:
+        row: list[object] = [f"{size / 2**20:g}"]
+        for w in measured:
+            busbw = by_world[w].get(size)
+            row += (["-", "-"] if busbw is None
+                    else [f"{busbw:.1f}", f"{busbw / peaks[w]:.0%}"])
+        rows.append(row)
+    headers = ["MiB", *(h for w in measured for h in (f"busbw {w} GPUs GB/s", "of peak"))]
+    peak_text = ", ".join(f"{peaks[w]:.1f} GB/s at {w} GPUs" for w in measured)
+    return (markdown_table(headers, rows) + "\n\nPeak: the largest bus bandwidth measured at "
+            f"that world size ({peak_text}); busbw = size / time x 2 (N - 1) / N, float32, "
+            "median over iterations of the slowest rank.\n")
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _scaling_table(runs: dict[int, dict]) -> str:
+    names = [n for n in dict.fromkeys(n for w in sorted(runs) for n in runs[w]["summary"])]
+    rows = []
+    for name in names:
+        rows_of = {w: runs[w]["summary"].get(name, {}) for w in runs}
+        steps = {w: row.get("step_s") for w, row in rows_of.items()}
+        tokens = {w: row.get("tokens_per_s") for w, row in rows_of.items()}
+        single = tokens.get(1)
+        efficiency = {w: None if single is None or tokens.get(w) is None
+                      else tokens[w] / (w * single) for w in WORLD_SIZES[1:]}
+        rows.append([name,
+                     *(_cell(None if steps.get(w) is None else steps[w] * 1e3, ".1f")
+                       for w in WORLD_SIZES),
+                     *(_cell(tokens.get(w), ".0f") for w in WORLD_SIZES),
+                     *(_cell(efficiency[w], ".2f") for w in WORLD_SIZES[1:])])
+    headers = [*("variant",), *(f"ms {w} GPU{'s' if w > 1 else ''}" for w in WORLD_SIZES),
+               *(f"tokens/s {w}" for w in WORLD_SIZES),
+               *(f"efficiency {w}" for w in WORLD_SIZES[1:])]
+    return (markdown_table(headers, rows) + "\n\nWeak scaling (the same per-rank batch): "
+            "tokens/s = GPUs x batch x sequence / step; efficiency = tokens/s at N GPUs / "
+            "(N x the same variant's tokens/s at 1 GPU).\n")
+
+
+def _ratios(run: dict, name: str, against: str) -> str:
+    pairs = [(r[name]["step_s"], r[against]["step_s"]) for r in run["rounds"]
+             if "step_s" in r.get(name, {}) and "step_s" in r.get(against, {})]
+    return " / ".join(f"{a / b:.3f}" for a, b in pairs) or "-"
+
+
+def _in_turn_table(runs: dict[int, dict]) -> str:
+    worlds = [w for w in WORLD_SIZES[1:] if w in runs]
+    if not worlds:
+        return ""
+    names = [n for n in dict.fromkeys(n for w in worlds for n in runs[w]["summary"])
+             if n != "none"]
+    rows = []
+    for name in names:
+        rival = next((r for prefix, r in RIVALS.items() if name.startswith(prefix)), None)
+        row = [name]
+        for w in worlds:
+            row += [_ratios(runs[w], name, "none"),
+                    _ratios(runs[w], name, rival) if rival else "-"]
+        rows.append(row)
+    headers = ["variant", *(h for w in worlds
+                            for h in (f"vs none, {w} GPUs", f"vs torch rival, {w} GPUs"))]
+    return (markdown_table(headers, rows) + "\n\nEach cell: one ratio of medians per round "
+            "(both from that round); the rival of bucketed is torch DDP, of fsdp torch FSDP2.\n")
+
+
+def dp_scaling(repo: Path, folder: str) -> str:
+    """The three tables from `folder/world{1,2,4}.json` (relative to `repo`); a line saying
+    what is missing when none exists."""
+    runs = _runs(repo, folder)
+    if not runs:
+        return (f"Not measured yet: no `{folder}/world{{1,2,4}}.json` (run "
+                "`studies/dp_scaling/run_4gpu.sh` on a 4-GPU machine).\n")
+    first = runs[min(runs)]
+    config = first["config"]
+    parts = [part for part in (_busbw_table(runs), _scaling_table(runs), _in_turn_table(runs))
+             if part]
+    missing = [w for w in WORLD_SIZES if w not in runs]
+    files = ", ".join(f"`{folder}/world{w}.json`" for w in sorted(runs))
+    commits = sorted({str(run.get("commit")) for run in runs.values()})
+    source = (f"Workload: {config['size']} {config['precision']}, per-rank batch "
+              f"{config['batch_per_rank']} x ctx {config['seq_len']}, bucket "
+              f"{config['bucket_size_mb']:g} MiB; {config['steps']} timed steps after "
+              f"{config['warmup']} per variant per round. Time: {first['time']}; steps are "
+              f"medians over rounds. GPU: {first['machine'].get('device_name')}. From "
+              f"{files} (commit {', '.join(commits)})"
+              + (f"; not measured yet at {', '.join(map(str, missing))} GPU(s)" if missing
+                 else "") + ".\n")
+    return "\n".join([*parts, source])
