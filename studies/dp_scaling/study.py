@@ -1,7 +1,9 @@
 """Data parallel in rounds taken in turn: every variant of the train step (no communication,
 torch DDP, our bucketed DDP with each way of hiding communication, FSDP with each prefetch
 depth, torch FSDP2) built, timed and freed in one process group, round after round, and
-the all-reduce's bus bandwidth by message size; one JSON file per world size.
+the all-reduce's bus bandwidth by message size; one JSON file per world size. A variant
+that fails on every rank (a build refused, out of memory) is recorded with its error and
+the rounds go on.
 
     torchrun --nproc-per-node N -m studies.dp_scaling.study --out DIR/world{N}.json
         [--size xl --batch-size 8 --seq-len 128 --rounds 2 --warmup 2 --steps 5]
@@ -11,7 +13,7 @@ Run from the repository root with PYTHONPATH=src. A tiny model on CPU with gloo
 (`--backend gloo --size tiny`) checks the plumbing. Each round builds every variant in
 turn (the order reversed on odd rounds) and records the median over its timed steps of the
 slowest rank's step; ratios to `none` are taken within a round. The file is rewritten after
-every round, so a run cut short keeps its finished rounds.
+every variant, so a run cut short keeps what it finished.
 """
 
 from __future__ import annotations
@@ -75,11 +77,10 @@ def time_variant(spec: TrainSpec, warmup: int, steps: int) -> dict[str, object]:
     try:
         setup_train(spec)
         rounds = [train_round() for _ in range(warmup + steps)][warmup:]
-    except RuntimeError as error:  # torch.OutOfMemoryError is one
+    except Exception as error:  # recorded: a failure every rank meets (a build refused, OOM)
         teardown_train()
-        if not is_out_of_memory(error):
-            raise
-        return {"error": f"out of memory: {str(error)[:200]}"}
+        kind = "out of memory" if is_out_of_memory(error) else type(error).__name__
+        return {"error": f"{kind}: {str(error)[:200]}"}
     teardown_train()
     step = [max_over_ranks(r["step_s"]) for r in rounds]
     sync = [max_over_ranks(r["sync_s"]) for r in rounds]
@@ -173,12 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         if late[0]:
             break
         order = names if number % 2 == 0 else [names[0], *reversed(names[1:])]
-        result["rounds"].append({name: time_variant(specs[name], args.warmup, args.steps)
-                                 for name in order})
-        result["summary"] = summary(result["rounds"], tokens_per_step)
+        result["rounds"].append({})
+        for name in order:  # the file is rewritten after each variant
+            result["rounds"][-1][name] = time_variant(specs[name], args.warmup, args.steps)
+            result["summary"] = summary(result["rounds"], tokens_per_step)
+            if rank == 0:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(result, indent=1))
         if rank == 0:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(result, indent=1))
             print(f"round {number + 1} done at {time.monotonic() - started:.0f} s", flush=True)
     if rank == 0:
         print_table(result)
