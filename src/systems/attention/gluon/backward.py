@@ -117,8 +117,9 @@ def cut_to(t: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 @torch.compiler.assume_constant_result  # compiled code reads it as a constant, untraced
-def _capability(index: int) -> tuple[int, int]:
-    return hardware.capability(torch.device("cuda", index))
+def _on_hopper(index: int) -> bool:
+    # A bool: Dynamo compares a constant tuple with another wrongly (torch 2.11).
+    return hardware.capability(torch.device("cuda", index)) == (9, 0)
 
 
 def unsupported_setting(device: torch.device, dtype: torch.dtype, seq: int) -> str | None:
@@ -127,7 +128,7 @@ def unsupported_setting(device: torch.device, dtype: torch.dtype, seq: int) -> s
     if device.type != "cuda":
         return f"needs a CUDA device, got {device}"
     index = torch.cuda.current_device() if device.index is None else device.index
-    if _capability(index) != (9, 0):  # the small-GPU switch's target where it is on
+    if not _on_hopper(index):  # the small-GPU switch's target where it is on
         return f"needs an sm_90 GPU (H100, H200), got {torch.cuda.get_device_name(device)}"
     if dtype != torch.bfloat16:
         return f"needs bf16, got {dtype}"
