@@ -8,7 +8,6 @@ implementations up here; `unsupported_reason` says where one cannot run.
 from __future__ import annotations
 
 import functools
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -136,11 +135,17 @@ def flash_attention_4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out.transpose(1, 2).reshape(q.shape) if q.dim() >= 3 else out[0, :, 0]
 
 
-def _flash_attention_4_limits(device: torch.device, dtype: torch.dtype, seq: int) -> str | None:
-    if importlib.util.find_spec("flash_attn") is None or (
-            importlib.util.find_spec("flash_attn.cute") is None):
-        return "needs the flash-attn-4 package (flash_attn.cute)"
+@functools.cache
+def _flash_attention_4_missing() -> str | None:
+    try:
+        import flash_attn.cute  # noqa: F401
+    except Exception as error:  # not installed, or installed without what it needs
+        return f"needs the flash-attn-4 package (flash_attn.cute): {type(error).__name__}: {error}"
     return None
+
+
+def _flash_attention_4_limits(device: torch.device, dtype: torch.dtype, seq: int) -> str | None:
+    return _flash_attention_4_missing()
 
 
 @dataclass(frozen=True)
