@@ -3,6 +3,8 @@ SDPA's backend switches as they found them."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -48,3 +50,29 @@ def test_the_pin_restores_a_caller_s_own_switches() -> None:
         inside = _switches()
         get_attention("sdpa_flash")(q, q, q)
         assert _switches() == inside
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 37, 16), (3, 37, 16), (37, 16), (2, 2, 3, 37, 16)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_fa4_reads_our_layout_as_its_own(shape, is_causal: bool, monkeypatch) -> None:
+    """FlashAttention-4 takes (batch, seq, heads, d) and returns (out, lse): on our
+    (..., heads, seq, d) layout the registry's `fa4` gives what attention per head gives,
+    with gradients (here with SDPA math standing in for its kernels)."""
+    def flash_attn_func(q, k, v, causal=False):
+        assert q.dim() == 4 and q.stride(-1) == 1
+        per_head = [t.transpose(1, 2) for t in (q, k, v)]  # (batch, heads, seq, d)
+        out = F.scaled_dot_product_attention(*per_head, is_causal=causal).transpose(1, 2)
+        return out, None
+
+    cute = type(sys)("flash_attn.cute")
+    cute.flash_attn_func = flash_attn_func
+    monkeypatch.setitem(sys.modules, "flash_attn", type(sys)("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    q, k, v = (torch.randn(shape, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = get_attention("fa4")(q, k, v, is_causal=is_causal)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    torch.testing.assert_close(out, expected)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    for grad, want in zip(grads, torch.autograd.grad(expected.sum(), (q, k, v)), strict=True):
+        torch.testing.assert_close(grad, want)
