@@ -56,8 +56,7 @@ smoke: $(STAMP)
 # docs/RESULTS.md and docs/img/*.png from every committed history under .benchmarks/, then
 # the generated blocks of README.md and docs/*.md.
 report: $(STAMP)
-	$(BIN)/python -m systems report results
-	$(BIN)/python -m tools.docgen
+	$(BIN)/python -m tools.docgen --results
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,8 +1,10 @@
 """Rewrite the generated blocks of README.md, docs/*.md, studies/*/README.md and the logs
 kept in studies/*/runs/*.md from the sources they name.
 
-    python -m tools.docgen                 # every prose doc (docs/RESULTS.md is written whole)
+    python -m tools.docgen                 # every prose doc
     python -m tools.docgen docs/attention.md
+    python -m tools.docgen --results       # first docs/RESULTS.md and docs/img/*.png, written
+                                           # whole from every history under .benchmarks/
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from tools.docgen.doc_blocks import rewrite_docs
 from tools.docgen.doc_sources import generators
+from tools.docgen.results_page import write_results_page
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,11 +36,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("docs", type=Path, nargs="*", help="default: every prose doc")
     parser.add_argument("--repo", type=Path, default=REPO,
                         help="where the blocks' sources are named from")
+    parser.add_argument("--results", action="store_true",
+                        help="first write <repo>/docs/RESULTS.md and its plots from the "
+                        "histories under <repo>/.benchmarks/ (GPU runs only)")
     args = parser.parse_args(argv)
     docs = args.docs or default_docs(args.repo)
     try:
+        if args.results:
+            print(write_results_page(args.repo / ".benchmarks", args.repo / "docs" / "RESULTS.md"),
+                  file=sys.stderr)
         changed = rewrite_docs(docs, generators(args.repo))
-    except (ValueError, FileNotFoundError) as error:  # BlockError is a ValueError
+    except (ValueError, OSError) as error:  # BlockError is a ValueError
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"generated blocks of {len(docs)} docs, {len(changed)} changed"

@@ -3,7 +3,7 @@
 A block is
 
     <!-- generated: NAME ARG... -->
-    ...body, rewritten by `python -m systems.report results`...
+    ...body, rewritten by `python -m tools.docgen`...
     <!-- end generated -->
 
 NAME picks a generator in `tools.docgen.doc_sources`; ARGs (usually a history file,

@@ -1,12 +1,12 @@
 """Generated doc block for the README: one row per comparison of ours with a rival, from
-the claims of one saved run file (`systems.report.claims`)."""
+the claims of one saved run file (`tools.docgen.claims`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from systems.report.claims import all_claims, summary_table
 from systems.runs.history import load_run
+from tools.docgen.claims import all_claims, summary_table
 
 
 def claims_summary(repo: Path, history_name: str) -> str:

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from systems.report.cli import main as report_main
 from tools.docgen import doc_backward, doc_profiles, doc_recipes
 from tools.docgen.__main__ import default_docs, main
 from tools.docgen.claim_scan import scan, scan_docs
 from tools.docgen.doc_blocks import BlockError, render
 from tools.docgen.doc_sources import generators
+from tools.docgen.results_page import main as results_page_main
 
 REPO = Path(__file__).resolve().parents[3]
 COMMITTED_DOCS = default_docs(REPO)
@@ -301,7 +301,7 @@ def test_the_doc_generator_rewrites_the_docs_blocks(tmp_path: Path) -> None:
     note.write_text(DOC.format(history=history))
     (tmp_path / "README.md").write_text("No blocks here.\n")
     page = docs / "RESULTS.md"
-    assert report_main(["results", "--root", str(tmp_path / "hist"), "--out", str(page)]) == 0
+    assert results_page_main(["--root", str(tmp_path / "hist"), "--out", str(page)]) == 0
     assert main(["--repo", str(tmp_path)]) == 0
     assert "| 2.000 | 4.000 |" in note.read_text()
     assert (tmp_path / "README.md").read_text() == "No blocks here.\n"

@@ -1,5 +1,6 @@
 """The one validator of saved runs (systems.runs.validate) and the readers that use it:
-`baseline judge`, `report compare`, `report results`, study numbers, output destinations."""
+`baseline judge`, `report compare`, the results page of tools/docgen, study numbers, output
+destinations."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from systems.runs.baseline import json_destination_path, study_path
 from systems.runs.baseline import main as baseline_main
 from systems.runs.history import MalformedRunError, load_runs, read_run
 from systems.runs.validate import run_problems
+from tools.docgen.results_page import main as results_page_main
 
 
 def a_run(median: float = 0.010, *, gpu: str = "GPU A", name: str = "c",
@@ -107,20 +109,20 @@ def test_reports_skip_a_bad_file_with_one_warning(tmp_path, capsys) -> None:
     assert len(warnings) == 1 and "0002_bad.json" in warnings[0]
 
 
-def test_report_results_with_no_runs_fails_and_writes_nothing(tmp_path, capsys) -> None:
+def test_results_page_with_no_runs_fails_and_writes_nothing(tmp_path, capsys) -> None:
     out = tmp_path / "docs" / "RESULTS.md"
     for root in (tmp_path / "absent", tmp_path / "empty"):
-        assert report_main(["results", "--root", str(root), "--out", str(out)]) == 2
+        assert results_page_main(["--root", str(root), "--out", str(out)]) == 2
         assert "no usable saved runs" in capsys.readouterr().err
     assert not out.exists() and not out.parent.exists()
 
 
-def test_report_results_checks_its_destination_before_any_work(tmp_path, capsys) -> None:
+def test_results_page_checks_its_destination_before_any_work(tmp_path, capsys) -> None:
     root = tmp_path / "histories"
     write(root / "GPU_A" / "0001_good.json", a_run())
     blocker = tmp_path / "a_file"
     blocker.write_text("in the way")
-    assert report_main(["results", "--root", str(root), "--out",
+    assert results_page_main(["--root", str(root), "--out",
                         str(blocker / "RESULTS.md")]) == 2
     assert f"cannot write in {blocker}" in capsys.readouterr().err
 

@@ -28,10 +28,6 @@ def provenance(results: Sequence[Result], by: str | None = None) -> str:
             if results else "")
 
 
-def mean_std_ms(result: Result, digits: int = 2) -> str:
-    return f"{result.mean * 1e3:.{digits}f} ± {result.stddev * 1e3:.{digits}f}"
-
-
 def median_ms(result: Result, digits: int = 2) -> str:
     """The statistic every ratio in the report is formed from."""
     return f"{result.median * 1e3:.{digits}f}"

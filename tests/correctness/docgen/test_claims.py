@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from systems.report import plots
-from systems.report.claims import all_claims, claims_table, summary_table
-from systems.report.tables import provenance, recipes_table
 from systems.runs import keys
 from systems.runs.history import Result
+from tools.docgen import results_plots as plots
+from tools.docgen.claims import all_claims, claims_table, summary_table
+from tools.docgen.results_tables import provenance, recipes_table
 
 
 def _result(name: str, median: float, file: str, run: str = "", when: str = "2026-01-01",

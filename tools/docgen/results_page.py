@@ -1,18 +1,27 @@
 """docs/RESULTS.md: per GPU, the claims (ours against the rivals, same run) and the plots
-first, then one compact table per topic. Sections appear
-only when their data exists. Every case's newest result is `systems report latest`."""
+first, then one compact table per topic. Sections appear only when their data exists.
+Every case's newest result is `systems report latest`.
+
+    python -m tools.docgen --results             # this page and docs/img/*.png, then the blocks
+    python -m tools.docgen.results_page --root .benchmarks --out docs/RESULTS.md
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from systems.common.cli_help import HelpFormatter
 from systems.common.hardware import slugify
-from systems.report import claims, plots, tables
-from systems.runs.history import Result, Run, latest_results, runs_by_device
+from systems.runs.history import Result, Run, latest_results, load_runs, runs_by_device
+from systems.runs.validate import check_writable_folder
+from tools.docgen import claims
+from tools.docgen import results_plots as plots
+from tools.docgen import results_tables as tables
 
-_COMMAND = "python -m systems report results"
+_COMMAND = "python -m tools.docgen --results"
 
 
 def _section(title: str, body: str, note: str = "") -> list[str]:
@@ -104,3 +113,43 @@ def results_page(runs: Sequence[Run], out_dir: Path, img_dir: Path) -> str:
     for device, device_runs in sorted(by_device.items()):
         lines += device_section(device, device_runs, img_dir, out_dir)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def write_results_page(root: Path, out: Path, img: Path | None = None,
+                       include_cpu: bool = False) -> str:
+    """Write the page (and its plots, under `img`, default <out's folder>/img) from every run
+    under `root`; ValueError where no usable run is there, before anything is written."""
+    runs = [r for r in load_runs(root) if include_cpu or not r.device.lower().startswith("cpu")]
+    if not any(run.results for run in runs):
+        raise ValueError(f"no usable saved runs under {root}"
+                         f"{'' if include_cpu else ' (CPU runs need --include-cpu)'}: "
+                         "nothing to report, no page written")
+    img = img or out.parent / "img"
+    for folder in (out.parent, img):  # before the plots are drawn, not after
+        check_writable_folder(folder)
+    out.write_text(results_page(runs, out.parent, img))
+    return f"wrote {out} ({len(runs)} runs)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.docgen.results_page",
+                                     description="write the results page and its plots",
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--root", type=Path, default=Path(".benchmarks"),
+                        help="histories, searched at any depth")
+    parser.add_argument("--out", type=Path, default=Path("docs/RESULTS.md"), help="the page")
+    parser.add_argument("--img", type=Path, default=None, help="default: <out's folder>/img")
+    parser.add_argument("--include-cpu", action="store_true",
+                        help="also report CPU runs (smoke numbers, skipped by default)")
+    args = parser.parse_args(argv)
+    try:
+        print(write_results_page(args.root, args.out, args.img, args.include_cpu),
+              file=sys.stderr)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
