@@ -1,5 +1,5 @@
 """Generated doc blocks about the regression gate: its constants, numbers quoted from the
-gate tables a perf session printed, and `systems.runs.drift` over saved histories."""
+gate tables a perf session printed, and `tools.docgen.drift` over saved histories."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from systems.common.formatting import markdown_table
-from systems.runs import drift, gate
+from systems.runs import gate
 from systems.runs.history import read_run
+from tools.docgen import drift
 
 
 def gate_constants() -> str:
@@ -103,7 +104,7 @@ def gate_noise(repo: Path, *files: str) -> str:
 
 
 def drift_summary(repo: Path, pattern: str, match: str = "") -> str:
-    """`python -m systems.runs.drift` over the history files matching `pattern` (a glob
+    """`python -m tools.docgen.drift` over the history files matching `pattern` (a glob
     relative to the repository root), for case names containing `match`."""
     paths = sorted(repo.glob(pattern))
     if not paths:

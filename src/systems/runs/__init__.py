@@ -1,1 +1,1 @@
-"""Saved runs: the schema and keys, reading and combining runs, baselines, drift and the gate."""
+"""Saved runs: the schema and keys, reading and combining runs, baselines and the gate."""

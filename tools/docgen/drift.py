@@ -6,7 +6,7 @@ the larger of the two runs' spreads (IQR / median). Prints quantiles for all pai
 the pairs the gate would judge (both medians >= --min-ms, spread small enough to gate),
 and how many of those the gate's thresholds would flag as changed.
 
-    python -m systems.runs.drift .benchmarks/NVIDIA_H100_80GB_HBM3/studies/*.json
+    python -m tools.docgen.drift .benchmarks/NVIDIA_H100_80GB_HBM3/studies/*.json
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def summary_line(label: str, pairs: list[Drift]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m systems.runs.drift",
+    parser = argparse.ArgumentParser(prog="python -m tools.docgen.drift",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="saved run JSON files, oldest first")
     parser.add_argument("--match", default="", help="only case names containing this text")
