@@ -14,18 +14,32 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from systems.common.formatting import markdown_table
-from systems.report.claims import round_ratios, rounds_in_turn
 from systems.runs import keys
 from systems.runs.history import Result
 
 # Attention: our kernel against PyTorch's best (SDPA backends, compiled flex_attention).
 OUR_ATTENTION = ("triton", "triton_compiled")
-RIVAL_ATTENTION = ("sdpa_flash", "sdpa_cudnn", "flex_compiled")
+RIVAL_ATTENTION = ("sdpa_flash", "sdpa_cudnn", "flex_compiled", "fa4")
 # Training recipes: ours against the strongest PyTorch-only step.
 OUR_RECIPE, RIVAL_RECIPE = "optimized", "pytorch_baseline"
 # Data-parallel variants against PyTorch's own at the same world size and workload.
 RIVAL_DDP = {"naive": "torch_ddp", "flat": "torch_ddp", "individual": "torch_ddp",
              "bucketed": "torch_ddp", "fsdp": "torch_fsdp2"}
+
+
+def rounds_in_turn(r: Result) -> dict[str, list[float]] | None:
+    """{implementation: ms per round} of a case that took device-time rounds in turn with
+    its own implementation among them (`keys.INTERLEAVED_DEVICE_MS`); None otherwise."""
+    rounds = r.get(keys.INTERLEAVED_DEVICE_MS)
+    if not isinstance(rounds, dict) or str(r.get(keys.IMPLEMENTATION)) not in rounds:
+        return None
+    return {str(name): [float(ms) for ms in per_round] for name, per_round in rounds.items()}
+
+
+def round_ratios(rounds: dict[str, list[float]], ours: str, rival: str) -> list[float]:
+    """Ours / rival in each round taken in turn."""
+    return [o / t for o, t in zip(rounds[ours], rounds[rival], strict=True)]
+
 
 
 @dataclass(frozen=True)

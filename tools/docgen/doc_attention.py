@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from systems.common.formatting import markdown_table
-from systems.report.claims import round_ratios, rounds_in_turn
 from systems.runs import keys
 from systems.runs.gate import HOST_BOUND_SHARE, Timing
 from systems.runs.history import Result, load_run, read_run
+from tools.docgen.claims import round_ratios, rounds_in_turn
 
 OURS = "triton"
 RIVALS = ("sdpa_flash", "sdpa_cudnn", "flex_compiled")
