@@ -12,7 +12,7 @@ from systems.common.formatting import markdown_table
 from tools.docgen.doc_blocks import read_source
 
 WORLD_SIZES = (1, 2, 4)
-# Each of our variants against the torch implementation it must beat (the goals).
+# Each of our variants against the torch implementation it must beat.
 RIVALS = {"bucketed": "torch_ddp", "fsdp": "torch_fsdp2"}
 
 
