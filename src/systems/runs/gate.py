@@ -248,11 +248,10 @@ class CaseResult:
         return max(bound, key=lambda t: t.host_share) if bound else None
 
 
-def threshold(baseline: Timing | Clock, current: Timing | Clock, *, floor: float = FLOOR,
-              factor: float = SPREAD_FACTOR, drift_factor: float = DRIFT_FACTOR) -> float:
+def threshold(baseline: Timing | Clock, current: Timing | Clock, floor: float = FLOOR) -> float:
     """The relative change of the median beyond which this case counts as changed."""
-    return max(floor, factor * max(baseline.spread, current.spread),
-               drift_factor * baseline.drift)
+    return max(floor, SPREAD_FACTOR * max(baseline.spread, current.spread),
+               DRIFT_FACTOR * baseline.drift)
 
 
 def _clocks(baseline: Timing, current: Timing) -> list[tuple[str, Clock, Clock, bool]]:
@@ -264,9 +263,7 @@ def _clocks(baseline: Timing, current: Timing) -> list[tuple[str, Clock, Clock, 
     return clocks
 
 
-def judge(name: str, baseline: Timing | None, current: Timing | None, *,
-          floor: float = FLOOR, factor: float = SPREAD_FACTOR,
-          drift_factor: float = DRIFT_FACTOR, ceiling: float = CEILING) -> CaseResult:
+def judge(name: str, baseline: Timing | None, current: Timing | None) -> CaseResult:
     if baseline is None and current is None:
         raise ValueError(f"{name}: neither a baseline nor a current timing")
     if baseline is None:
@@ -275,9 +272,8 @@ def judge(name: str, baseline: Timing | None, current: Timing | None, *,
         return CaseResult(name, baseline, None, Verdict.NOT_RUN)
     judged = []
     for clock, base, cur, excluded in _clocks(baseline, current):
-        limit = threshold(base, cur, floor=DEVICE_FLOOR if clock == DEVICE_BUSY else floor,
-                          factor=factor, drift_factor=drift_factor)
-        judged.append((excluded or limit > ceiling, limit, clock, cur.median / base.median - 1))
+        limit = threshold(base, cur, DEVICE_FLOOR if clock == DEVICE_BUSY else FLOOR)
+        judged.append((excluded or limit > CEILING, limit, clock, cur.median / base.median - 1))
     not_gated, limit, clock, change = min(judged)  # a gated clock first, then the steadiest
     host = host_check(baseline, current)
     if not_gated:
@@ -291,11 +287,10 @@ def judge(name: str, baseline: Timing | None, current: Timing | None, *,
     return CaseResult(name, baseline, current, verdict, limit, clock, change, host)
 
 
-def compare(baseline: Mapping[str, Timing], current: Mapping[str, Timing],
-            **limits: float) -> list[CaseResult]:
+def compare(baseline: Mapping[str, Timing], current: Mapping[str, Timing]) -> list[CaseResult]:
     """Every case of either run, judged; current cases first, in their order."""
     names = [*current, *(name for name in baseline if name not in current)]
-    return [judge(name, baseline.get(name), current.get(name), **limits) for name in names]
+    return [judge(name, baseline.get(name), current.get(name)) for name in names]
 
 
 def regressions(results: list[CaseResult]) -> list[CaseResult]:

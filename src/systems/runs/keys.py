@@ -3,6 +3,8 @@
 If a suite renames a key, change it here. A result's kind is decided by which keys it has.
 """
 
+import math
+
 from systems.common.clock import DEVICE, WALL
 
 # End-to-end model steps (tests/perf/test_end_to_end.py).
@@ -13,9 +15,7 @@ MODE = "mode"
 PRECISION = "precision"
 COMPILED = "compiled"
 ATTENTION = "attention"
-TFLOPS = "tflops"
 MFU = "mfu"
-TOKENS_PER_S = "tokens_per_s"
 PEAK_MEMORY = "peak_memory_bytes"
 
 # Training recipes (tests/perf/test_training_recipes.py): end-to-end steps plus the recipe
@@ -52,7 +52,6 @@ SIZE_BYTES = "size_bytes"
 ALGBW = "algbw_gbps"
 BUSBW = "busbw_gbps"
 STEP_S = "step_s_median_max_over_ranks"
-ALLREDUCE_S = "allreduce_s_median_max_over_ranks"
 BATCH_PER_RANK = "batch_per_rank"
 # Saved by runs before the report derived it from the same run's "none" case.
 OVERHEAD_VS_NO_COMM = "overhead_vs_no_comm"
@@ -63,7 +62,7 @@ SYNC_WAIT_FRACTION = "sync_wait_fraction"
 HOST_ENQUEUE_S = "host_enqueue_s_median"
 TORCH_DEVICE = "device"
 # Every timed GPU case also: each timed round's host time until step() returned, and the
-# device clock (`systems.bench.timing.device_work_rounds`): the device's busy time (kernels,
+# device clock (`systems.bench.timing.device_busy_rounds`): the device's busy time (kernels,
 # copies, memsets) of each profiled round, seconds. A pooled baseline also keeps each run's
 # median of both (systems.runs.baseline).
 HOST_ENQUEUE_ROUNDS_S = "host_enqueue_s"
@@ -110,13 +109,6 @@ DO_BENCH_TIME = "device time (do_bench)"
 IN_TURN_TIME = "device time (do_bench rounds taken in turn)"
 RANK_EVENT_TIME = "eager, CUDA events per step, median of the slowest rank"
 
-# Short column headers for keys shown in tables.
-HEADERS = {SIZE: "size", MODE: "mode", PRECISION: "precision",
-           COMPILED: "compiled", DTYPE: "dtype", SEQ_LEN: "seq len", HEAD_DIM: "head dim",
-           BATCH_HEADS: "batch x heads", IMPLEMENTATION: "implementation",
-           ATTENTION: "attention"}
-
-
 # Keys runs saved before the suites spoke one vocabulary, and the key each now is.
 RETIRED_KEYS = {"context_length": SEQ_LEN, "context": SEQ_LEN, "model": SIZE,
                 "bucket_mb": BUCKET_SIZE_MB}
@@ -136,10 +128,7 @@ def normalise(info: dict) -> dict:
     shape = info.get(SHAPE)
     if IMPLEMENTATION not in info or not isinstance(shape, list) or len(shape) < 2:
         return info
-    batch_heads = 1
-    for dim in shape[:-2]:
-        batch_heads *= dim
-    return {SEQ_LEN: shape[-2], HEAD_DIM: shape[-1], BATCH_HEADS: batch_heads, **info}
+    return {SEQ_LEN: shape[-2], HEAD_DIM: shape[-1], BATCH_HEADS: math.prod(shape[:-2]), **info}
 
 
 def kind(info: dict, name: str = "") -> str:
