@@ -189,10 +189,6 @@ class RoundTimer:
         self._host_times.clear()
         self._device_busy = ()
 
-    def profile_rounds(self, rounds: int) -> None:
-        """`rounds` more measured rounds under the profiler: their device clock."""
-        self._device_busy = device_busy_rounds(lambda: self._round(measured=True), rounds)
-
     def stats(self) -> TimingStats:
         """The timed rounds since the last warm-up, and the device clock if profiled."""
         return TimingStats(tuple(self._times), tuple(self._host_times), self._kind,
@@ -211,7 +207,8 @@ class RoundTimer:
         with gc_paused():
             drive(self.timed_round, rounds)
         if device_rounds:
-            self.profile_rounds(device_rounds)
+            self._device_busy = device_busy_rounds(lambda: self._round(measured=True),
+                                                   device_rounds)
         return self.stats()
 
 
@@ -350,16 +347,19 @@ DEVICE_CLOCK_ROUNDS = 5
 ROUND_MARK = "systems.round"
 
 
-def busy_seconds(spans: Iterable[tuple[int, int]]) -> float:
-    """Seconds covered by the union of [start, end) spans in ns: work on two streams at
-    once counts once, a gap between kernels not at all."""
-    total, reach = 0, None
+def union_length(spans: Iterable[tuple[float, float]]) -> float:
+    """The length covered by the union of [start, end) spans: work on two streams at once
+    counts once, a gap between kernels not at all."""
+    total, reach = 0.0, float("-inf")
     for start, end in sorted(spans):
-        if reach is None or start >= reach:
-            total, reach = total + end - start, end
-        elif end > reach:
-            total, reach = total + end - reach, end
-    return total / 1e9
+        if end > reach:
+            total, reach = total + end - max(start, reach), end
+    return total
+
+
+def busy_seconds(spans: Iterable[tuple[int, int]]) -> float:
+    """Seconds covered by the union of [start, end) spans in ns (`union_length`)."""
+    return union_length(spans) / 1e9
 
 
 def busy_per_round(rounds: Sequence[tuple[int, int]],
@@ -414,11 +414,7 @@ def device_spin(seconds: float, device: torch.device | str) -> Callable[[], None
     """A callable that enqueues one kernel keeping the device busy for about `seconds`
     (torch.cuda._sleep spins for a count of GPU clock cycles; the rate is measured once)."""
     cycles = max(1, int(seconds * _cycles_per_second(str(device))))
-
-    def spin() -> None:
-        torch.cuda._sleep(cycles)
-
-    return spin
+    return functools.partial(torch.cuda._sleep, cycles)
 
 
 @functools.cache

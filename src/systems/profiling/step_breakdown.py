@@ -21,7 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from systems.accounting import attention_flops
-from systems.bench.timing import synchronize, time_steps
+from systems.bench.timing import synchronize, time_steps, union_length
 from systems.bench.workloads import CUDA_GRAPH_WARMUP, ModelWorkload, forward_flops
 from systems.common.formatting import fmt, markdown_table, shorten
 from systems.profiling.kernel_categories import CATEGORIES, classify_kernel
@@ -66,12 +66,7 @@ def timed_events(events: Iterable, on_gpu: bool) -> list[TimedEvent]:
 
 def busy_us(events: Sequence[TimedEvent]) -> float:
     """Time during which at least one event ran (the union of their spans)."""
-    total, reach = 0.0, float("-inf")
-    for event in sorted(events, key=lambda e: e.start_us):
-        if event.end_us > reach:
-            total += event.end_us - max(event.start_us, reach)
-            reach = event.end_us
-    return total
+    return union_length((event.start_us, event.end_us) for event in events)
 
 
 @dataclass(frozen=True)
