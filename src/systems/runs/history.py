@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from systems.runs import keys
-from systems.runs.validate import MalformedRunError, read_valid_run
+from systems.runs.validate import MalformedRunError, read_run
 
 
 @dataclass(frozen=True)
@@ -73,25 +73,17 @@ class Run:
     results: list[Result] = field(default_factory=list)
 
 
-def read_run(path: Path) -> dict:
-    """A saved run's JSON, checked by the one validator of saved runs
-    (`systems.runs.validate`); raises MalformedRunError naming the file otherwise, so no
-    half-read run or unusable number reaches a table."""
-    return read_valid_run(path)
-
-
 def load_run(path: Path, root: Path | None = None) -> Run:
     """Parse one saved run; the device is machine_info's device_name (our conftest adds it),
     else the GPU folder's name. Results name their file relative to `root` (else by name).
-    A run timed with an injected slowdown (the gate's test switch) has no results."""
+    A run timed with an injected slowdown (the gate's test switch) tests the gate: none of
+    its cases, slowed or not, stands for the code's speed, so it has no results."""
     data = read_run(path)
     file = path.relative_to(root).as_posix() if root else path.name
     machine = data.get("machine_info", {})
     device = machine.get("device_name") or path.parent.parent.name
     when = str(data.get("datetime", ""))
     run = Run(path, device, when, machine)
-    # A run with an injected slowdown (the gate's test switch) tests the gate; none of its
-    # cases, slowed or not, stands for the code's speed in a report.
     if any(key in (b.get("extra_info") or {}) for b in data["benchmarks"]
            for key in (keys.INJECTED_HOST, keys.INJECTED_DEVICE)):
         return run

@@ -92,9 +92,10 @@ def run_problems(data: object) -> list[str]:
     return problems
 
 
-def read_valid_run(path: Path) -> dict:
+def read_run(path: Path) -> dict:
     """A saved run's JSON after `run_problems` found nothing wrong with it; otherwise
-    MalformedRunError naming the file and its first few problems."""
+    MalformedRunError naming the file and its first few problems, so no half-read run or
+    unusable number reaches a table."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
