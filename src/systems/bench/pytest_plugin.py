@@ -147,19 +147,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("perf_study"):
         _plan_study(config, run)
     _check_storage_writable(config, run)
-    if _keeps_or_gates_timings(config, run):
+    option = config.option
+    timed = not (option.benchmark_disable or option.benchmark_skip)
+    if timed and (option.benchmark_json or option.benchmark_save or option.benchmark_autosave
+                  or run.gate_target is not None):
         # Measured once, here, rather than when pytest-benchmark saves at the end: the gate
         # prints it even when nothing is saved, the saved file and the printed line hold
         # the same value, and nothing of the suite's own (compile workers, rank processes)
         # runs beside it yet.
         run.host_loop_ms = python_loop_ms()
-
-
-def _keeps_or_gates_timings(config: pytest.Config, run: PerfRun) -> bool:
-    option = config.option
-    timed = not (option.benchmark_disable or option.benchmark_skip)
-    return timed and bool(option.benchmark_json or option.benchmark_save
-                          or option.benchmark_autosave or run.gate_target is not None)
 
 
 def _resolve_compare_target(config: pytest.Config, run: PerfRun) -> None:
@@ -546,8 +542,7 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if run.results:
         terminalreporter.write_sep("-", f"throughput ({device_slug()})")
         terminalreporter.write_line(throughput_table(run.results))
-    skipped = terminalreporter.stats.get("skipped", [])
-    for report in skipped:
+    for report in terminalreporter.stats.get("skipped", []):
         for outcome in ("out of memory", "out of resource"):
             if outcome in str(report.longrepr):
                 terminalreporter.write_line(f"{report.nodeid}: {outcome} (recorded as skip)")

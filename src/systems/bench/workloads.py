@@ -22,10 +22,10 @@ COMPILE_SCOPES = ("model", "blocks")
 STEP_OPTIMIZERS = (OptimizerName.ADAMW, OptimizerName.TORCH_ADAMW, OptimizerName.MIXED_PRECISION)
 SHARDED_OPTIMIZERS = (OptimizerName.SHARDED, OptimizerName.TORCH_ZERO)
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
-# Backward costs two forwards (grads w.r.t. activations and weights); AdamW is negligible.
 # Ordinary steps before a step is captured (`StepOptions.cuda_graph`): compiled graphs and
 # optimizer state settle in the first.
 CUDA_GRAPH_WARMUP = 2
+# Backward costs two forwards (grads w.r.t. activations and weights); AdamW is negligible.
 _FLOP_MULTIPLIER = {"forward": 1, "forward_backward": 3, "train_step": 3}
 
 
@@ -70,11 +70,10 @@ class StepOptions:
     compile_mode: passed to torch.compile (e.g. "max-autotune", or "reduce-overhead" for
     CUDA graphs). optimizer: "adamw" (`systems.optim.AdamW`), "torch_adamw"
     (`torch.optim.AdamW`, fused on CUDA, foreach elsewhere) or "mixed_precision"
-    (`systems.optim.MixedPrecisionAdamW`:
-    the parameters become copies in the step's precision over fp32 masters, so autocast
-    casts nothing); with a data-parallel `wrap` also "sharded" or "torch_zero". fused_loss: LM
-    head and cross-entropy in token
-    chunks (`systems.model.loss`). checkpoint_every, checkpoint_blocks: see `TransformerLM`.
+    (`systems.optim.MixedPrecisionAdamW`: the parameters become copies in the step's
+    precision over fp32 masters, so autocast casts nothing); with a data-parallel `wrap`
+    also "sharded" or "torch_zero". fused_loss: LM head and cross-entropy in token chunks
+    (`systems.model.loss`). checkpoint_every, checkpoint_blocks: see `TransformerLM`.
     cuda_graph: after `CUDA_GRAPH_WARMUP` ordinary steps, capture one step in a CUDA graph
     and replay it from then on (`systems.bench.cuda_graph.CapturedStep`); CUDA only, with an
     optimizer that counts steps on the GPU ("mixed_precision" or "torch_adamw", which is then

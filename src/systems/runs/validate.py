@@ -71,12 +71,10 @@ def run_problems(data: object) -> list[str]:
         return [f"a JSON {type(data).__name__}, not an object"]
     machine, commit = data.get("machine_info"), data.get("commit_info")
     problems = []
-    if not isinstance(machine, dict) or not isinstance(machine.get("device_name"), str) \
-            or not machine["device_name"]:
-        problems.append("machine_info.device_name (the GPU model) is missing")
-    if not isinstance(commit, dict) or not isinstance(commit.get("id"), str) \
-            or not commit["id"]:
-        problems.append("commit_info.id (the commit measured) is missing")
+    for info, key, what in ((machine, "device_name", "machine_info.device_name (the GPU model)"),
+                            (commit, "id", "commit_info.id (the commit measured)")):
+        if not isinstance(info, dict) or not isinstance(info.get(key), str) or not info[key]:
+            problems.append(f"{what} is missing")
     if isinstance(machine, dict):
         probes = machine.get(keys.HOST_PYTHON_LOOP_MS_RUNS, [])
         single = machine.get(keys.HOST_PYTHON_LOOP_MS)
