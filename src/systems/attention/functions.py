@@ -42,21 +42,13 @@ class FlashAttentionTritonFunction(torch.autograd.Function):
         return backward_from_saved(ctx, attention_backward, do)
 
 
-class FlashAttentionTritonKernels(torch.autograd.Function):
-    """Attention with named kernels: `.apply(q, k, v, is_causal, forward, backward)`, a
-    forward of `dispatch.FORWARDS` and a backward of `dispatch.BACKWARDS`. FlashAttentionTriton
-    runs through it where the dispatch picks kernels other than the default pair, and the
-    named variants (`FlashAttentionTritonUnordered`, the registry's `triton_gluon_bwd`)
-    always. Inputs the Gluon kernels cannot take are refused up front, with the reason."""
+class FlashAttentionTritonKernelsFunction(torch.autograd.Function):
+    """The autograd of FlashAttentionTritonKernels' calls that replay does not serve whole,
+    and of every call under torch.compile."""
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
                 forward: str, backward: str) -> torch.Tensor:
-        if forward == GLUON or backward != TWO_PASS:
-            reason = gluon_unsupported_reason(q, k, v, is_causal)
-            if reason is not None:
-                raise ValueError(f"attention with the {forward} forward and the {backward} "
-                                 f"backward {reason}")
         ctx.backward_kernels = backward
         return forward_saving_lse(ctx, _FORWARDS[forward], q, k, v, is_causal)
 
@@ -66,12 +58,54 @@ class FlashAttentionTritonKernels(torch.autograd.Function):
         return (*backward_from_saved(ctx, _BACKWARDS[ctx.backward_kernels], do), None, None)
 
 
+class FlashAttentionTritonKernels(FlashAttentionTritonKernelsFunction):
+    """Attention with named kernels: `.apply(q, k, v, is_causal, forward, backward)`, a
+    forward of `dispatch.FORWARDS` and a backward of `dispatch.BACKWARDS`. FlashAttentionTriton
+    runs through it where the dispatch picks kernels other than the default pair, and the
+    named variants (`FlashAttentionTritonUnordered`, the registry's `triton_gluon_bwd`)
+    always. Inputs the Gluon kernels cannot take are refused up front, with the reason.
+    Eager calls of a layout seen before are served whole in C++, as FlashAttentionTriton's
+    are."""
+
+    @classmethod
+    def apply(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+              forward: str, backward: str) -> torch.Tensor:
+        # Before replay: a Triton forward's Program, kept by calls of the default pair, does
+        # not say that the Gluon backward takes these inputs.
+        if forward == GLUON or backward != TWO_PASS:
+            reason = gluon_unsupported_reason(q, k, v, is_causal)
+            if reason is not None:
+                raise ValueError(f"attention with the {forward} forward and the {backward} "
+                                 f"backward {reason}")
+        o = _replayed(q, k, v, is_causal, forward, backward)
+        if o is not None:
+            return o
+        return FlashAttentionTritonKernelsFunction.apply(q, k, v, is_causal, forward, backward)
+
+
 _FORWARDS = {TRITON: attention_forward, GLUON: attention_forward_gluon}
 _BACKWARDS = {
     TWO_PASS: attention_backward,
     GLUON_ORDERED: functools.partial(attention_backward_gluon, deterministic=True),
     GLUON_UNORDERED: functools.partial(attention_backward_gluon, deterministic=False),
 }
+# The replay Programs of each kernel's calls (`replay.attend`).
+_FORWARD_PROGRAMS = {TRITON: replay.TRITON_FORWARD, GLUON: replay.GLUON_FORWARD}
+_BACKWARD_PROGRAMS = {TWO_PASS: replay.TWO_PASS_BACKWARD,
+                      GLUON_ORDERED: replay.GLUON_ORDERED_BACKWARD,
+                      GLUON_UNORDERED: replay.GLUON_UNORDERED_BACKWARD}
+_BACKWARDS_BY_PROGRAM = {_BACKWARD_PROGRAMS[name]: backward
+                         for name, backward in _BACKWARDS.items()}
+
+
+def _replayed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+              forward: str, backward: str) -> torch.Tensor | None:
+    """o of a call with these kernels served whole in C++ (`replay.attend`), or None.
+    Eager only: Dynamo traces the Python Functions instead."""
+    if torch.compiler.is_compiling():
+        return None
+    return replay.attend(q, k, v, is_causal, _FORWARD_PROGRAMS[forward],
+                         _BACKWARD_PROGRAMS[backward])
 
 
 class FlashAttentionTriton(FlashAttentionTritonFunction):
@@ -90,10 +124,10 @@ class FlashAttentionTriton(FlashAttentionTritonFunction):
     launch the kernels directly; under torch.compile they are custom ops (`op.py`). Double
     backward is refused.
 
-    An eager call of a layout seen before is served whole in C++ (`replay.attend`): the
-    same kernels, under a C++ autograd node (named
-    "torch::autograd::CppNode<systems::FlashAttentionTriton>") whose backward
-    computes what FlashAttentionTritonFunction's does.
+    An eager call of a layout seen before is served whole in C++ (`replay.attend`), with
+    whichever kernels the dispatch picks: the same kernels, under a C++ autograd node (named
+    "torch::autograd::CppNode<systems::FlashAttentionTriton>") whose backward computes what
+    the Python Function's does.
     """
 
     @classmethod
@@ -104,11 +138,9 @@ class FlashAttentionTriton(FlashAttentionTritonFunction):
         if kernels is not dispatch.DEFAULT:
             return FlashAttentionTritonKernels.apply(q, k, v, is_causal, kernels.forward,
                                                      kernels.backward)
-        # Dynamo traces FlashAttentionTritonFunction's forward and backward instead.
-        if not torch.compiler.is_compiling():
-            o = replay.attend(q, k, v, is_causal)
-            if o is not None:
-                return o
+        o = _replayed(q, k, v, is_causal, TRITON, TWO_PASS)
+        if o is not None:
+            return o
         return FlashAttentionTritonFunction.apply(q, k, v, is_causal)
 
 
@@ -117,10 +149,13 @@ _REFUSAL = double_backward_refusal("FlashAttentionTriton")
 
 def _backward_outside_replay(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
-                             is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The C++ node's backward where replay does not serve it: as FlashAttentionTriton's."""
+                             is_causal: bool, kernels: int
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The C++ node's backward where replay does not serve it: the Python Function's with
+    the call's backward `kernels` (a replay Program number)."""
+    backward = _BACKWARDS_BY_PROGRAM[kernels]
     return first_derivatives_only(
-        _REFUSAL, lambda: attention_backward(q, k, v, o, lse, do, is_causal),
+        _REFUSAL, lambda: backward(q, k, v, o, lse, do, is_causal),
         lambda: (lse, q, k, v, o, do))
 
 

@@ -30,6 +30,7 @@ The interpreter, and runs with a launch hook installed (profilers), always go th
 from __future__ import annotations
 
 import inspect
+import struct
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -137,7 +138,8 @@ class KernelLauncher:
         """The launch `launcher(*args)` makes, for replay from C++, where each tensor in
         args is a TensorSlot; None before the kernel is compiled, or when the compiled
         kernel takes something replay does not pass (Triton's own launch path only, scratch
-        memory, clusters, parameter types other than pointers, i32, i64 and descriptors)."""
+        memory, clusters, parameter types other than pointers, i32, i64, fp32 and
+        descriptors)."""
         compiled, direct = self._compiled, self._direct
         if direct is None:
             return None
@@ -168,10 +170,18 @@ class KernelLauncher:
                 params.append((POINTER, value.index, 0))
             elif kind in _INTEGER_KINDS and isinstance(value, int):
                 params.append((_INTEGER_KINDS[kind], 0, value))
+            elif kind == "fp32" and isinstance(value, float):
+                params.append((INT32, 0, _fp32_bits(value)))
             else:
                 return None
         return (compiled.function, list(self._grid_xyz), 32 * metadata.num_warps,
                 metadata.shared, params, maps)
+
+
+def _fp32_bits(value: float) -> int:
+    """The int32 of value's fp32 bits: replay passes an fp32 parameter as those 4 bytes,
+    rounded to nearest as Triton's launcher converts a Python float."""
+    return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
 def _tensor_map(slot: object, layout: DescriptorLayout, meta: Mapping[str, object]

@@ -249,11 +249,21 @@ def test_replay_extension_builds_and_refuses_malformed_programs():
     tensors it was not given one for, and refuses a Program that points outside its table."""
     module = load_extension("attention_replay", Path(replay.__file__).with_name("replay.cpp"))
     t = torch.ones(4)
-    assert module.replay(0, False, [t]) is None
-    assert module.attend(t, t, t, False) is None
+    assert module.replay(replay.TRITON_FORWARD, False, [t]) is None
+    assert module.attend(t, t, t, False, replay.GLUON_FORWARD,
+                         replay.GLUON_ORDERED_BACKWARD) is None
+    every_kind = [replay.Allocation(0, replay.LIKE), replay.Allocation(0, replay.ROW_STATISTICS),
+                  replay.Allocation(0, replay.FLOAT32_LIKE), replay.Allocation(0, replay.ZEROS, 3)]
+    module.add_program(replay.GLUON_ORDERED_BACKWARD, True, [t], every_kind, [], [4])
+    assert module.replay(replay.GLUON_ORDERED_BACKWARD, True, [t]) is None  # not on CUDA
+    module.clear()
     with pytest.raises(ValueError, match="allocation like an unknown tensor"):
-        module.add_program(0, False, [t], [(3, 0)], [], [])
+        module.add_program(0, False, [t], [replay.Allocation(3, replay.LIKE)], [], [])
+    with pytest.raises(ValueError, match="unknown allocation kind"):
+        module.add_program(0, False, [t], [replay.Allocation(0, 9)], [], [])
+    with pytest.raises(ValueError, match="zeros need a positive number of elements"):
+        module.add_program(0, False, [t], [replay.Allocation(0, replay.ZEROS)], [], [])
     with pytest.raises(ValueError, match="pointer to an unknown tensor"):
         module.add_program(0, False, [t], [], [(0, [1, 1, 1], 32, 0, [(0, 5, 0)], [])], [])
     with pytest.raises(ValueError, match="unknown output"):
-        module.add_program(0, False, [t], [(0, 0)], [], [2])
+        module.add_program(0, False, [t], [replay.Allocation(0, replay.LIKE)], [], [2])

@@ -142,15 +142,24 @@ def test_replay_launch_lists_the_parameters_the_compiled_kernel_takes():
     assert specialised.replay_launch((TensorSlot(0), TensorSlot(1), 1))[4][-1] == (POINTER, 1, 0)
 
 
-@pytest.mark.parametrize("case", ["not compiled", "cluster", "float parameter", "tensor"])
+@pytest.mark.parametrize(("value", "bits"), [(0.5, 0x3F000000), (-2.0, -0x40000000),
+                                             (0.1, 0x3DCCCCCD)])
+def test_replay_launch_passes_an_fp32_parameter_as_its_bits(value, bits):
+    """Four bytes either way: the int32 of the float's fp32 bits, rounded to nearest as
+    Triton's launcher converts a Python float (0.1 rounds up)."""
+    launch = _compiled_launcher({**_SIGNATURE, "n": "fp32"})
+    assert launch.replay_launch((TensorSlot(0), TensorSlot(1), value))[4][-1] == (INT32, 0, bits)
+
+
+@pytest.mark.parametrize("case", ["not compiled", "cluster", "fp64 parameter", "tensor"])
 def test_replay_launch_declines_what_replay_cannot_pass(case):
     """Then the caller keeps launching from Python."""
     signature, args = dict(_SIGNATURE), [TensorSlot(0), TensorSlot(1), 100]
     launch = _compiled_launcher(signature, num_ctas=2 if case == "cluster" else 1)
     if case == "not compiled":
         launch._direct = None
-    if case == "float parameter":
-        signature["n"], args[2] = "fp32", 0.5
+    if case == "fp64 parameter":
+        signature["n"], args[2] = "fp64", 0.5
     if case == "tensor":  # a real tensor where a slot belongs
         args[1] = torch.zeros(1)
     assert launch.replay_launch(tuple(args)) is None

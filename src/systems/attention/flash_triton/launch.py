@@ -379,10 +379,8 @@ class _ForwardPlan:
         table (q, k, v, o, L)."""
         if not _in_place((self.q, self.k, self.v), (self.o,)):
             return None
-        launch = self.launch.replay_launch(self._launch_args(*map(TensorSlot, range(5))))
-        if launch is None:
-            return None
-        return [(0, replay.LIKE), (0, replay.ROW_STATISTICS)], [launch], [3, 4]
+        return replay.forward_program(
+            self.launch.replay_launch(self._launch_args(*map(TensorSlot, range(5)))))
 
 
 class _BackwardPlan:
@@ -462,10 +460,9 @@ class _BackwardPlan:
         launches = [self.dq_launch.replay_launch(self._dq_args(q, k, v, o, do, lse, delta, dq)),
                     self.dkdv_launch.replay_launch(
                         self._dkdv_args(q, k, v, do, lse, delta, dk, dv))]
-        if None in launches:
-            return None
-        allocations = [(0, replay.LIKE), (4, replay.LIKE), (1, replay.LIKE), (2, replay.LIKE)]
-        return allocations, launches, [6, 8, 9]
+        # dq like q, D like L, dk like k, dv like v
+        allocations = [replay.Allocation(like, replay.LIKE) for like in (0, 4, 1, 2)]
+        return replay.program(allocations, launches, [6, 8, 9])
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                  lse: torch.Tensor, do: torch.Tensor
@@ -498,20 +495,17 @@ def _plan(plan_type: type[_ForwardPlan] | type[_BackwardPlan], tensors: tuple[to
     return plan
 
 
-def _replayed_or_planned(kind: int, plan_class: type[_ForwardPlan] | type[_BackwardPlan],
+def _replayed_or_planned(kernels: int, plan_class: type[_ForwardPlan] | type[_BackwardPlan],
                          read: tuple[torch.Tensor, ...], tensors: list[torch.Tensor],
                          is_causal: bool, config: FlashConfig | None
                          ) -> tuple[torch.Tensor, ...]:
     """The plan's outputs for `tensors` (its call's arguments; `read`, the inputs it plans
-    for). With the default tiles, replayed from C++ when a Program of this layout is kept,
-    else planned and launched in Python, keeping the Program for the next call."""
-    if config is None and (replayed := replay.run(kind, is_causal, tensors)):
-        return tuple(replayed)
-    plan = _plan(plan_class, read, is_causal, config)
-    outputs = plan(*tensors)
-    if config is None:
-        replay.keep(kind, is_causal, tensors, plan)
-    return outputs
+    for). With the default tiles, `replay.replayed_or_run`: replayed from C++ when a
+    Program of this layout is kept, else planned and launched in Python, keeping the
+    Program for the next call."""
+    return replay.replayed_or_run(kernels, is_causal, tensors,
+                                  lambda: _plan(plan_class, read, is_causal, config),
+                                  replayable=config is None)
 
 
 def flash_forward(
@@ -521,7 +515,7 @@ def flash_forward(
     """(o, L) for checked inputs; o is laid out like q (`torch.empty_like`), L is the
     natural-log log-sum-exp, fp32, (..., n_queries), packed. With the default tiles a
     layout's calls after the first are replayed from C++ (`replay`)."""
-    return _replayed_or_planned(replay.FORWARD, _ForwardPlan, (q, k, v), [q, k, v],
+    return _replayed_or_planned(replay.TRITON_FORWARD, _ForwardPlan, (q, k, v), [q, k, v],
                                 is_causal, config)
 
 
@@ -533,7 +527,7 @@ def flash_backward(
     writes D), then a dK/dV pass. lse must be flash_forward's (packed, freshly allocated,
     so 16-byte aligned); do may have any strides (autograd may hand over an expanded or
     transposed gradient). Replayed as `flash_forward` is."""
-    return _replayed_or_planned(replay.BACKWARD, _BackwardPlan, (q, k, v, o, do),
+    return _replayed_or_planned(replay.TWO_PASS_BACKWARD, _BackwardPlan, (q, k, v, o, do),
                                 [q, k, v, o, lse, do], is_causal, config)
 
 

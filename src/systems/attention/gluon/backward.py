@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,8 +30,9 @@ from systems.attention.gluon.backward_kernel import (
     prepare_kernel,
     warpgroup_block,
 )
+from systems.attention.host_path import replay
 from systems.common import hardware
-from systems.kernel_runtime.launcher import DescriptorLayout, KernelLauncher
+from systems.kernel_runtime.launcher import DescriptorLayout, KernelLauncher, TensorSlot
 from systems.kernel_runtime.triton_build import build_for_hopper
 
 SM_REGISTERS = 65536
@@ -194,33 +196,21 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     of head dims the kernels run zero-padded (`gluon_head_dim`). `config` overrides the one
     CONFIGS holds for (padded d, deterministic); `poison` fills every
     buffer the kernels write (D, the dQ accumulator, dq, dk, dv) with NaN first, so that
-    an element they skip shows."""
+    an element they skip shows. With neither, a layout's calls after the first are replayed
+    from C++ (`replay`)."""
     reason = unsupported_reason(q, k, v, is_causal)
     if reason is not None:
         raise ValueError(f"the Gluon backward {reason}")
-    seq, d = q.shape[-2:]
-    head_dim = gluon_head_dim(d)
-    config = config or CONFIGS[head_dim, deterministic]
-    if config.writers not in (1, 2) or config.block_m not in (64, 128) or (
-            config.schedule not in SCHEDULES):
-        raise ValueError(f"{config}: writers must be 1 or 2, block_m 64 or 128, and the "
+    chosen = config or CONFIGS[gluon_head_dim(q.shape[-1]), deterministic]
+    if chosen.writers not in (1, 2) or chosen.block_m not in (64, 128) or (
+            chosen.schedule not in SCHEDULES):
+        raise ValueError(f"{chosen}: writers must be 1 or 2, block_m 64 or 128, and the "
                          f"schedule one of {SCHEDULES}")
-    q2, k2, v2, o2, do2 = (aligned_rows(padded_to(t, head_dim)) for t in (q, k, v, o, do))
-    rows = q2.shape[0]
-    launch = _backward_launch(rows, seq, head_dim, d, config, q.get_device())
-
-    def new(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return output_buffer(like.shape, dtype, like.device, poison)
-
-    delta, acc = new(lse, torch.float32).view(-1), new(q2, torch.float32)
-    dq, dk, dv = new(q2, q.dtype), new(k2, k.dtype), new(v2, v.dtype)
-    launch.prepare(o2, do2, delta, acc)
-    semaphores = torch.zeros(launch.semaphores, dtype=torch.int32, device=q.device)
-    launch.backward(q2, do2, k2, v2, aligned_rows(lse[..., None]).view(-1), delta, acc,
-                    dk, dv, semaphores, seq)
-    launch.finish(acc, dq, d ** -0.5)
-    return tuple(cut_to(grad, d).view(like.shape)
-                 for grad, like in ((dq, q), (dk, k), (dv, v)))
+    kernels = replay.GLUON_ORDERED_BACKWARD if deterministic else replay.GLUON_UNORDERED_BACKWARD
+    return replay.replayed_or_run(
+        kernels, is_causal, [q, k, v, o, lse, do],
+        lambda: _BackwardPlan.of(q, k, v, o, lse, do, chosen, poison),
+        replayable=config is None and not poison)
 
 
 @dataclass(frozen=True)
@@ -259,6 +249,92 @@ def _backward_launch(rows: int, seq: int, head_dim: int, d: int, config: GluonCo
                            rows // config.block_m if config.ordered else 1)
 
 
+@dataclass(frozen=True)
+class _BackwardPlan:
+    """The backward for tensors of one problem and layout: its launches, and whether it
+    reads q, k, v, o, L and do in place (`read_in_place`), where replay can run it."""
+
+    launch: _BackwardLaunch
+    seq: int
+    d: int
+    head_dim: int
+    in_place: bool
+    poison: bool
+
+    @classmethod
+    def of(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+           lse: torch.Tensor, do: torch.Tensor, config: GluonConfig, poison: bool
+           ) -> _BackwardPlan:
+        seq, d = q.shape[-2:]
+        head_dim = gluon_head_dim(d)
+        launch = _backward_launch(math.prod(q.shape[:-1]), seq, head_dim, d, config,
+                                  q.get_device())
+        in_place = read_in_place((q, k, v, o, do), head_dim) and packed_and_aligned(lse)
+        return cls(launch, seq, d, head_dim, in_place, poison)
+
+    def _launches(self, q: object, k: object, v: object, o: object, lse: object, do: object,
+                  delta: object, acc: object, dq: object, dk: object, dv: object,
+                  semaphores: object) -> list[tuple[KernelLauncher, tuple[object, ...]]]:
+        """Each kernel's launcher and arguments in order, given the tensors (or the
+        TensorSlots that stand for them): D and the zeroed dQ accumulator, the fused
+        backward, dQ."""
+        launch = self.launch
+        return [(launch.prepare, (o, do, delta, acc)),
+                (launch.backward, (q, do, k, v, lse, delta, acc, dk, dv, semaphores,
+                                   self.seq)),
+                (launch.finish, (acc, dq, self.d ** -0.5))]
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                 lse: torch.Tensor, do: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q2, k2, v2, o2, do2 = (aligned_rows(padded_to(t, self.head_dim))
+                               for t in (q, k, v, o, do))
+
+        def new(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            return output_buffer(like.shape, dtype, like.device, self.poison)
+
+        delta, acc = new(lse, torch.float32).view(-1), new(q2, torch.float32)
+        dq, dk, dv = new(q2, q.dtype), new(k2, k.dtype), new(v2, v.dtype)
+        semaphores = torch.zeros(self.launch.semaphores, dtype=torch.int32, device=q.device)
+        for launcher, args in self._launches(q2, k2, v2, o2,
+                                             aligned_rows(lse[..., None]).view(-1), do2,
+                                             delta, acc, dq, dk, dv, semaphores):
+            launcher(*args)
+        return tuple(cut_to(grad, self.d).view(like.shape)
+                     for grad, like in ((dq, q), (dk, k), (dv, v)))
+
+    def replay_program(self) -> replay.Program | None:
+        """This plan for replay (`replay.keep`), where it reads in place: table (q, k, v,
+        o, L, do, then D, the dQ accumulator, dq, dk, dv, the ordered dQ's semaphores)."""
+        if not self.in_place:
+            return None
+        slots = map(TensorSlot, range(12))
+        launches = [launcher.replay_launch(args) for launcher, args in self._launches(*slots)]
+        allocation = replay.Allocation
+        allocations = [allocation(4, replay.LIKE),  # D like L
+                       allocation(0, replay.FLOAT32_LIKE),  # the dQ accumulator
+                       *(allocation(like, replay.LIKE) for like in (0, 1, 2)),  # dq, dk, dv
+                       allocation(0, replay.ZEROS, self.launch.semaphores)]
+        return replay.program(allocations, launches, [8, 9, 10])
+
+
+def read_in_place(tensors: Sequence[torch.Tensor], head_dim: int) -> bool:
+    """Whether the kernels read each of these (rows of a head dim) where it is rather than
+    a padded or packed copy (`padded_to`, `aligned_rows`), and new tensors like them
+    (`torch.empty_like`, as replay allocates the outputs) are laid out as the kernels'
+    outputs: packed, 16-byte aligned, `head_dim` columns."""
+    return all(t.shape[-1] == head_dim and packed_and_aligned(t) for t in tensors)
+
+
+def packed_and_aligned(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0 and t.stride() == packed_strides(t.shape)
+
+
+def packed_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a packed (contiguous) tensor of this shape, in elements."""
+    return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+
+
 def output_buffer(shape: torch.Size | tuple[int, ...], dtype: torch.dtype,
                   device: torch.device, poison: bool) -> torch.Tensor:
     """A buffer a kernel writes whole: empty, or, `poison`, NaN (an element it skips shows)."""
@@ -274,8 +350,7 @@ def descriptor_layouts(specs: dict[str, tuple[str, list[int], object]],
     layouts = {}
     for index, (name, (_, block, layout)) in enumerate(specs.items()):
         shape = list(shapes[name])
-        strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
-        layouts[index] = (shape, strides, block, layout)
+        layouts[index] = (shape, list(packed_strides(shape)), block, layout)
     return layouts
 
 

@@ -29,6 +29,7 @@ It takes what the Gluon backward takes (`gluon_launch.unsupported_reason`).
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -51,12 +52,14 @@ from systems.attention.gluon.backward import (
     gluon_head_dim,
     output_buffer,
     padded_to,
+    read_in_place,
     register_cap,
     unsupported_reason,
 )
 from systems.attention.gluon.backward_kernel import LOG2E, mma_layout, named_arrive, named_sync
+from systems.attention.host_path import replay
 from systems.attention.shared import causal
-from systems.kernel_runtime.launcher import KernelLauncher
+from systems.kernel_runtime.launcher import KernelLauncher, TensorSlot
 from systems.kernel_runtime.triton_build import build_for_hopper
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
@@ -379,30 +382,74 @@ def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     d] (and is needed where it has none); `poison` fills o
     and L with NaN first, so that an element the kernel skips shows. `programs` caps a
     persistent launch's grid (one program per SM otherwise), so that a few tiles can
-    give each program several."""
+    give each program several. With none of the three, a layout's calls after the first
+    are replayed from C++ (`replay`)."""
     reason = unsupported_reason(q, k, v, is_causal)
     if reason is not None:
         raise ValueError(f"the Gluon forward {reason}")
-    seq, d = q.shape[-2:]
-    head_dim = gluon_head_dim(d)
+    head_dim = gluon_head_dim(q.shape[-1])
     if config is None and head_dim not in CONFIGS:
         raise ValueError(f"the Gluon forward has a tuned config for head dims "
                          f"{sorted(CONFIGS)}, not {head_dim}: pass one")
-    config = config or CONFIGS[head_dim]
-    if programs is not None and not config.persistent:
+    chosen = config or CONFIGS[head_dim]
+    if programs is not None and not chosen.persistent:
         raise ValueError("programs caps a persistent launch; this config is not persistent")
     if programs is not None and programs < 1:
         raise ValueError(f"programs must be at least 1, got {programs}")
-    q2, k2, v2 = (aligned_rows(padded_to(t, head_dim)) for t in (q, k, v))
-    o = output_buffer((*q.shape[:-1], head_dim), q.dtype, q.device, poison)
-    lse = output_buffer(q.shape[:-1], torch.float32, q.device, poison)
-    n_matrices = q2.shape[0] // seq
-    tiles = n_matrices * (seq // BLOCK_M)  # one program per query tile
-    if config.persistent:
-        tiles = min(tiles, programs or _sm_count(q.device))
-    launch = _forward_launch(q2.shape[0], seq, head_dim, d, config, tiles, q.get_device())
-    launch(q2, k2, v2, o, lse, seq, n_matrices)
-    return cut_to(o, d), lse
+    return replay.replayed_or_run(
+        replay.GLUON_FORWARD, is_causal, [q, k, v],
+        lambda: _ForwardPlan.of(q, k, v, chosen, programs, poison),
+        replayable=config is None and not poison and programs is None)
+
+
+@dataclass(frozen=True)
+class _ForwardPlan:
+    """The forward for inputs of one problem and layout: its launch, and whether it reads
+    q, k and v in place (`read_in_place`), where replay can run it."""
+
+    launch: KernelLauncher
+    seq: int
+    n_matrices: int
+    d: int
+    head_dim: int
+    in_place: bool
+    poison: bool
+
+    @classmethod
+    def of(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           config: GluonForwardConfig, programs: int | None, poison: bool) -> _ForwardPlan:
+        seq, d = q.shape[-2:]
+        head_dim = gluon_head_dim(d)
+        rows = math.prod(q.shape[:-1])
+        n_matrices = rows // seq
+        tiles = n_matrices * (seq // BLOCK_M)  # one program per query tile
+        if config.persistent:
+            tiles = min(tiles, programs or _sm_count(q.device))
+        launch = _forward_launch(rows, seq, head_dim, d, config, tiles, q.get_device())
+        return cls(launch, seq, n_matrices, d, head_dim, read_in_place((q, k, v), head_dim),
+                   poison)
+
+    def _launch_args(self, q: object, k: object, v: object, o: object, lse: object
+                     ) -> tuple[object, ...]:
+        """The kernel's arguments, given the tensors it reads and writes (or the
+        TensorSlots that stand for them)."""
+        return q, k, v, o, lse, self.seq, self.n_matrices
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        q2, k2, v2 = (aligned_rows(padded_to(t, self.head_dim)) for t in (q, k, v))
+        o = output_buffer((*q.shape[:-1], self.head_dim), q.dtype, q.device, self.poison)
+        lse = output_buffer(q.shape[:-1], torch.float32, q.device, self.poison)
+        self.launch(*self._launch_args(q2, k2, v2, o, lse))
+        return cut_to(o, self.d), lse
+
+    def replay_program(self) -> replay.Program | None:
+        """This plan for replay (`replay.keep`), where it reads in place: table
+        (q, k, v, o, L)."""
+        if not self.in_place:
+            return None
+        return replay.forward_program(
+            self.launch.replay_launch(self._launch_args(*map(TensorSlot, range(5)))))
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,20 +1,22 @@
 // Replays the attention kernels' launches from C++: the host path of an eager call after
 // the first one of its layout.
 //
-// The Python side (launch.py) plans each problem and layout once and launches through
-// Triton. Once a plan's kernels are compiled, it hands this module a Program: the outputs
-// to allocate, and for each kernel its CUfunction, grid, block, shared memory and every
-// kernel parameter as a constant or as a reference to a tensor (a pointer, or a TMA
-// descriptor of a fixed layout). A later call with tensors of the same layout (shapes,
-// strides, dtypes, devices, 16-byte alignment) finds its Program here and runs it without
-// entering Python: allocate, encode descriptors (once per base address), launch.
+// The Python side (flash_triton/launch.py, gluon/forward.py, gluon/backward.py) plans each
+// problem and layout once and launches through Triton. Once a plan's kernels are compiled,
+// it hands this module a Program, kept apart by the kernels it runs: the tensors to
+// allocate, and for each kernel its CUfunction, grid, block, shared memory and every kernel
+// parameter as a constant or as a reference to a tensor (a pointer, or a TMA descriptor of
+// a fixed layout). A later call with tensors of the same layout (shapes, strides, dtypes,
+// devices, 16-byte alignment) finds its Program here and runs it without entering Python:
+// allocate, encode descriptors (once per base address), launch.
 //
-// `attend` is FlashAttentionTriton.apply's eager call of a layout whose forward Program is
-// kept: the forward is replayed, and autograd records a C++ node whose backward replays the
-// backward Program, so neither direction runs Python. Its backward calls back into Python
-// (the registered `python_backward`) when no backward Program is kept yet for the gradient's
-// layout, when replay is turned off, and when a graph of the backward is asked for
-// (create_graph), where Python hands back gradients that refuse a second derivative.
+// `attend` is an attention Function's eager call, with a forward and a backward kernel, of a
+// layout whose forward Program is kept: the forward is replayed, and autograd records a C++
+// node whose backward replays the backward kernel's Program, so neither direction runs
+// Python. Its backward calls back into Python (the registered `python_backward`, told the
+// backward kernel) when no backward Program is kept yet for the gradient's layout, when
+// replay is turned off, and when a graph of the backward is asked for (create_graph), where
+// Python hands back gradients that refuse a second derivative.
 //
 // Built by systems.kernel_runtime.native_build on first use; the CUDA driver is opened at the first launch,
 // so the module also loads on machines without one.
@@ -22,6 +24,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -221,12 +224,20 @@ struct Launch {
   }
 };
 
-// An output: empty_like(tensors[like]), or (kRowStatistics) an fp32 tensor of its shape
-// without the last dim, packed.
-enum AllocationKind : int64_t { kLike = 0, kRowStatistics = 1 };
+// replay.py's LIKE, ROW_STATISTICS, FLOAT32_LIKE, ZEROS.
+enum AllocationKind : int64_t { kLike = 0, kRowStatistics = 1, kFloat32Like = 2, kZeros = 3 };
+
+// A tensor a call allocates: empty_like(tensors[like]); (kRowStatistics) an fp32 tensor of
+// its shape without the last dim, packed; (kFloat32Like) empty_like it in fp32; or (kZeros)
+// `elements` int32 zeros on its device.
+struct Allocation {
+  int64_t like;
+  AllocationKind kind;
+  int64_t elements;
+};
 
 struct Program {
-  std::vector<std::pair<int64_t, AllocationKind>> allocations;
+  std::vector<Allocation> allocations;
   std::vector<Launch> launches;
   std::vector<int64_t> outputs;  // indices into the call's table: inputs, then allocations
 };
@@ -245,10 +256,10 @@ struct KeyHash {
   }
 };
 
-// What a Program depends on: which program (forward, backward), the mask, and each
-// tensor's dtype, device, alignment, shape and strides.
-Key key_of(int64_t kind, bool is_causal, const std::vector<at::Tensor>& tensors) {
-  Key key{kind, is_causal ? 1 : 0};
+// What a Program depends on: the kernels it runs (replay.py's TRITON_FORWARD, ...), the
+// mask, and each tensor's dtype, device, alignment, shape and strides.
+Key key_of(int64_t kernels, bool is_causal, const std::vector<at::Tensor>& tensors) {
+  Key key{kernels, is_causal ? 1 : 0};
   for (const at::Tensor& t : tensors) {
     key.push_back(static_cast<int64_t>(t.scalar_type()));
     key.push_back(t.is_cuda() ? t.get_device() : -1);
@@ -261,8 +272,6 @@ Key key_of(int64_t kind, bool is_causal, const std::vector<at::Tensor>& tensors)
 }
 
 constexpr size_t kMaxPrograms = 4096;
-
-enum ProgramKind : int64_t { kForward = 0, kBackward = 1 };  // replay.py's FORWARD, BACKWARD
 
 // Programs are read by callers holding the GIL and by autograd's threads running backward
 // nodes without it, so every use of the state holds `mutex` (python_backward aside).
@@ -280,20 +289,30 @@ State& state() {
   return s;
 }
 
-Program* find_program(State& s, int64_t kind, bool is_causal,
+Program* find_program(State& s, int64_t kernels, bool is_causal,
                       const std::vector<at::Tensor>& tensors) {
   if (!s.enabled || tensors.empty() || !tensors[0].is_cuda()) return nullptr;
-  auto found = s.programs.find(key_of(kind, is_causal, tensors));
+  auto found = s.programs.find(key_of(kernels, is_causal, tensors));
   return found == s.programs.end() ? nullptr : &found->second;
 }
 
-at::Tensor allocate(const at::Tensor& like, AllocationKind kind, bool poison) {
+// Zeros go on the current stream, as every allocation's first use does.
+at::Tensor allocate(const at::Tensor& like, const Allocation& allocation, bool poison) {
   at::Tensor out;
-  if (kind == kLike) {
-    out = at::empty_like(like);
-  } else {
-    auto sizes = like.sizes();
-    out = at::empty(sizes.slice(0, sizes.size() - 1), like.options().dtype(at::kFloat));
+  switch (allocation.kind) {
+    case kLike:
+      out = at::empty_like(like);
+      break;
+    case kRowStatistics: {
+      auto sizes = like.sizes();
+      out = at::empty(sizes.slice(0, sizes.size() - 1), like.options().dtype(at::kFloat));
+      break;
+    }
+    case kFloat32Like:
+      out = at::empty_like(like, like.options().dtype(at::kFloat));
+      break;
+    case kZeros:  // counters the kernels read before writing: never poisoned
+      return at::zeros({allocation.elements}, like.options().dtype(at::kInt));
   }
   if (poison) out.fill_(NAN);
   return out;
@@ -307,8 +326,8 @@ std::vector<at::Tensor> run_program(State& s, Program& program, std::vector<at::
   Driver::get().make_primary_context_current(device.index());
   const auto* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
   auto stream = static_cast<CUstream>(cuda->getStreamNativeHandle(cuda->getStream(device)));
-  for (const auto& [like, allocation] : program.allocations) {
-    tensors.push_back(allocate(tensors[like], allocation, s.poison));
+  for (const Allocation& allocation : program.allocations) {
+    tensors.push_back(allocate(tensors[allocation.like], allocation, s.poison));
   }
   for (Launch& launch : program.launches) launch.run(tensors, stream);
   ++s.replays;
@@ -318,18 +337,20 @@ std::vector<at::Tensor> run_program(State& s, Program& program, std::vector<at::
   return outputs;
 }
 
-// The outputs of the Program for these tensors, or None when there is none yet.
-std::optional<std::vector<at::Tensor>> replay(int64_t kind, bool is_causal,
+// The outputs of the kernels' Program for these tensors, or None when there is none yet.
+std::optional<std::vector<at::Tensor>> replay(int64_t kernels, bool is_causal,
                                               std::vector<at::Tensor> tensors) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  Program* program = find_program(s, kind, is_causal, tensors);
+  Program* program = find_program(s, kernels, is_causal, tensors);
   if (program == nullptr) return std::nullopt;
   return run_program(s, *program, std::move(tensors));
 }
 
-// (dq, dk, dv) from Python's backward, for the calls replay does not serve.
-std::vector<at::Tensor> python_backward(const std::vector<at::Tensor>& tensors, bool is_causal) {
+// (dq, dk, dv) from Python's backward with these kernels, for the calls replay does not
+// serve.
+std::vector<at::Tensor> python_backward(const std::vector<at::Tensor>& tensors, bool is_causal,
+                                        int64_t kernels) {
   pybind11::gil_scoped_acquire gil;
   PyObject* callback = state().python_backward;  // set and read under the GIL only
   if (callback == nullptr) {
@@ -339,7 +360,8 @@ std::vector<at::Tensor> python_backward(const std::vector<at::Tensor>& tensors, 
     // The borrowed handle holds a reference for the call: set_python_backward may replace
     // the callback while Python code in it has released the GIL.
     pybind11::object grads = pybind11::reinterpret_borrow<pybind11::function>(callback)(
-        tensors[0], tensors[1], tensors[2], tensors[3], tensors[4], tensors[5], is_causal);
+        tensors[0], tensors[1], tensors[2], tensors[3], tensors[4], tensors[5], is_causal,
+        kernels);
     return grads.cast<std::vector<at::Tensor>>();
   } catch (pybind11::error_already_set& error) {
     // Rethrown as a C++ error so that the Python exception is released under the GIL.
@@ -353,10 +375,11 @@ namespace systems {
 
 // The autograd node of a replayed attention call; its name is what autograd reports.
 struct FlashAttentionTriton : public torch::autograd::Function<FlashAttentionTriton> {
-  // o for (q, k, v) from `forward_program`; saves what the backward reads.
+  // o for (q, k, v) from `forward_program`; saves what the backward reads, and which
+  // kernels it runs (`backward_kernels`).
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v, bool is_causal,
-                            Program* forward_program) {
+                            Program* forward_program, int64_t backward_kernels) {
     std::vector<at::Tensor> o_lse;
     {
       State& s = state();
@@ -365,6 +388,7 @@ struct FlashAttentionTriton : public torch::autograd::Function<FlashAttentionTri
     }
     ctx->save_for_backward({q, k, v, o_lse[0], o_lse[1]});
     ctx->saved_data["is_causal"] = is_causal;
+    ctx->saved_data["backward_kernels"] = backward_kernels;
     return o_lse[0];
   }
 
@@ -373,12 +397,13 @@ struct FlashAttentionTriton : public torch::autograd::Function<FlashAttentionTri
     std::vector<at::Tensor> tensors = ctx->get_saved_variables();  // q, k, v, o, L
     tensors.push_back(grads[0]);
     const bool is_causal = ctx->saved_data["is_causal"].toBool();
+    const int64_t kernels = ctx->saved_data["backward_kernels"].toInt();
     std::optional<std::vector<at::Tensor>> dq_dk_dv;
     // Grad mode on in a backward means create_graph: Python refuses second derivatives.
-    if (!at::GradMode::is_enabled()) dq_dk_dv = replay(kBackward, is_causal, tensors);
-    if (!dq_dk_dv) dq_dk_dv = python_backward(tensors, is_causal);
+    if (!at::GradMode::is_enabled()) dq_dk_dv = replay(kernels, is_causal, tensors);
+    if (!dq_dk_dv) dq_dk_dv = python_backward(tensors, is_causal, kernels);
     auto& g = *dq_dk_dv;
-    return {g.at(0), g.at(1), g.at(2), at::Tensor(), at::Tensor()};
+    return {g.at(0), g.at(1), g.at(2), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -386,11 +411,12 @@ struct FlashAttentionTriton : public torch::autograd::Function<FlashAttentionTri
 
 namespace {
 
-// FlashAttentionTriton.apply(q, k, v, is_causal) replayed with its autograd, or None when
-// no forward Program is kept for this layout or replay is off. (replay.py leaves calls under
-// functorch transforms, which refuse C++ autograd Functions, to the Python Function.)
+// An attention call with the `forward` and `backward` kernels replayed with its autograd, or
+// None when no forward Program is kept for this layout or replay is off. (replay.py leaves
+// calls under functorch transforms, which refuse C++ autograd Functions, to the Python
+// Function.)
 std::optional<at::Tensor> attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 bool is_causal) {
+                                 bool is_causal, int64_t forward, int64_t backward) {
   Program* program = nullptr;
   {
     // Not held through apply, which may run Python (saved-tensor hooks). The Program stays
@@ -398,10 +424,10 @@ std::optional<at::Tensor> attend(const at::Tensor& q, const at::Tensor& k, const
     // drop Programs.
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mutex);
-    program = find_program(s, kForward, is_causal, {q, k, v});
+    program = find_program(s, forward, is_causal, {q, k, v});
   }
   if (program == nullptr) return std::nullopt;
-  return systems::FlashAttentionTriton::apply(q, k, v, is_causal, program);
+  return systems::FlashAttentionTriton::apply(q, k, v, is_causal, program, backward);
 }
 
 // ---- building Programs from Python's description -----------------------------------------
@@ -465,18 +491,23 @@ Launch launch_of(const LaunchDescription& description, size_t n_tensors) {
   return launch;
 }
 
-// Keeps the Program described for calls with tensors laid out as these ones.
-void add_program(int64_t kind, bool is_causal, const std::vector<at::Tensor>& tensors,
-                 const std::vector<std::pair<int64_t, int64_t>>& allocations,
+// (like, kind, elements): replay.py's Allocation.
+using AllocationDescription = std::tuple<int64_t, int64_t, int64_t>;
+
+// Keeps the Program described, running these kernels, for calls with tensors laid out as
+// these ones.
+void add_program(int64_t kernels, bool is_causal, const std::vector<at::Tensor>& tensors,
+                 const std::vector<AllocationDescription>& allocations,
                  const std::vector<LaunchDescription>& launches,
                  const std::vector<int64_t>& outputs) {
   const size_t n_inputs = tensors.size();
   Program program;
-  for (const auto& [like, allocation] : allocations) {
+  for (const auto& [like, kind, elements] : allocations) {
     require(0 <= like && static_cast<size_t>(like) < n_inputs + program.allocations.size(),
             "allocation like an unknown tensor");
-    require(allocation == kLike || allocation == kRowStatistics, "unknown allocation kind");
-    program.allocations.emplace_back(like, static_cast<AllocationKind>(allocation));
+    require(kLike <= kind && kind <= kZeros, "unknown allocation kind");
+    require(kind != kZeros || elements > 0, "zeros need a positive number of elements");
+    program.allocations.push_back({like, static_cast<AllocationKind>(kind), elements});
   }
   const size_t n_tensors = n_inputs + allocations.size();
   for (const LaunchDescription& launch : launches) {
@@ -489,7 +520,7 @@ void add_program(int64_t kind, bool is_causal, const std::vector<at::Tensor>& te
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.programs.size() >= kMaxPrograms) s.programs.clear();
-  s.programs.insert_or_assign(key_of(kind, is_causal, tensors), std::move(program));
+  s.programs.insert_or_assign(key_of(kernels, is_causal, tensors), std::move(program));
 }
 
 // Runs `change` on the state with its mutex held.
@@ -504,7 +535,7 @@ void with_state(Change change) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Replays planned attention kernel launches from C++.";
-  m.def("replay", &replay, "The outputs of the Program for these tensors, or None.");
+  m.def("replay", &replay, "The outputs of the kernels' Program for these tensors, or None.");
   m.def("attend", &attend, "o of an attention call replayed with a C++ autograd node, or None.");
   m.def("add_program", &add_program, "Keep a Program for tensors of these ones' layout.");
   m.def("clear", [] { with_state([](State& s) { s.programs.clear(); }); },
@@ -517,7 +548,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           // Under the GIL, as python_backward reads it.
           Py_XDECREF(std::exchange(state().python_backward, backward.release().ptr()));
         },
-        "(q, k, v, o, L, do, is_causal) -> [dq, dk, dv] for backwards replay does not serve.");
+        "(q, k, v, o, L, do, is_causal, kernels) -> [dq, dk, dv] for backwards replay does "
+        "not serve.");
   m.def("replays", [] {
           int64_t replays = 0;
           with_state([&](State& s) { replays = s.replays; });

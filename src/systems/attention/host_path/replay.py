@@ -3,16 +3,19 @@ not run Python per launch.
 
 A call whose layout (shapes, strides, dtypes, devices, alignment, mask) was seen before is
 served by `run`: C++ looks its Program up, allocates the outputs and launches the kernels.
-Otherwise launch.py plans and launches in Python as before, then `keep`s the plan's Program
-(`replay_program`: its allocations, its launches as `KernelLauncher.replay_launch`
-describes them, and its outputs). Plans that copy inputs or write through buffers, and
-launches replay does not support, stay on the Python path.
+Otherwise the kernels' host code (flash_triton/launch.py, gluon/forward.py, gluon/backward.py)
+plans and launches in Python as before, then `keep`s the plan's Program (`replay_program`:
+its allocations, its launches as `KernelLauncher.replay_launch` describes them, and its
+outputs): `replayed_or_run` is that sequence. Plans that copy inputs or write through
+buffers, and launches replay does not support, stay on the Python path. Programs are kept
+apart by the kernels they run (TRITON_FORWARD, ..., GLUON_UNORDERED_BACKWARD).
 
-`attend` serves FlashAttentionTriton.apply's eager calls whole: a layout whose forward
-Program is kept runs in C++ with a C++ autograd node, whose backward replays the backward
-Program and calls `python_backward` (registered by function.py) for what replay does not
-serve. A launch hook installed between a forward and its backward does not see that
-backward's launches.
+`attend` serves the attention Functions' eager calls whole (functions.py), for a pair of a
+forward and a backward kernel: a layout whose forward Program is kept runs in C++ with a
+C++ autograd node, whose backward replays the pair's backward Program and calls
+`python_backward` (registered by functions.py) with the pair's backward for what replay
+does not serve. A launch hook installed between a forward and its backward does not see
+that backward's launches.
 
 Replay is off under Triton's interpreter, while a launch hook is installed (profilers see
 every launch through Triton), with SYSTEMS_ATTENTION_REPLAY=0, and where the extension
@@ -26,7 +29,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -34,18 +37,49 @@ from systems.kernel_runtime.interpreter import INTERPRETED
 from systems.kernel_runtime.launcher import ReplayLaunch, launch_hooks_installed
 from systems.kernel_runtime.native_build import NativeBuildError, load_extension
 
-FORWARD, BACKWARD = 0, 1  # which Program: replay.cpp keys them apart
-# How replay.cpp allocates an output: like a tensor of the table, or as its row statistics
-# (fp32, its shape without the last dim, packed).
-LIKE, ROW_STATISTICS = 0, 1
+# The kernels a Program runs: replay.cpp keys Programs by them. A forward's table is
+# (q, k, v, then o, L); a backward's (q, k, v, o, L, do, then what it allocates), and its
+# outputs are (dq, dk, dv).
+(TRITON_FORWARD, TWO_PASS_BACKWARD, GLUON_FORWARD, GLUON_ORDERED_BACKWARD,
+ GLUON_UNORDERED_BACKWARD) = range(5)
+# How replay.cpp allocates a tensor (`Allocation.kind`): like a tensor of the table; as its
+# row statistics (fp32, its shape without the last dim, packed); like it in fp32; or as
+# `elements` int32 zeros on its device (counters a kernel expects zeroed: never poisoned).
+LIKE, ROW_STATISTICS, FLOAT32_LIKE, ZEROS = range(4)
 
-# (allocations as (tensor index, kind), launches, output indices); the call's table is its
-# inputs, then its allocations.
-Program = tuple[list[tuple[int, int]], list[ReplayLaunch], list[int]]
+
+class Allocation(NamedTuple):
+    """A tensor a replayed call allocates, after its inputs in the call's table."""
+
+    like: int  # the index of the table's tensor it is laid out like, or on the device of
+    kind: int
+    elements: int = 0  # ZEROS only
 
 
-class Replayable(Protocol):
+# (allocations, launches, output indices); the call's table is its inputs, then its
+# allocations.
+Program = tuple[list[Allocation], list[ReplayLaunch], list[int]]
+
+
+class Plan(Protocol):
+    """The host code of one kernel or pair of kernels for one problem and layout."""
+
+    def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]: ...
+
     def replay_program(self) -> Program | None: ...
+
+
+def program(allocations: list[Allocation], launches: list[ReplayLaunch | None],
+            outputs: list[int]) -> Program | None:
+    """A Program of these launches, or None where replay cannot pass one of them."""
+    if None in launches:
+        return None
+    return allocations, launches, outputs
+
+
+def forward_program(launch: ReplayLaunch | None) -> Program | None:
+    """The Program of a forward that writes o (laid out like q) and L in one launch."""
+    return program([Allocation(0, LIKE), Allocation(0, ROW_STATISTICS)], [launch], [3, 4])
 
 
 _SOURCE = Path(__file__).with_name("replay.cpp")
@@ -74,45 +108,64 @@ def _load() -> ModuleType | None:
     return _module
 
 
-def run(kind: int, is_causal: bool, tensors: list[torch.Tensor]
+def run(kernels: int, is_causal: bool, tensors: list[torch.Tensor]
         ) -> list[torch.Tensor] | None:
-    """The outputs of the kept Program for these tensors, or None (no Program yet, or
-    replay off)."""
+    """The outputs of the Program of these kernels kept for these tensors, or None (no
+    Program yet, or replay off)."""
     module = _module
     if module is None or not _enabled or launch_hooks_installed():
         return None
-    return module.replay(kind, is_causal, tensors)
+    return module.replay(kernels, is_causal, tensors)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
-           ) -> torch.Tensor | None:
-    """o of an attention call replayed with its autograd in C++, or None (no forward
-    Program for this layout yet, replay off, or functorch transforms active)."""
+def replayed_or_run(kernels: int, is_causal: bool, tensors: list[torch.Tensor],
+                    plan: Callable[[], Plan], replayable: bool = True
+                    ) -> tuple[torch.Tensor, ...]:
+    """The outputs of these kernels for `tensors`: replayed where their Program of this
+    layout is kept, else `plan()` run in Python, its Program then kept for the next call
+    (`plan` is only called here: finding a plan costs host time a replayed call saves).
+    Not `replayable` (a plan other than the kernels' own: tiles or configs of the caller's,
+    poisoned outputs), always run in Python and never kept."""
+    if not replayable:
+        return plan()(*tensors)
+    if replayed := run(kernels, is_causal, tensors):
+        return tuple(replayed)
+    planned = plan()
+    outputs = planned(*tensors)
+    keep(kernels, is_causal, tensors, planned)
+    return outputs
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+           forward: int, backward: int) -> torch.Tensor | None:
+    """o of an attention call replayed with its autograd in C++, running the `forward`
+    kernels and, in its backward, the `backward` ones; or None (no forward Program for
+    this layout yet, replay off, or functorch transforms active)."""
     module = _module
     if (module is None or not _enabled or launch_hooks_installed()
             or torch._C._are_functorch_transforms_active()):
         return None
-    return module.attend(q, k, v, is_causal)
+    return module.attend(q, k, v, is_causal, forward, backward)
 
 
 def set_python_backward(backward: Callable[..., Sequence[torch.Tensor]]) -> None:
-    """`backward(q, k, v, o, L, do, is_causal) -> (dq, dk, dv)` serves the C++ node's
-    backwards that replay does not: no backward Program for the layout, replay off, or
-    create_graph."""
+    """`backward(q, k, v, o, L, do, is_causal, kernels) -> (dq, dk, dv)`, with the `kernels`
+    of the call's backward, serves the C++ node's backwards that replay does not: no
+    backward Program for the layout, replay off, or create_graph."""
     global _python_backward
     _python_backward = backward
     if _module is not None:
         _module.set_python_backward(backward)
 
 
-def keep(kind: int, is_causal: bool, tensors: Sequence[torch.Tensor], plan: Replayable) -> None:
-    """Keep `plan`'s Program for later calls with tensors laid out as these ones (after
-    the plan has run once: its kernels are compiled)."""
+def keep(kernels: int, is_causal: bool, tensors: Sequence[torch.Tensor], plan: Plan) -> None:
+    """Keep `plan`'s Program, running these kernels, for later calls with tensors laid out
+    as these ones (after the plan has run once: its kernels are compiled)."""
     if not _enabled or tensors[0].device.type != "cuda":
         return
-    program = plan.replay_program()
-    if program is not None and (module := _load()) is not None:
-        module.add_program(kind, is_causal, list(tensors), *program)
+    kept = plan.replay_program()
+    if kept is not None and (module := _load()) is not None:
+        module.add_program(kernels, is_causal, list(tensors), *kept)
 
 
 def set_enabled(enabled: bool) -> None:
