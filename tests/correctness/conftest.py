@@ -11,6 +11,8 @@ import torch
 from smoke_runs import save_smoke_runs
 
 from systems.attention.flash_triton import launch
+from systems.attention.gluon import backward as gluon_backward
+from systems.attention.gluon import forward as gluon_forward
 from systems.attention.host_path import replay
 
 
@@ -26,6 +28,18 @@ def poisoned_outputs(monkeypatch):
     replay.set_poison(True)  # outputs of calls replayed from C++
     yield
     replay.set_poison(False)
+
+
+@pytest.fixture
+def poisoned_gluon_outputs(monkeypatch):
+    """Every buffer the Gluon kernels write starts as NaN (as their `poison` flag does)."""
+    original = gluon_backward.output_buffer
+
+    def poisoned(shape, dtype, device, poison):
+        return original(shape, dtype, device, True)
+
+    for module in (gluon_backward, gluon_forward):
+        monkeypatch.setattr(module, "output_buffer", poisoned)
 
 
 @pytest.fixture(scope="session")

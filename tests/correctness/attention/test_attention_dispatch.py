@@ -31,8 +31,6 @@ from systems.attention.dispatch import (
     Rule,
 )
 from systems.attention.functions import FlashAttentionTritonKernels
-from systems.attention.gluon import backward as gluon_backward_module
-from systems.attention.gluon import forward as gluon_forward_module
 from systems.attention.gluon.backward import cut_to, gluon_head_dim, padded_to
 
 GRADS = ("dq", "dk", "dv")
@@ -142,18 +140,6 @@ def test_the_unordered_backward_is_refused_off_hopper():
                     else "cpu")
     with pytest.raises(ValueError, match="gluon_unordered backward needs"):
         FlashAttentionTritonUnordered.apply(q, q, q, True)
-
-
-@pytest.fixture
-def poisoned_gluon_outputs(monkeypatch):
-    """Every buffer the Gluon kernels write starts as NaN (as their `poison` flag does)."""
-    original = gluon_backward_module.output_buffer
-
-    def poisoned(shape, dtype, device, poison):
-        return original(shape, dtype, device, True)
-
-    for module in (gluon_backward_module, gluon_forward_module):
-        monkeypatch.setattr(module, "output_buffer", poisoned)
 
 
 def _check(problem: Problem, attention) -> dict[str, torch.Tensor]:

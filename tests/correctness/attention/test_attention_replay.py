@@ -1,22 +1,47 @@
-"""Eager attention calls replayed from C++ (`flash_triton/replay.py`, `replay.cpp`).
+"""Eager attention calls replayed from C++ (`host_path/replay.py`, `replay.cpp`).
 
 A layout's first call plans and launches in Python and keeps its Program; later calls of
 that layout are replayed. Replay runs the same kernels on the same inputs, so its outputs
-must equal the Python path's bit for bit, with every output element written (outputs start
-as NaN here).
+must equal the Python path's bit for bit (dQ of the unordered Gluon backward aside), with
+every output element written (outputs start as NaN here). Every kernel pair the dispatch
+can pick, and the unordered variant's, is served so on an sm_90 GPU; what the Gluon plans
+describe for replay is checked against what they launch on any machine.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from test_attention_dispatch import hopper
 
-from systems.attention.functions import FlashAttentionTriton
+from systems.attention import dispatch, functions
+from systems.attention.dispatch import (
+    BACKWARDS,
+    FORWARDS,
+    GLUON,
+    GLUON_ORDERED,
+    GLUON_UNORDERED,
+    HOPPER,
+    TRITON,
+    TWO_PASS,
+    Kernels,
+    Rule,
+)
+from systems.attention.functions import (
+    FlashAttentionTriton,
+    FlashAttentionTritonKernels,
+    FlashAttentionTritonUnordered,
+)
+from systems.attention.gluon import backward as gluon_backward_module
+from systems.attention.gluon import forward as gluon_forward_module
+from systems.attention.gluon.backward import read_in_place
 from systems.attention.host_path import replay
+from systems.kernel_runtime.launcher import TensorSlot
 from systems.kernel_runtime.native_build import load_extension
 
 Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -55,9 +80,10 @@ LAYOUTS = {
 CPP_NODE = "torch::autograd::CppNode<systems::FlashAttentionTriton>"
 
 
-def _forward_backward(q, k, v, do, is_causal) -> list[torch.Tensor]:
+def _forward_backward(q, k, v, do, is_causal, attention=FlashAttentionTriton.apply
+                      ) -> list[torch.Tensor]:
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    o = FlashAttentionTriton.apply(q, k, v, is_causal)
+    o = attention(q, k, v, is_causal)
     return [o, *torch.autograd.grad(o, (q, k, v), do)]
 
 
@@ -80,10 +106,11 @@ def _replay_serves_on_this_gpu() -> None:
                     "take arguments replay does not pass (they run in Python)")
 
 
-def _python_path(q, k, v, do, is_causal) -> list[torch.Tensor]:
+def _python_path(q, k, v, do, is_causal, attention=FlashAttentionTriton.apply
+                 ) -> list[torch.Tensor]:
     replay.set_enabled(False)
     try:
-        return _forward_backward(q, k, v, do, is_causal)
+        return _forward_backward(q, k, v, do, is_causal, attention)
     finally:
         replay.set_enabled(True)
 
@@ -267,3 +294,206 @@ def test_replay_extension_builds_and_refuses_malformed_programs():
         module.add_program(0, False, [t], [], [(0, [1, 1, 1], 32, 0, [(0, 5, 0)], [])], [])
     with pytest.raises(ValueError, match="unknown output"):
         module.add_program(0, False, [t], [replay.Allocation(0, replay.LIKE)], [], [2])
+
+
+# ---- every kernel pair ----------------------------------------------------------------
+
+def _named(kernels: Kernels) -> Callable[..., torch.Tensor]:
+    return lambda q, k, v, c: FlashAttentionTritonKernels.apply(q, k, v, c, kernels.forward,
+                                                                kernels.backward)
+
+
+def _public_with_table(kernels: Kernels, monkeypatch) -> Callable[..., torch.Tensor]:
+    """FlashAttentionTriton.apply with a table that names `kernels` at every causal bf16
+    shape of the head dims the Gluon kernels run natively."""
+    monkeypatch.setattr(dispatch, "TABLE", tuple(
+        Rule(HOPPER, torch.bfloat16, d, min_seq=0, min_tokens=0, kernels=kernels)
+        for d in (64, 128)))
+    return FlashAttentionTriton.apply
+
+
+# name: (the kernels it runs at d = 128, how a caller reaches them). Every pair through
+# FlashAttentionTritonKernels, the table's pairs through FlashAttentionTriton, and the
+# unordered variant.
+ENTRIES = {
+    **{f"kernels-{f}+{b}": (Kernels(f, b), lambda mp, f=f, b=b: _named(Kernels(f, b)))
+       for f, b in itertools.product(FORWARDS, BACKWARDS)},
+    **{f"public-{f}+{GLUON_ORDERED}": (
+        Kernels(f, GLUON_ORDERED),
+        lambda mp, f=f: _public_with_table(Kernels(f, GLUON_ORDERED), mp)) for f in FORWARDS},
+    "unordered-variant": (Kernels(GLUON, GLUON_UNORDERED),
+                          lambda mp: FlashAttentionTritonUnordered.apply),
+}
+
+
+@hopper
+@pytest.mark.parametrize("entry", list(ENTRIES))
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_replay_serves_every_kernel_pair_with_the_python_paths_results(
+        entry, head_dim, device, monkeypatch, poisoned_outputs, poisoned_gluon_outputs):
+    """A second call of a layout is replayed whole (forward and the pair's backward) under
+    the C++ node, with the Python path's outputs: bit for bit, but for the unordered dQ
+    (close: its shares add in arrival order). d = 64 has no Gluon forward (the unordered
+    variant runs the Triton one there)."""
+    kernels, make = ENTRIES[entry]
+    if entry == "unordered-variant":
+        kernels = dispatch.with_gluon_backward(torch.empty(1, head_dim), GLUON_UNORDERED)
+    if not dispatch.runnable(kernels, HOPPER, torch.bfloat16, head_dim, 256, True):
+        pytest.skip(f"{kernels.name} does not take d = {head_dim}")
+    attention = make(monkeypatch)
+    inputs = _random((2, 3, 256, head_dim), (2, 3, 256, head_dim), dtype=torch.bfloat16)(device)
+    expected = _python_path(*inputs, True, attention)
+    replay.forget()
+    _forward_backward(*inputs, True, attention)  # the Python path, which keeps Programs
+    before = replay.replays()
+    replayed = _forward_backward(*inputs, True, attention)
+    assert replay.replays() - before == 2, "forward and backward were not both replayed"
+    assert replayed[0].grad_fn.name() == CPP_NODE
+    for name, ours, reference in zip(("o", "dq", "dk", "dv"), replayed, expected, strict=True):
+        assert ours.shape == reference.shape and ours.stride() == reference.stride(), name
+        if name == "dq" and kernels.backward == GLUON_UNORDERED:
+            torch.testing.assert_close(ours, reference)  # NaN (unwritten) fails too
+        else:
+            assert torch.equal(ours, reference), f"{name}: replay differs from the Python path"
+
+
+@hopper
+@pytest.mark.parametrize("backward", [TWO_PASS, GLUON_ORDERED])
+def test_cpp_node_hands_backward_to_the_pairs_python_backward(backward, device,
+                                                              poisoned_outputs):
+    """A layout first called without grad keeps only its forward Program: the C++ node's
+    first backward runs the pair's backward in Python, which keeps that backward's
+    Program (another backward's would not serve the next call), and later ones replay."""
+    attention = _named(Kernels(GLUON, backward))
+    inputs = _random((2, 2, 256, 128), (2, 2, 256, 128), dtype=torch.bfloat16)(device)
+    expected = _python_path(*inputs, True, attention)
+    replay.forget()
+    with torch.no_grad():
+        attention(*inputs[:3], True)  # keeps the forward Program only
+    served = []
+    for _ in range(2):
+        before = replay.replays()
+        results = _forward_backward(*inputs, True, attention)
+        served.append(replay.replays() - before)
+        assert results[0].grad_fn.name() == CPP_NODE
+        assert all(torch.equal(a, b) for a, b in zip(results, expected, strict=True))
+    assert served == [1, 2], "backward: Python first, then replayed"
+
+
+@hopper
+def test_a_kept_triton_forward_does_not_skip_the_gluon_refusals(device):
+    """The default pair's calls keep the Triton forward's Program for a layout the Gluon
+    backward cannot take (fp16): FlashAttentionTritonKernels still refuses that pair there,
+    before it tries replay."""
+    q, k, v, do = _random((2, 2, 256, 64), (2, 2, 256, 64), dtype=torch.float16)(device)
+    _forward_backward(q, k, v, do, True)
+    _forward_backward(q, k, v, do, True)
+    with pytest.raises(ValueError, match="gluon_ordered backward needs bf16"):
+        _named(Kernels(TRITON, GLUON_ORDERED))(q, k, v, True)
+
+
+def test_every_kernel_has_its_own_programs_and_python_backward():
+    """replay.cpp keys Programs by the kernels they run: each forward and backward has a
+    number of its own, and the C++ node's Python backward for a number is that kernel's."""
+    forwards = [functions._FORWARD_PROGRAMS[name] for name in FORWARDS]
+    backwards = [functions._BACKWARD_PROGRAMS[name] for name in BACKWARDS]
+    assert len(set(forwards + backwards)) == len(FORWARDS) + len(BACKWARDS)
+    for name, number in functions._BACKWARD_PROGRAMS.items():
+        assert functions._BACKWARDS_BY_PROGRAM[number] is functions._BACKWARDS[name]
+
+
+# ---- what the Gluon plans describe, on any machine ---------------------------------------
+
+class _Recorder:
+    """A launcher that records its calls, and describes its replayed launch as the
+    arguments it is given (TensorSlots and constants)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, ...]] = []
+
+    def __call__(self, *args: object) -> None:
+        self.calls.append(args)
+
+    def replay_launch(self, args: tuple[object, ...]) -> list[object]:
+        return list(args)
+
+
+def _allocated(allocation: replay.Allocation, table: list[torch.Tensor]
+               ) -> tuple[torch.dtype, int]:
+    """(dtype, elements) of what replay.cpp allocates for `allocation`."""
+    like = table[allocation.like]
+    if allocation.kind == replay.ZEROS:
+        return torch.int32, allocation.elements
+    if allocation.kind == replay.ROW_STATISTICS:
+        return torch.float32, like.numel() // like.shape[-1]
+    dtype = torch.float32 if allocation.kind == replay.FLOAT32_LIKE else like.dtype
+    return dtype, like.numel()
+
+
+def _assert_program_matches_launches(plan, launchers: list[_Recorder],
+                                     inputs: list[torch.Tensor],
+                                     outputs: tuple[torch.Tensor, ...]) -> None:
+    """Each launch the plan's Program describes passes, at every position, what its Python
+    call (through `launchers`, in order) passed: the same constant, or the tensor's slot
+    in the table (inputs, then allocations), where an allocation is what replay.cpp
+    allocates: the same dtype and size, and zero where the Python path zeroed it."""
+    allocations, launches, output_slots = plan.replay_program()
+    table = list(inputs)
+    slots = {t.data_ptr(): i for i, t in enumerate(inputs)}
+    slots |= {t.data_ptr(): i for i, t in zip(output_slots, outputs, strict=True)}
+    calls = [call for launcher in launchers for call in launcher.calls]
+    assert len(calls) == len(launches)
+    for call, described in zip(calls, launches, strict=True):
+        assert len(call) == len(described)
+        for arg, slot in zip(call, described, strict=True):
+            if not isinstance(arg, torch.Tensor):
+                assert slot == arg
+                continue
+            assert isinstance(slot, TensorSlot)
+            if arg.data_ptr() in slots:
+                assert slot.index == slots[arg.data_ptr()]
+                continue
+            allocation = allocations[slot.index - len(inputs)]
+            assert _allocated(allocation, table) == (arg.dtype, arg.numel())
+            if allocation.kind == replay.ZEROS:
+                assert not arg.any()
+
+
+def _bf16(*shape: int) -> torch.Tensor:
+    return torch.randn(shape, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+def test_gluon_backward_program_describes_the_launches_it_makes(ordered):
+    """The Gluon backward's Program against its Python call, with recording launchers
+    (no kernel runs): D, the dQ accumulator, dq, dk, dv and the ordered dQ's zeroed
+    semaphores, each at its place in every launch."""
+    launch = gluon_backward_module._BackwardLaunch(_Recorder(), _Recorder(), _Recorder(),
+                                                   semaphores=8 if ordered else 1)
+    plan = gluon_backward_module._BackwardPlan(launch, seq=256, d=64, head_dim=64,
+                                               in_place=True, poison=False)
+    q, k, v, o, do = (_bf16(2, 256, 64) for _ in range(5))
+    lse = torch.randn(2, 256)
+    inputs = [q, k, v, o, lse, do]
+    _assert_program_matches_launches(plan, [launch.prepare, launch.backward, launch.finish],
+                                     inputs, plan(*inputs))
+
+
+def test_gluon_forward_program_describes_the_launch_it_makes():
+    launch = _Recorder()
+    plan = gluon_forward_module._ForwardPlan(launch, seq=256, n_matrices=2, d=128,
+                                             head_dim=128, in_place=True, poison=False)
+    inputs = [_bf16(2, 256, 128) for _ in range(3)]
+    _assert_program_matches_launches(plan, [launch], inputs, plan(*inputs))
+
+
+def test_gluon_plans_replay_only_what_they_read_in_place():
+    """In place: packed, 16-byte aligned, the kernels' own head dim; else the Python path
+    pads or copies, and replay (which neither pads nor copies) leaves the layout to it."""
+    packed = _bf16(2, 3, 256, 64)
+    assert read_in_place([packed, packed], 64)
+    assert not read_in_place([packed, _bf16(2, 256, 3, 64).transpose(1, 2)], 64)
+    assert not read_in_place([_bf16(2, 256, 80)], 128)  # zero-padded to 128
+    assert not read_in_place([_bf16(1 + 256 * 64)[1:].view(256, 64)], 64)  # 2 bytes in
+    # Contiguous to torch, but a new tensor like it (replay's) would differ in a stride.
+    assert not read_in_place([_bf16(256, 64).as_strided((1, 256, 64), (7, 64, 1))], 64)
