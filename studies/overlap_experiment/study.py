@@ -21,11 +21,12 @@ from pathlib import Path
 
 import torch
 
-from systems.bench.recipes import build_recipe_workload, get_recipe
 from systems.bench.timing import time_steps
-from systems.bench.workloads import CUDA_GRAPH_WARMUP
+from systems.bench.workloads import build_recipe_workload
 from systems.common.hardware import machine_description
 from systems.model import get_config
+from systems.model.recipes import get_recipe
+from systems.model.train_step import CUDA_GRAPH_WARMUP
 
 # name: (recipe overrides, backward stream raised above the updates' stream)
 _OVERLAPPED = {"compile_scope": "blocks", "overlap_optimizer": True}

@@ -3,7 +3,8 @@
     common      device facts, NVTX ranges, CLI help             (imports no other layer)
     kernels     kernel_runtime (Triton's interpreter or the GPU, builds, the C++ launcher),
                 attention (the FlashAttention-2 core, the Gluon wing, the host path)
-    training    model, optim, distributed, checkpoint state helpers, shared CLI flags
+    training    model (and its train step, recipes, CUDA-graph capture), optim, distributed,
+                checkpoint state helpers, shared CLI flags
     runs        saved runs: schema and keys, reading, baselines, drift, the gate
     measuring   bench, profiling, report, accounting, the `systems` command   (top)
 

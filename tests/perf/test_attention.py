@@ -59,9 +59,9 @@ from systems.bench.attention import (
     UnsupportedWorkload,
     build_attention_workload,
 )
-from systems.bench.cuda_graph import CapturedStep
 from systems.bench.metrics import is_out_of_memory, out_of_memory_reason
 from systems.bench.timing import interleaved_device_time, interleaved_rounds
+from systems.model.cuda_graph import CapturedStep
 from systems.runs import keys
 
 SWEEP_IMPLEMENTATIONS = ("reference", "reference_compiled", "sdpa_flash", "sdpa_cudnn",

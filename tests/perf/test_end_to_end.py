@@ -10,8 +10,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from systems.bench.workloads import MODES, build_model_workload
+from systems.bench.workloads import build_model_workload
 from systems.model import get_config
+from systems.model.train_step import MODES
 
 SIZES = ("small", "medium", "large", "xl", "2.7b")
 SEQ_LENS = (128, 256, 512, 1024)

@@ -1,7 +1,7 @@
 """Train steps (forward, loss, backward, AdamW) of the three training recipes.
 
 `eager`: the model as written; `pytorch_baseline`: the strongest PyTorch-only step;
-`optimized`: ours (see `systems.bench.recipes` and docs/training_recipes.md). Every case
+`optimized`: ours (see `systems.model.recipes` and docs/training_recipes.md). Every case
 records `recipe` and `cold_start_s` (the first step, compilation included) in extra_info.
 Profiles: `smoke` (tiny, CPU, no compile, no CUDA graph), `quick` (every recipe for 2.7b and
 small at ctx 512, and the two strongest for 2.7b at ctx 2048: the regression
@@ -17,9 +17,10 @@ import itertools
 from dataclasses import dataclass
 
 from systems.bench.checkpoint_fit import fit_to_device
-from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe
-from systems.bench.workloads import CUDA_GRAPH_WARMUP
+from systems.bench.workloads import build_recipe_workload
 from systems.model import get_config
+from systems.model.recipes import RECIPES, get_recipe
+from systems.model.train_step import CUDA_GRAPH_WARMUP
 from systems.runs import keys
 
 SIZES = ("small", "medium", "large", "xl", "2.7b")

@@ -77,7 +77,7 @@ def topic_tables(results: Sequence[Result]) -> list[str]:
     lines = _section("Training recipes: eager vs PyTorch-only baseline vs ours",
                      tables.recipes_table(results),
                      "Train steps (forward, loss, backward, AdamW; batch 4, bf16) of the recipes "
-                     "in `systems.bench.recipes`, side by side when measured in one run; "
+                     "in `systems.model.recipes`, side by side when measured in one run; "
                      "times and speedups are medians; cold s: the first step alone, "
                      "compilation and autotuning included. "
                      + tables.provenance(_of_kind(results, "recipe"), "recipe"))

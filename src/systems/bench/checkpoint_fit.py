@@ -19,9 +19,10 @@ import torch
 
 from systems.accounting import checkpoint_blocks_for_budget
 from systems.attention.registry import saves_scores
-from systems.bench.recipes import Recipe, build_recipe_workload
-from systems.bench.workloads import CUDA_GRAPH_WARMUP
+from systems.bench.workloads import build_recipe_workload
 from systems.model import ModelConfig
+from systems.model.recipes import Recipe
+from systems.model.train_step import CUDA_GRAPH_WARMUP
 
 BUDGET_SHARE = 0.9  # of the GPU's memory; the rest is allocator slack and transients
 PROBE_DEPTH = 4  # blocks of the deepest measured step; the shallow one has half as many

@@ -1,6 +1,6 @@
 """`systems bench`: time forward / forward+backward / train step of a model.
 
-`--recipe NAME` runs a training recipe of `systems.bench.recipes` instead of the flags'
+`--recipe NAME` runs a training recipe of `systems.model.recipes` instead of the flags'
 plain setup, with `--option KEY=VALUE` changing any of its settings, e.g.
 `--recipe optimized --option compile_mode=reduce-overhead --option fused_loss=false`.
 A recipe's train step recomputes blocks where it would not fit on the GPU, by the perf
@@ -26,14 +26,8 @@ from systems.bench.metrics import (
     reset_peak_memory,
     throughput_metrics,
 )
-from systems.bench.recipes import RECIPES, Recipe, build_recipe_workload, get_recipe
 from systems.bench.timing import time_steps
-from systems.bench.workloads import (
-    CUDA_GRAPH_WARMUP,
-    MODES,
-    PRECISIONS,
-    build_model_workload,
-)
+from systems.bench.workloads import build_model_workload, build_recipe_workload
 from systems.cli_flags import (
     add_batch_size,
     add_device,
@@ -45,6 +39,8 @@ from systems.common.cli_help import ArgumentParser, HelpFormatter
 from systems.common.formatting import fmt
 from systems.common.hardware import machine_description
 from systems.model import get_config
+from systems.model.recipes import RECIPES, Recipe, get_recipe
+from systems.model.train_step import CUDA_GRAPH_WARMUP, MODES, PRECISIONS
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -53,8 +53,8 @@ from itertools import pairwise
 
 import torch
 
-from systems.bench.cuda_graph import CapturedStep
 from systems.common.clock import DEVICE, WALL, mark, seconds_between, synchronize
+from systems.model.cuda_graph import CapturedStep
 
 
 @dataclass(frozen=True)

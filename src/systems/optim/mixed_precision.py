@@ -32,7 +32,7 @@ class MixedPrecisionAdamW(AdamW):
     does), and a parameter changed outside the optimizer moves its master with it. Other
     dtypes keep an fp32 "master".
 
-    The step can be captured in a CUDA graph (see `systems.bench.cuda_graph`): step counts
+    The step can be captured in a CUDA graph (see `systems.model.cuda_graph`): step counts
     live on the device. Hyperparameters (lr, betas, ...) are read when a step is launched,
     so a replayed graph keeps those of its capture.
     """
@@ -105,7 +105,7 @@ class MixedPrecisionAdamW(AdamW):
 
         Torch would cast every tensor in a floating-point parameter's state to the
         parameter's dtype (fp32 masters and moments to bf16, low bits to floats), and would
-        replace the tensors: a step captured in a CUDA graph (`systems.bench.cuda_graph`)
+        replace the tensors: a step captured in a CUDA graph (`systems.model.cuda_graph`)
         keeps reading the old ones, so the loaded state would never reach its replays.
         Refuses a state of another layout (another `compute_dtype`)."""
         previous = dict(self.state)

@@ -21,8 +21,7 @@ import torch
 from systems.attention import ATTENTION_BACKENDS
 from systems.bench.checkpoint_fit import fit_to_device
 from systems.bench.cli import recipe_overrides
-from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe, runnable_on
-from systems.bench.workloads import CUDA_GRAPH_WARMUP, MODES, PRECISIONS, build_model_workload
+from systems.bench.workloads import build_model_workload, build_recipe_workload
 from systems.cli_flags import (
     add_batch_size,
     add_device,
@@ -33,6 +32,8 @@ from systems.cli_flags import (
 from systems.common.cli_help import ArgumentParser, HelpFormatter, positive_int
 from systems.common.hardware import device_name
 from systems.model import get_config
+from systems.model.recipes import RECIPES, get_recipe, runnable_on
+from systems.model.train_step import CUDA_GRAPH_WARMUP, MODES, PRECISIONS
 from systems.profiling import step_breakdown
 from systems.profiling.compute import profile_workload
 from systems.profiling.memory import (

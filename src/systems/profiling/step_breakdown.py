@@ -22,8 +22,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from systems.accounting import attention_flops
 from systems.bench.timing import synchronize, time_steps, union_length
-from systems.bench.workloads import CUDA_GRAPH_WARMUP, ModelWorkload, forward_flops
+from systems.bench.workloads import ModelWorkload, forward_flops
 from systems.common.formatting import fmt, markdown_table, shorten
+from systems.model.train_step import CUDA_GRAPH_WARMUP
 from systems.profiling.kernel_categories import CATEGORIES, classify_kernel
 
 DEFAULT_MATMUL_TFLOPS = 743.0  # bf16 dense matmul 8192^3 on an H100 (the practical ceiling)

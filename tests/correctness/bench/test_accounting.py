@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from systems import accounting as acc
-from systems.bench.workloads import autocast_context
 from systems.model import MODEL_CONFIGS, ModelConfig, TransformerLM, cross_entropy
+from systems.model.train_step import autocast_context
 from systems.profiling.memory import saved_tensor_bytes
 
 SHAPES = [

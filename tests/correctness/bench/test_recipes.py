@@ -17,9 +17,10 @@ from systems.bench.checkpoint_fit import (
     measure_peak_model,
     step_peak,
 )
-from systems.bench.recipes import RECIPES, build_recipe_workload, get_recipe, runnable_on
-from systems.bench.workloads import CUDA_GRAPH_WARMUP, StepOptions
+from systems.bench.workloads import build_recipe_workload
 from systems.model import MODEL_CONFIGS, TransformerLM, cross_entropy
+from systems.model.recipes import RECIPES, get_recipe, runnable_on
+from systems.model.train_step import CUDA_GRAPH_WARMUP, StepOptions
 from systems.optim.names import torch_adamw_settings
 from systems.profiling.memory import saved_tensor_bytes
 

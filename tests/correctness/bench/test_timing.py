@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from systems.bench import timing
-from systems.bench.cuda_graph import CapturedStep
 from systems.bench.timing import (
     DEVICE,
     WALL,
@@ -29,6 +28,7 @@ from systems.bench.timing import (
     time_steps,
 )
 from systems.common.clock import mark, seconds_between
+from systems.model.cuda_graph import CapturedStep
 
 
 def test_a_round_of_a_sleeping_step_measures_the_sleep() -> None:

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from systems.bench.recipes import build_recipe_workload, get_recipe
+from systems.bench.workloads import build_recipe_workload
 from systems.model import MODEL_CONFIGS
+from systems.model.recipes import get_recipe
 from systems.profiling.cli import main
 from systems.profiling.kernel_categories import CATEGORIES
 from systems.profiling.step_breakdown import (

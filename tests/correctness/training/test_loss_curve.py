@@ -18,8 +18,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from systems.bench.recipes import Recipe, build_recipe_workload, get_recipe
+from systems.bench.workloads import build_recipe_workload
 from systems.model import MODEL_CONFIGS, ModelConfig
+from systems.model.recipes import Recipe, get_recipe
 
 STEPS = 200
 TAIL = 50  # the curve's end: the last steps, averaged

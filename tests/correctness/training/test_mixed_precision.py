@@ -1,4 +1,4 @@
-"""Our model's dtypes under the suite's bf16 precision (`bench.workloads.autocast_context`):
+"""Our model's dtypes under the suite's bf16 precision (`model.train_step.autocast_context`):
 what the activation model (`accounting.saved_tensors`) and the bf16 recipes assume."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from systems.bench.workloads import autocast_context
 from systems.model import MODEL_CONFIGS, TransformerLM, cross_entropy
 from systems.model.layers import RMSNorm, TransformerBlock
+from systems.model.train_step import autocast_context
 
 
 def test_bf16_autocast_keeps_the_residual_stream_norms_loss_and_gradients_fp32(device) -> None:

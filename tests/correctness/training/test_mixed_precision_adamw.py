@@ -10,8 +10,8 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from systems.bench.cuda_graph import CapturedStep
 from systems.kernel_runtime import interpreter
+from systems.model.cuda_graph import CapturedStep
 from systems.optim import MixedPrecisionAdamW
 from systems.optim.adamw_kernel import BLOCK_SIZE, fused_adamw_step_, launch_fused_adamw_
 from systems.optim.split_master import join_master, split_master

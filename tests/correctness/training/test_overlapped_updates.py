@@ -7,9 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from systems.bench.recipes import build_recipe_workload, get_recipe
-from systems.bench.workloads import update_buckets
+from systems.bench.workloads import build_recipe_workload
 from systems.model import MODEL_CONFIGS, TransformerLM, cross_entropy
+from systems.model.recipes import get_recipe
+from systems.model.train_step import update_buckets
 from systems.optim import AdamW, MixedPrecisionAdamW, OverlappedUpdates
 from systems.optim.overlapped import SECOND_BACKWARD
 

@@ -2,10 +2,10 @@
 
 `setup_train(spec)` builds one configuration (the model in its data-parallel wrapper, its
 optimizer and this rank's random batch) with the one step builder,
-`systems.bench.workloads.build_model_workload`, and keeps it in `worker_state`; each
-`train_round()` runs one step, timing its phases; `teardown_train()` frees it. The same
-functions serve the pytest perf cases (through a RankPool) and torchrun launches (see
-cli.py).
+`systems.model.train_step` (through `systems.bench.workloads.build_model_workload`), and
+keeps it in `worker_state`; each `train_round()` runs one step, timing its phases;
+`teardown_train()` frees it. The same functions serve the pytest perf cases (through a
+RankPool) and torchrun launches (see cli.py).
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ import torch.distributed as dist
 from torch import nn
 
 from systems.bench.timing import StepTimer
-from systems.bench.workloads import ModelWorkload, StepOptions, build_model_workload
+from systems.bench.workloads import ModelWorkload, build_model_workload
 from systems.distributed.bucket_steps import BucketSteps
 from systems.distributed.ddp import DDPBucketed, DDPIndividualParameters, FlatDDP, NaiveDDP
 from systems.distributed.fsdp import FSDP
 from systems.distributed.grad_sync import TAIL_BUCKET_BYTES
 from systems.distributed.rank_pool import worker_state
 from systems.model import get_config
+from systems.model.train_step import StepOptions
 from systems.optim import OptimizerName
 from systems.optim.names import optimizer_name
 

@@ -1,7 +1,8 @@
 """Named training recipes: the plain step, the strongest PyTorch-only step, and ours.
 
-A recipe fixes how one train step (forward, loss, backward, AdamW) runs; the workload
-builder in `systems.bench.workloads` does the rest, so every recipe is timed the same way.
+A recipe fixes how one train step (forward, loss, backward, AdamW) runs; the step builder
+in `systems.model.train_step` does the rest, so every recipe is built (and timed) the same
+way.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from systems.bench.workloads import ModelWorkload, StepOptions, build_model_workload, check_choice
-from systems.model import ModelConfig
+from systems.model.train_step import StepOptions, check_choice
 from systems.optim import OptimizerName
 
 
@@ -57,22 +57,3 @@ def runnable_on(recipe: Recipe, device: torch.device | str) -> Recipe:
     if torch.device(device).type == "cuda" or not recipe.options.cuda_graph:
         return recipe
     return replace(recipe, options=replace(recipe.options, cuda_graph=False))
-
-
-def build_recipe_workload(
-    config: ModelConfig,
-    recipe: Recipe,
-    *,
-    batch_size: int = 4,
-    seq_len: int = 512,
-    device: torch.device | str = "cpu",
-    seed: int = 0,
-    mode: str = "train_step",
-) -> ModelWorkload:
-    """A step of `config` (a train step unless `mode` says otherwise) run the way `recipe`
-    says; same seed, same weights and batch whatever the recipe."""
-    return build_model_workload(
-        config, batch_size=batch_size, seq_len=seq_len, mode=mode,
-        precision=recipe.precision, compiled=recipe.compiled, attention=recipe.attention,
-        device=device, seed=seed, options=recipe.options,
-    )
