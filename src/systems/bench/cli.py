@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from systems.common.hardware import machine_description
 from systems.model import get_config
 from systems.model.recipes import RECIPES, Recipe, get_recipe
 from systems.model.train_step import CUDA_GRAPH_WARMUP, MODES, PRECISIONS
+from systems.runs.validate import check_writable_folder
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,14 +172,12 @@ def check_attention(args: argparse.Namespace, overrides: dict[str, object],
 
 
 def check_json_destination(path: Path) -> None:
-    """Fail now, not after the whole run, if `path` cannot be written: its folder is made
-    and a scratch file is created (and removed) in it."""
+    """Fail now, not after the whole run, if `path` cannot be written (`check_writable_folder`
+    of its folder, as the perf suite checks its own destinations)."""
     if path.is_dir():
         raise ValueError(f"--json {path}: is a folder, not a file")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
+        check_writable_folder(path.parent)
     except OSError as error:
         raise ValueError(f"--json {path}: cannot write there ({error})") from None
 
