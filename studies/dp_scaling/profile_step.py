@@ -14,7 +14,6 @@ import statistics
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
-from studies.dp_scaling.study import VARIANTS
 from systems.bench.distributed.train_step import TrainSpec, setup_train, teardown_train, train_round
 from systems.distributed.process_group import init_from_env
 from systems.distributed.rank_pool import worker_state
@@ -41,7 +40,8 @@ def profile_variant(spec: TrainSpec, warmup: int, steps: int, rows: int) -> None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["none", "fsdp"])
+    parser.add_argument("--variants", nargs="+", default=["none", "fsdp"],
+                        help="TrainSpec variants: none, torch_ddp, bucketed, fsdp, ...")
     parser.add_argument("--size", default="xl")
     parser.add_argument("--backend", default=None)
     parser.add_argument("--warmup", type=int, default=3)
@@ -50,8 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     worker_state["device"] = init_from_env(args.backend)
     for name in args.variants:
-        profile_variant(TrainSpec(size=args.size, **VARIANTS[name]), args.warmup, args.steps,
-                        args.rows)
+        profile_variant(TrainSpec(variant=name, size=args.size), args.warmup, args.steps, args.rows)
     dist.destroy_process_group()
 
 
