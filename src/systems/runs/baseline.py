@@ -89,8 +89,9 @@ def baseline_suite(gpus: int) -> str:
 # (tests/correctness/runs/test_perf_baseline.py); they are sized from the cold starts and
 # rounds of one complete H100 run (study 0053).
 BASELINE_PARTS_1GPU: dict[str, tuple[str, ...]] = {
-    "attention_end_to_end": ("tests/perf/test_attention.py", "tests/perf/test_end_to_end.py",
-                             "tests/perf/test_distributed.py"),
+    "attention": ("tests/perf/test_attention.py", "-k", "not test_attention_table"),
+    "table_end_to_end": ("tests/perf/test_attention.py::test_attention_table",
+                         "tests/perf/test_end_to_end.py", "tests/perf/test_distributed.py"),
     "recipes_ctx512": ("tests/perf/test_training_recipes.py", "-k", "ctx512"),
     "recipes_ctx2048": ("tests/perf/test_training_recipes.py", "-k", "ctx2048"),
 }
