@@ -296,16 +296,18 @@ IN_TURN_STEPS = {"test_attention": "forward + backward",
                  "test_attention_leaderboard": "leaderboard: o.sum(), backward"}
 
 
-def attention_device_in_turn(repo: Path, history_file: str) -> str:
+def attention_device_in_turn(repo: Path, history_file: str, test: str | None = None) -> str:
     """Device time of ours (each implementation with the record) and the SDPA backends in
-    do_bench rounds taken in turn (`extra_info["interleaved_device_ms"]`): per case the
+    do_bench rounds taken in turn (`extra_info["interleaved_device_ms"]`), of one test or of
+    every test that records such rounds: per case the
     medians over the rounds and, for each rival, the median of the per-round ratios with
     their lowest and highest. A round's ratio compares two times taken moments apart, so it
     does not carry the GPU's drift between cases timed minutes apart."""
     history = read_history(repo, history_file)
     rows, at_or_below, counts = [], {rival: [] for rival in IN_TURN_RIVALS}, set()
-    for test, step in IN_TURN_STEPS.items():
-        for r in _only(history.results, test, lambda r: rounds_in_turn(r) is not None):
+    steps = IN_TURN_STEPS if test is None else {test: IN_TURN_STEPS[test]}
+    for name, step in steps.items():
+        for r in _only(history.results, name, lambda r: rounds_in_turn(r) is not None):
             impl, rounds = str(r.get(keys.IMPLEMENTATION)), rounds_in_turn(r)
             counts.add(len(rounds[impl]))
             d, batch_heads, seq, dtype, _ = _workload(r)
