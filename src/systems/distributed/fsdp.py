@@ -52,8 +52,8 @@ sizes, which kills the process inside gloo and hangs or mixes data on NCCL, and 
 at the sync would come too late. So before each of them (and once at the sync) the ranks
 all-gather one int64 naming the collective over a host gloo group, and raise, all of them,
 with what each rank was about to run when they differ. Cost: one host round trip per unit
-per all-gather and reduce-scatter (about three per unit per step); it never waits for the
-device, but holds the ranks' host threads in step at each collective.
+per all-gather and reduce-scatter (about three per unit per step; none at world size 1); it
+never waits for the device, but holds the ranks' host threads in step at each collective.
 
 Checkpoints. `full_state_dict(optimizer)` gathers the model (full parameters by the
 unwrapped model's names, and its persistent buffers) and the optimizer state (each shard's
@@ -214,13 +214,20 @@ class _SameCollectives:
         self.names = [", ".join(slot.name for slot in unit.slots) for unit in units]
         self.group = host_group()
         self.world_size = dist.get_world_size()
+        # Reused by every check: a check is a blocking host round trip, so they are free again
+        # once it returns.
+        self._mine = torch.empty(1, dtype=torch.int64)
+        self._everyone = torch.empty(self.world_size, dtype=torch.int64)
 
     def __call__(self, kind: int, index: int) -> None:
-        mine = torch.tensor([kind * len(self.names) + index], dtype=torch.int64)
-        everyone = torch.empty(self.world_size, dtype=torch.int64)
-        dist.all_gather_into_tensor(everyone, mine, group=self.group)
-        if (everyone != mine).any():
-            doing = "; ".join(f"rank {rank}: {self._describe(int(tag))}"
+        if self.world_size == 1:  # no other rank to disagree with: skip the round trip
+            return
+        mine = kind * len(self.names) + index
+        self._mine.fill_(mine)
+        all_gather_flat(self._everyone, self._mine, group=self.group)
+        everyone = self._everyone.tolist()
+        if any(tag != mine for tag in everyone):
+            doing = "; ".join(f"rank {rank}: {self._describe(tag)}"
                               for rank, tag in enumerate(everyone))
             raise RuntimeError(
                 f"FSDP: the ranks ran different collectives ({doing}). Every rank must call "
