@@ -15,9 +15,10 @@ itself (a Transformer block in a stack of blocks), or, without one, the owner it
 embedding, an LM head). A root's weights form one unit, or several where they differ in
 dtype, device or requires_grad. A tied weight lives in the unit of its first owner.
 
-Around each call of a unit root its units are all-gathered and afterwards freed; owners
-inside the call see their weights as views of the gathered buffer (an owner called outside
-its root's call gathers on demand, until the end of the forward). The autograd graph keeps
+Around each call of a unit root its units are all-gathered and afterwards freed; while a
+unit is gathered, its owners' weight attributes are views of the gathered buffer, set once
+per gather (an owner called outside its root's call gathers on demand, until the end of the
+forward). The autograd graph keeps
 no gathered weight alive: a saved-tensor hook replaces a saved view of a gathered buffer by
 a marker and re-gathers the unit when backward needs it. One autograd node makes all of a
 gather's weights; its backward runs once all their gradients are complete, concatenates
@@ -261,6 +262,18 @@ def _cast(param: nn.Parameter, dtype: torch.dtype) -> torch.Tensor:
     return param.view_as(param) if param.dtype == dtype else param.to(dtype)
 
 
+def _add_once(items: list[Any], item: Any) -> None:
+    if item not in items:
+        items.append(item)
+
+
+def _set_plain_attribute(module: nn.Module, attr: str, value: torch.Tensor | None) -> None:
+    """module.attr = value for an attribute that is no parameter, buffer or submodule (as
+    the weights taken from _parameters are), without nn.Module.__setattr__'s checks: this
+    runs for every weight around every unit's call."""
+    object.__setattr__(module, attr, value)
+
+
 def _unit_root(module: nn.Module, parents: dict[nn.Module, nn.Module]) -> nn.Module:
     """The outermost ancestor-or-self that is a (non-ModuleList) element of a ModuleList."""
     root = node = module
@@ -308,9 +321,13 @@ class FSDP(LocalAccumulation, nn.Module):
         self.param_names = [name for name, _ in module.named_parameters()]
         self._units: list[_Unit] = []
         self._replicated: dict[str, nn.Parameter] = {}
-        # (attribute, (unit, slot index) or replicated parameter) each module installs per call.
-        self._owned: dict[nn.Module, list[tuple[str, tuple[_Unit, int] | nn.Parameter]]] = {}
         self._roots: dict[nn.Module, list[_Unit]] = {}  # units gathered around a root's call
+        # The owners' attributes (owner, attribute, slot index) that show a unit's weights.
+        self._attributes: dict[_Unit, list[tuple[nn.Module, str, int]]] = {}
+        # Owners that are no unit root: their units, opened when called outside the root's call.
+        self._nested_owners: dict[nn.Module, list[_Unit]] = {}
+        # With compute_dtype, replicated parameters are cast around each call of their owner.
+        self._casts: dict[nn.Module, list[tuple[str, nn.Parameter]]] = {}
         self._take_parameters()
         self.shards = nn.ParameterList(unit.shard for unit in self._units)
         self._unit_of_shard = {unit.shard: unit for unit in self._units}
@@ -326,9 +343,7 @@ class FSDP(LocalAccumulation, nn.Module):
             unit.index, unit.agree = index, self._same_collectives
         self._shard_ids = frozenset(id(unit.shard) for unit in self._units)
         self._pending = False  # a unit got gradients since the last sync
-        for hooked in {**self._roots, **self._owned}:
-            hooked.register_forward_pre_hook(self._before_call)
-            hooked.register_forward_hook(self._after_call)
+        self._register_hooks()
         self._installed: dict[_Unit, tuple[torch.Tensor, ...]] = {}  # weights of open gathers
         self._by_storage: dict[int, _Unit] = {}
         self._call_order: list[nn.Module] = []
@@ -366,13 +381,27 @@ class FSDP(LocalAccumulation, nn.Module):
                 where[param] = (self._units[-1], index)
         for module, attr, param, _ in owners:
             if param in where:
-                units = self._roots.setdefault(_unit_root(module, parents), [])
-                if where[param][0] not in units:
-                    units.append(where[param][0])
+                unit, slot = where[param]
+                root = _unit_root(module, parents)
+                _add_once(self._roots.setdefault(root, []), unit)
+                if root is not module:
+                    _add_once(self._nested_owners.setdefault(module, []), unit)
+                self._attributes.setdefault(unit, []).append((module, attr, slot))
+            elif self.compute_dtype is not None:
+                self._casts.setdefault(module, []).append((attr, param))
             if param in where or self.compute_dtype is not None:
                 del module._parameters[attr]
                 setattr(module, attr, None)
-                self._owned.setdefault(module, []).append((attr, where.get(param, param)))
+
+    def _register_hooks(self) -> None:
+        for root in self._roots:
+            root.register_forward_pre_hook(self._before_root_call)
+            root.register_forward_hook(self._after_root_call)
+        for owner in self._nested_owners:
+            owner.register_forward_pre_hook(self._before_nested_owner_call)
+        for owner in self._casts:
+            owner.register_forward_pre_hook(self._install_casts)
+            owner.register_forward_hook(self._remove_casts)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # As in DDP, whether a backward synchronizes is decided by its forward.
@@ -394,40 +423,50 @@ class FSDP(LocalAccumulation, nn.Module):
         self._by_storage[unit.full_flat.untyped_storage().data_ptr()] = unit
 
     def _open(self, unit: _Unit) -> None:
-        """Gather `unit` and make its weights for the calls to come (one autograd node)."""
+        """Gather `unit` and make its weights (one autograd node) its owners' attributes
+        for the calls to come."""
         self._start_gather(unit)
-        self._installed[unit] = _GatherUnit.apply(unit.shard, unit, self)
+        weights = self._installed[unit] = _GatherUnit.apply(unit.shard, unit, self)
+        for owner, attr, slot in self._attributes[unit]:
+            _set_plain_attribute(owner, attr, weights[slot])
 
-    def _before_call(self, module: nn.Module, _args: Any) -> None:
-        if module in self._roots:
-            index = len(self._recording_calls)
-            self._recording_calls.append(module)
-            upcoming = self._call_order[index + 1:index + 1 + self.prefetch]
-            ahead = [unit for call in upcoming for unit in self._roots.get(call, [])]
-            for unit in self._roots[module] + ahead:
-                self._start_gather(unit)  # this call's units, then prefetch the next calls'
-            for unit in self._roots[module]:
+    def _close(self, unit: _Unit) -> None:
+        """Take `unit`'s weights from its owners (so nothing keeps them alive) and free it."""
+        if self._installed.pop(unit, None) is not None:
+            for owner, attr, _ in self._attributes[unit]:
+                _set_plain_attribute(owner, attr, None)
+        unit.release()
+
+    def _before_root_call(self, module: nn.Module, _args: Any) -> None:
+        index = len(self._recording_calls)
+        self._recording_calls.append(module)
+        upcoming = self._call_order[index + 1:index + 1 + self.prefetch]
+        ahead = [unit for call in upcoming for unit in self._roots.get(call, [])]
+        for unit in self._roots[module] + ahead:
+            self._start_gather(unit)  # this call's units, then prefetch the next calls'
+        for unit in self._roots[module]:
+            self._open(unit)
+
+    def _after_root_call(self, module: nn.Module, _args: Any, _output: Any) -> None:
+        for unit in self._roots[module]:
+            self._close(unit)
+
+    def _before_nested_owner_call(self, module: nn.Module, _args: Any) -> None:
+        for unit in self._nested_owners[module]:
+            if unit not in self._installed:  # called outside its root's call
                 self._open(unit)
-        for attr, entry in self._owned.get(module, []):
-            if isinstance(entry, tuple):
-                unit, slot = entry
-                if unit not in self._installed:  # called outside its root's call
-                    self._open(unit)
-                setattr(module, attr, self._installed[unit][slot])
-            else:
-                setattr(module, attr, _cast(entry, self.compute_dtype))
 
-    def _after_call(self, module: nn.Module, _args: Any, _output: Any) -> None:
-        for attr, _ in self._owned.get(module, []):
-            setattr(module, attr, None)
-        for unit in self._roots.get(module, []):
-            self._installed.pop(unit, None)
-            unit.release()
+    def _install_casts(self, module: nn.Module, _args: Any) -> None:
+        for attr, param in self._casts[module]:
+            _set_plain_attribute(module, attr, _cast(param, self.compute_dtype))
+
+    def _remove_casts(self, module: nn.Module, _args: Any, _output: Any) -> None:
+        for attr, _ in self._casts[module]:
+            _set_plain_attribute(module, attr, None)
 
     def _release_all(self) -> None:
-        self._installed.clear()
         for unit in self._units:
-            unit.release()
+            self._close(unit)
 
     def _pack(self, tensor: torch.Tensor) -> Any:
         ptr = tensor.untyped_storage().data_ptr()
