@@ -51,10 +51,13 @@ Same collectives. Ranks must run the same sequence of all-gathers and reduce-sca
 branch that calls a sharded module on some ranks only would pair collectives of different
 sizes, which kills the process inside gloo and hangs or mixes data on NCCL, and a check
 at the sync would come too late. So before each of them (and once at the sync) the ranks
-all-gather one int64 naming the collective over a host gloo group, and raise, all of them,
-with what each rank was about to run when they differ. Cost: one host round trip per unit
-per all-gather and reduce-scatter (about three per unit per step; none at world size 1); it
-never waits for the device, but holds the ranks' host threads in step at each collective.
+all-gather int64s naming the collective over a host gloo group, and raise, all of them,
+with what each rank was about to run when they differ. A reduce-scatter is launched once
+the next collective (a gather, or the sync) is due, and checked with it in one round trip;
+it is launched a moment later, with the same order on every rank. Cost: one host round
+trip per unit per forward gather and about one per unit in backward (about two per unit per
+step; none at world size 1); it never waits for the device, but holds the ranks' host
+threads in step at each check.
 
 Checkpoints. `full_state_dict(optimizer)` gathers the model (full parameters by the
 unwrapped model's names, and its persistent buffers) and the optimizer state (each shard's
@@ -124,6 +127,9 @@ class _Unit:
         self.local_grad: torch.Tensor | None = None  # no_sync() sums, full, padded, fp32
         # Called before each collective with its kind and this unit's index (_SameCollectives).
         self.agree: Callable[[int, int], None] = lambda kind, index: None
+        # Given a reduce-scatter's launch, runs it, checked, before the next collective.
+        self.defer: Callable[[int, int, Callable[[], None]], None] = (
+            lambda kind, index, launch: launch())
         self.index = 0
         self._gather_work: dist.Work | None = None
         self._grad_works: list[tuple[dist.Work, torch.Tensor]] = []
@@ -191,7 +197,9 @@ class _Unit:
             self._reduce_scatter(flat)
 
     def _reduce_scatter(self, flat: torch.Tensor) -> None:
-        self.agree(REDUCE_SCATTER, self.index)
+        self.defer(REDUCE_SCATTER, self.index, lambda: self._launch_reduce_scatter(flat))
+
+    def _launch_reduce_scatter(self, flat: torch.Tensor) -> None:
         out = torch.empty(self.shard_numel, dtype=flat.dtype, device=flat.device)
         work = reduce_scatter_flat(out, flat.contiguous(), op=dist.ReduceOp.SUM, async_op=True)
         self._grad_works.append((work, out))
@@ -209,11 +217,19 @@ class _Unit:
 
 
 GATHER, REDUCE_SCATTER, SYNC = range(3)  # the collectives _SameCollectives tells apart
+NO_COLLECTIVE = -1  # pads a check that covers fewer collectives than CHECK_WIDTH
+# Collectives one round trip checks: in backward, a reduce-scatter and the gather after it.
+CHECK_WIDTH = 2
 
 
 class _SameCollectives:
     """Before each collective, checks that every rank is about to run the same one (see
-    the module docstring); raises on every rank, naming what each was about to run."""
+    the module docstring); raises on every rank, naming what each was about to run.
+
+    A deferred collective is launched after the check of the next one, and checked with
+    it: the checks compare the same sequence, in fixed-width pieces that end at the same
+    places on ranks whose sequences agree, with fewer round trips.
+    """
 
     def __init__(self, units: list[_Unit]) -> None:
         self.names = [", ".join(slot.name for slot in unit.slots) for unit in units]
@@ -221,25 +237,47 @@ class _SameCollectives:
         self.world_size = dist.get_world_size()
         # Reused by every check: a check is a blocking host round trip, so they are free again
         # once it returns.
-        self._mine = torch.empty(1, dtype=torch.int64)
-        self._everyone = torch.empty(self.world_size, dtype=torch.int64)
+        self._mine = torch.empty(CHECK_WIDTH, dtype=torch.int64)
+        self._everyone = torch.empty(self.world_size * CHECK_WIDTH, dtype=torch.int64)
+        self._deferred: list[tuple[int, Callable[[], None]]] = []
+
+    def defer(self, kind: int, index: int, launch: Callable[[], None]) -> None:
+        """Run `launch` (the collective) once the next collective has been checked."""
+        self._deferred.append((self._tag(kind, index), launch))
 
     def __call__(self, kind: int, index: int) -> None:
+        """Check the deferred collectives and this one, then launch the deferred ones (the
+        caller launches this one)."""
+        tags = [tag for tag, _ in self._deferred] + [self._tag(kind, index)]
+        launches = [launch for _, launch in self._deferred]
+        self._deferred.clear()
+        for start in range(0, len(tags), CHECK_WIDTH):
+            self._check(tags[start:start + CHECK_WIDTH])
+        for launch in launches:
+            launch()
+
+    def _tag(self, kind: int, index: int) -> int:
+        return kind * len(self.names) + index
+
+    def _check(self, tags: list[int]) -> None:
         if self.world_size == 1:  # no other rank to disagree with: skip the round trip
             return
-        mine = kind * len(self.names) + index
-        self._mine.fill_(mine)
+        mine = tags + [NO_COLLECTIVE] * (CHECK_WIDTH - len(tags))
+        self._mine.numpy()[:] = mine
         _host_all_gather(self._everyone, self._mine, group=self.group)
-        everyone = self._everyone.tolist()
-        if any(tag != mine for tag in everyone):
-            doing = "; ".join(f"rank {rank}: {self._describe(tag)}"
-                              for rank, tag in enumerate(everyone))
+        everyone = self._everyone.view(self.world_size, CHECK_WIDTH).tolist()
+        if any(theirs != mine for theirs in everyone):
+            doing = "; ".join(f"rank {rank}: {self._describe(theirs)}"
+                              for rank, theirs in enumerate(everyone))
             raise RuntimeError(
                 f"FSDP: the ranks ran different collectives ({doing}). Every rank must call "
                 "the sharded modules in the same order: a branch taken on some ranks only "
                 "(on the rank or its data) must not add or skip a sharded module's call")
 
-    def _describe(self, tag: int) -> str:
+    def _describe(self, tags: list[int]) -> str:
+        return " then ".join(self._describe_one(tag) for tag in tags if tag != NO_COLLECTIVE)
+
+    def _describe_one(self, tag: int) -> str:
         kind, index = divmod(tag, len(self.names))
         if kind == SYNC:
             return "finish_gradient_synchronization()"
@@ -341,6 +379,7 @@ class FSDP(LocalAccumulation, nn.Module):
         self._same_collectives = _SameCollectives(self._units)
         for index, unit in enumerate(self._units):
             unit.index, unit.agree = index, self._same_collectives
+            unit.defer = self._same_collectives.defer
         self._shard_ids = frozenset(id(unit.shard) for unit in self._units)
         self._pending = False  # a unit got gradients since the last sync
         self._register_hooks()
