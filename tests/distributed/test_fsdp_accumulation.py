@@ -85,3 +85,27 @@ def test_ranks_that_run_different_collectives_raise(run_on_ranks, backend):
         assert message is not None and "ranks ran different collectives" in message
         assert "rank 0: all-gather of unused.weight" in message
         assert "rank 1: all-gather of down.weight" in message
+
+
+def rank_dependent_backward() -> str | None:
+    """Both ranks call every layer, but on rank 1 no gradient flows through `unused`: its
+    backward neither re-gathers nor reduce-scatters that unit. The error, if any."""
+    torch.manual_seed(0)
+    wrapped = FSDP(BranchToyModel().to(worker_state["device"]))
+    if dist.get_rank() == 1:
+        wrapped.module.unused.register_forward_hook(lambda _m, _args, out: out.detach())
+    tokens = torch.randint(VOCAB, (2, SEQ + 1), device=worker_state["device"])
+    try:
+        logits = wrapped(tokens[:, :-1], branch=True)
+        cross_entropy(logits, tokens[:, 1:]).backward()
+        wrapped.finish_gradient_synchronization()
+    except RuntimeError as error:
+        return str(error)
+    return None
+
+
+def test_ranks_whose_backwards_differ_raise(run_on_ranks, backend):
+    # The backward's checks cover a reduce-scatter and the collective after it at once.
+    for message in run_on_ranks(rank_dependent_backward):
+        assert message is not None and "ranks ran different collectives" in message
+        assert "unused.weight" in message
