@@ -65,18 +65,23 @@ def test_no_sync_reduces_nothing_until_a_backward_outside(run_on_ranks):
     assert run_on_ranks(reduce_scatters_per_backward) == [[0, 0, 2, 2]] * 2
 
 
-def rank_dependent_branch() -> str | None:
-    """Rank 0 alone calls the sharded `unused` layer: the error, if any."""
-    torch.manual_seed(0)
-    wrapped = FSDP(BranchToyModel().to(worker_state["device"]))
+def error_of_a_step(wrapped: FSDP, branch: bool) -> str | None:
+    """The error of one training step of a wrapped BranchToyModel, if any."""
     tokens = torch.randint(VOCAB, (2, SEQ + 1), device=worker_state["device"])
     try:
-        logits = wrapped(tokens[:, :-1], branch=dist.get_rank() == 0)
+        logits = wrapped(tokens[:, :-1], branch=branch)
         cross_entropy(logits, tokens[:, 1:]).backward()
         wrapped.finish_gradient_synchronization()
     except RuntimeError as error:
         return str(error)
     return None
+
+
+def rank_dependent_branch() -> str | None:
+    """Rank 0 alone calls the sharded `unused` layer: the error, if any."""
+    torch.manual_seed(0)
+    wrapped = FSDP(BranchToyModel().to(worker_state["device"]))
+    return error_of_a_step(wrapped, branch=dist.get_rank() == 0)
 
 
 def test_ranks_that_run_different_collectives_raise(run_on_ranks, backend):
@@ -94,14 +99,7 @@ def rank_dependent_backward() -> str | None:
     wrapped = FSDP(BranchToyModel().to(worker_state["device"]))
     if dist.get_rank() == 1:
         wrapped.module.unused.register_forward_hook(lambda _m, _args, out: out.detach())
-    tokens = torch.randint(VOCAB, (2, SEQ + 1), device=worker_state["device"])
-    try:
-        logits = wrapped(tokens[:, :-1], branch=True)
-        cross_entropy(logits, tokens[:, 1:]).backward()
-        wrapped.finish_gradient_synchronization()
-    except RuntimeError as error:
-        return str(error)
-    return None
+    return error_of_a_step(wrapped, branch=True)
 
 
 def test_ranks_whose_backwards_differ_raise(run_on_ranks, backend):
