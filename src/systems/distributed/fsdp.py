@@ -18,14 +18,13 @@ dtype, device or requires_grad. A tied weight lives in the unit of its first own
 Around each call of a unit root its units are all-gathered and afterwards freed; while a
 unit is gathered, its owners' weight attributes are views of the gathered buffer, set once
 per gather (an owner called outside its root's call gathers on demand, until the end of the
-forward). The autograd graph keeps
-no gathered weight alive: a saved-tensor hook replaces a saved view of a gathered buffer by
-a marker and re-gathers the unit when backward needs it. One autograd node makes all of a
-gather's weights; its backward runs once all their gradients are complete, concatenates
-them and reduce-scatters (sums, then divides by the world size) into the shard. So within a
-unit that gets gradients, a weight that got none receives zeros, where single-process
-training leaves its `.grad` None; a weight used only sometimes belongs outside a ModuleList
-element, in a unit of its own.
+forward). The autograd graph keeps no gathered weight alive: a saved-tensor hook replaces a
+saved view of a gathered buffer by a marker and re-gathers the unit when backward needs it.
+One autograd node makes all of a gather's weights; its backward runs once all their
+gradients are complete, concatenates them and reduce-scatters (sums, then divides by the
+world size) into the shard. So within a unit that gets gradients, a weight that got none
+receives zeros, where single-process training leaves its `.grad` None; a weight used only
+sometimes belongs outside a ModuleList element, in a unit of its own.
 
 Gathers run ahead (`prefetch`, default 1): when unit-root call i starts, the gathers for
 calls i+1 .. i+prefetch are launched, so with 1 a block's gather starts once the block two
