@@ -70,8 +70,9 @@ class Rule:
 # it). A pair beats the default at a shape where its median per-round ratio to the default
 # is below 0.98; each rule names a pair that beats it at every measured shape of its region.
 # The ordered Gluon backward wins once the GPU is filled (262144 tokens: from seq 8192 at
-# d = 64, from 1024 at d = 128, 0.97 to 0.87 of the two passes) and at seq 16384; below
-# those its launches cost more than its kernels save. No pair beat the default at d = 80.
+# d = 64, from 1024 at d = 128, 0.97 to 0.87 of the two passes) and at seq 16384. The
+# Gluon pairs still launched through Python when this was measured (every pair is replayed
+# from C++ now): measured again, the regions may widen. No pair beat the default at d = 80.
 # Every other shape runs DEFAULT.
 TABLE: tuple[Rule, ...] = (
     Rule(HOPPER, torch.bfloat16, 64, min_seq=16384, min_tokens=32768,
