@@ -14,19 +14,23 @@ import systems
 
 
 def child(*args: str, prefix: tuple[str, ...] = (), env: dict | None = None,
-          **popen) -> subprocess.Popen:
+          unset: tuple[str, ...] = (), **popen) -> subprocess.Popen:
     """`python *args` (after `prefix`, a command that execs the rest) importing this
-    checkout, with pipes for its output."""
+    checkout, with pipes for its output; this process's environment with `env` added and
+    the variables in `unset` removed."""
     src = str(Path(systems.__file__).parents[1])
     path = os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))
+    environment = {key: value for key, value in {**os.environ, **(env or {})}.items()
+                   if key not in unset}
     return subprocess.Popen([*prefix, sys.executable, *args], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, **(env or {}), "PYTHONPATH": path}, **popen)
+                            env={**environment, "PYTHONPATH": path}, **popen)
 
 
-def output_of(*args: str, prefix: tuple[str, ...] = (), env: dict | None = None) -> list[str]:
+def output_of(*args: str, prefix: tuple[str, ...] = (), env: dict | None = None,
+              unset: tuple[str, ...] = ()) -> list[str]:
     """The lines a child prints; the test fails when it does not end with status 0."""
-    process = child(*args, prefix=prefix, env=env)
+    process = child(*args, prefix=prefix, env=env, unset=unset)
     out, err = process.communicate(timeout=600)
     assert process.returncode == 0, f"child ended with {process.returncode}: {err[-3000:]}"
     return out.splitlines()

@@ -77,7 +77,10 @@ def _copy(built: Path, to: Path) -> Path:
 
 
 def _load_in_child(source: Path, *caches: Path, prefix: tuple[str, ...] = ()) -> list[str]:
-    return output_of("-c", _LOADER, str(source), *map(str, caches), prefix=prefix)
+    # Without CXX, as `built` was built: a compiler named by CXX is part of the module's
+    # cache key, so the child would look for another module than the one copied.
+    return output_of("-c", _LOADER, str(source), *map(str, caches), prefix=prefix,
+                     unset=("CXX",))
 
 
 def _compiler_script(tmp_path: Path, body: str) -> Path:
