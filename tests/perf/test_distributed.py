@@ -107,7 +107,9 @@ def train_cases(profile: str) -> list[TrainCase]:
                 ("individual", None), *(("bucketed", b) for b in buckets),
                 ("fsdp", None), ("torch_fsdp2", None)]
     specs = [TrainSpec(v, size, batch, seq_len, bucket_size_mb=b) for v, b in variants]
-    # The optimizer comparison runs on one wrapper so only the optimizer differs.
+    # The optimizer comparison runs on one wrapper. The sharded optimizers cannot step a
+    # bucket alone, so their step follows backward where our AdamW's default steps each
+    # bucket as its all-reduce lands (each case records `early_step`).
     specs += [TrainSpec("bucketed", size, batch, seq_len, bucket_size_mb=buckets[-1],
                         optimizer=o)
               for o in ("sharded", "torch_zero") if profile != "quick"]

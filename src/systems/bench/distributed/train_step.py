@@ -52,9 +52,12 @@ class TrainSpec:
     `tail_bucket_mb` (bucketed: the last bucket's budget, see `DDPBucketed`; 0: no
     shrinking tail), `nccl_max_ctas` (bucketed: all-reduce on an NCCL communicator of at
     most this many thread blocks), `prefetch` (fsdp: calls gathered ahead). `early_step`
-    (none and bucketed; False elsewhere): the optimizer step of each bucket as soon as its
-    all-reduce lands (`BucketSteps`), or with no communication of each block as soon as its
-    gradients exist (`OverlappedUpdates`, the same overlap without waiting for a network)."""
+    (none and bucketed, with the adamw optimizer; False elsewhere): the optimizer step of
+    each bucket as soon as its all-reduce lands (`BucketSteps`), or with no communication of
+    each block as soon as its gradients exist (`OverlappedUpdates`, the same overlap without
+    waiting for a network). Bucketed steps each bucket as its all-reduce lands by default
+    (None resolves to True for bucketed with adamw, its fastest step measured, and to False
+    otherwise); `early_step=False` gives the step after backward."""
 
     variant: str
     size: str = "xl"
@@ -64,7 +67,7 @@ class TrainSpec:
     optimizer: OptimizerName = OptimizerName.ADAMW
     lr: float = 1e-4
     tail_bucket_mb: float | None = DEFAULT_TAIL_BUCKET_MB
-    early_step: bool = False
+    early_step: bool | None = None
     prefetch: int | None = DEFAULT_PREFETCH
     nccl_max_ctas: int | None = None
 
@@ -74,9 +77,16 @@ class TrainSpec:
         # frozen: validated and normalised values replace the ones given
         object.__setattr__(self, "optimizer",
                            optimizer_name(self.optimizer, DATA_PARALLEL_OPTIMIZERS))
+        # Stepping some parameters alone needs our AdamW (`step_parameters`).
+        steps_alone = self.optimizer == OptimizerName.ADAMW
+        if self.early_step is None:
+            object.__setattr__(self, "early_step", self.variant == "bucketed" and steps_alone)
         if self.early_step and self.variant not in ("none", "bucketed"):
             raise ValueError(f"early_step is an option of 'none' and 'bucketed', not of "
                              f"{self.variant!r}")
+        if self.early_step and not steps_alone:
+            raise ValueError(f"early_step needs optimizer 'adamw', not {self.optimizer.value!r} "
+                             "(it cannot step some parameters alone)")
         if self.variant != "bucketed":
             for name in ("bucket_size_mb", "tail_bucket_mb", "nccl_max_ctas"):
                 object.__setattr__(self, name, None)
