@@ -5,12 +5,13 @@
 #   study        the study at 1, 2 and 4 GPUs, one world size after another
 #   correctness  the NCCL correctness tests (tests/distributed -k nccl: world sizes 2 and 4)
 #   baseline     the distributed quick profile recorded as .benchmarks/<GPU>/baseline_4gpu.json
-#                (as `make baseline` does, one run), and baseline_2gpu.json with RECORD_2GPU=1
+#                (as `make baseline` does, one run); BASELINE_WORLDS="4 2" also baseline_2gpu.json
 # Run from the repository root; all three take 12-15 minutes (raise BUDGET_S), or split them
 # into two calls of under 10 minutes each (about 5.5-7 and 5-6.5 minutes; give each its own OUT):
 #   SYSTEMS_COMMIT=<sha of this tree> OUT=<dir> PHASES=study bash studies/dp_scaling/run_4gpu.sh
-#   SYSTEMS_COMMIT=<sha of this tree> OUT=<dir> PHASES="correctness baseline" RECORD_2GPU=1 \
-#       bash studies/dp_scaling/run_4gpu.sh
+#   SYSTEMS_COMMIT=<sha of this tree> OUT=<dir> PHASES="correctness baseline" \
+#       BASELINE_WORLDS="4 2" bash studies/dp_scaling/run_4gpu.sh
+# On a 2-GPU machine: WORLDS="2 1" BASELINE_WORLDS=2 (the correctness phase runs world size 2).
 # Optional: VARIANTS (the study's variants at 2 and 4 GPUs; default below), VARIANTS_1GPU
 # (at 1 GPU), WORLDS (the study's world sizes, default "1 2 4"), ROUNDS, WARMUP, STEPS (the
 # study's, default 3, 2, 4), WHEELS=<dir> (pip installs pytest-benchmark and py-cpuinfo2 from
@@ -112,9 +113,9 @@ phase_baseline() {
             "(carry its wheel and py-cpuinfo2's; WHEELS=dir)"
         return
     fi
-    local gpu world name baseline_worlds=(4)
+    local gpu world name baseline_worlds
+    read -ra baseline_worlds <<< "${BASELINE_WORLDS:-4}"
     gpu=$("$PY" -c "from systems.common.hardware import device_slug; print(device_slug())")
-    [ "${RECORD_2GPU:-0}" = 1 ] && baseline_worlds=(4 2)
     for world in "${baseline_worlds[@]}"; do
         name="baseline_${world}gpu"
         say "baseline: the distributed quick profile at $world GPUs as .benchmarks/$gpu/$name.json"
