@@ -22,10 +22,14 @@ def recipe_ratios(repo: Path, *history_names: str) -> str:
     if not history_names:
         raise ValueError("recipe-ratios needs at least one history file")
     histories = [read_history(repo, name) for name in history_names]
-    rows = [row for history in histories for row in _ratio_rows(history)]
+    # Several files: a first column names each row's file (its stem), in the order given.
+    several = len(histories) > 1
+    rows = [([Path(history.label).stem] if several else []) + row
+            for history in histories for row in _ratio_rows(history)]
     table = markdown_table(
-        ["size", "seq len", f"{RIVAL} ms", f"{OURS} ms", "ours / theirs", "our TFLOP/s",
-         f"of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s"], rows)
+        (["run"] if several else [])
+        + ["size", "seq len", f"{RIVAL} ms", f"{OURS} ms", "ours / theirs", "our TFLOP/s",
+           f"of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s"], rows)
     time_kind = "CUDA-graph replays, device time plus one synchronise per round"
     statistic = "medians of all rounds, ratios of medians; model FLOPs per step over the median"
     if len(histories) == 1:
@@ -92,3 +96,31 @@ def breakdown_side_by_side(repo: Path, *files: str) -> str:
     return (markdown_table(headers, rows) + "\n\nTime: GPU kernel time per step by "
             f"category (torch.profiler). From {listed} ({'; '.join(machines)}; "
             f"{recorded}).\n")
+
+
+def graph_kernels(repo: Path, before: str, after: str, top: int = 5) -> str:
+    """Two trees' replays of one captured step (studies/house_move_check/graph_kernels.py):
+    kernels per replay, their summed device time and the host time of a replay, then the
+    kernels whose time moved most."""
+    runs = {label: read_source(repo, name, "graph_kernels.py output") for label, name in
+            (("before", before), ("after", after))}
+    rows = [[label, f"{sum(k['per_replay'] for k in run['kernels'].values()):.0f}",
+             f"{sum(k['us_per_replay'] for k in run['kernels'].values()) / 1e3:.2f}",
+             f"{run['host_us_median']:.0f}"] for label, run in runs.items()]
+    summary = markdown_table(["tree", "kernels per replay", "summed device ms",
+                              "host us per replay"], rows)
+    empty = {"per_replay": 0, "us_per_replay": 0.0}
+    names = set(runs["before"]["kernels"]) | set(runs["after"]["kernels"])
+
+    def moved(name: str) -> float:
+        return (runs["after"]["kernels"].get(name, empty)["us_per_replay"]
+                - runs["before"]["kernels"].get(name, empty)["us_per_replay"])
+
+    largest = sorted(names, key=lambda name: -abs(moved(name)))[:top]
+    changes = markdown_table(
+        ["kernel", "calls before", "calls after", "after - before, us per replay"],
+        [[f"`{name[:60]}`", f"{runs['before']['kernels'].get(name, empty)['per_replay']:.0f}",
+          f"{runs['after']['kernels'].get(name, empty)['per_replay']:.0f}",
+          f"{moved(name):+.1f}"] for name in largest])
+    return (f"{summary}\n\n{changes}\n\nDevice time: torch.profiler's kernel records, summed "
+            f"per replay over the replays profiled. From `{before}` and `{after}`.\n")

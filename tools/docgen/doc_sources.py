@@ -43,6 +43,7 @@ def generators(repo: Path) -> dict[str, Generator]:
         "drift": partial(doc_gate.drift_summary, repo),
         "recipe-ratios": partial(doc_recipes.recipe_ratios, repo),
         "breakdowns": partial(doc_recipes.breakdown_side_by_side, repo),
+        "graph-kernels": partial(doc_recipes.graph_kernels, repo),
         "claims-summary": partial(doc_claims.claims_summary, repo),
         "accounting-memory": doc_accounting.config_memory_table,
         "accounting-checkpointing": doc_accounting.checkpointing_table,

@@ -493,12 +493,31 @@ def test_recipe_ratios_of_several_files_pair_medians_within_each_file(tmp_path: 
     (tmp_path / "a.json").write_text(json.dumps(run("small", 0.008, 0.010)))
     (tmp_path / "b.json").write_text(json.dumps(run("xl", 0.030, 0.040)))
     block = doc_recipes.recipe_ratios(tmp_path, "a.json", "b.json")
-    assert "| small | 512 | 10.0 | 8.0 | 0.800 |" in block
-    assert "| xl | 512 | 40.0 | 30.0 | 0.750 |" in block
+    assert "| a | small | 512 | 10.0 | 8.0 | 0.800 |" in block
+    assert "| b | xl | 512 | 40.0 | 30.0 | 0.750 |" in block
     assert "`a.json` (commit smallab" in block and "`b.json` (commit xlabcde" in block
     assert "both medians of a ratio from one file" in block
     with pytest.raises(ValueError, match="at least one history file"):
         doc_recipes.recipe_ratios(tmp_path)
+
+
+def test_graph_kernels_compare_two_trees_kernel_by_kernel(tmp_path: Path) -> None:
+    def run(host_us: float, **kernels: tuple[float, float]) -> dict:
+        return {"replays": 5, "host_us_median": host_us,
+                "kernels": {name: {"per_replay": calls, "us_per_replay": us}
+                            for name, (calls, us) in kernels.items()}}
+
+    (tmp_path / "before.json").write_text(json.dumps(
+        run(700.0, gemm=(4, 3000.0), norm=(2, 500.0), gone=(1, 20.0))))
+    (tmp_path / "after.json").write_text(json.dumps(
+        run(750.0, gemm=(4, 3100.0), norm=(2, 490.0), new=(3, 60.0))))
+    block = doc_recipes.graph_kernels(tmp_path, "before.json", "after.json")
+    assert "| before | 7 | 3.52 | 700 |" in block and "| after | 9 | 3.65 | 750 |" in block
+    rows = [line for line in block.splitlines() if line.startswith("| `")]
+    assert rows == ["| `gemm` | 4 | 4 | +100.0 |", "| `new` | 0 | 3 | +60.0 |",
+                    "| `gone` | 1 | 0 | -20.0 |", "| `norm` | 2 | 2 | -10.0 |"]
+    with pytest.raises(ValueError, match="not a graph_kernels.py output"):
+        doc_recipes.graph_kernels(tmp_path, "before.json", "missing.json")
 
 
 def test_breakdowns_stand_side_by_side_per_category(tmp_path: Path) -> None:
