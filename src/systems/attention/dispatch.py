@@ -72,9 +72,10 @@ class Rule:
 # The ordered Gluon backward wins once the GPU is filled (262144 tokens: from seq 8192 at
 # d = 64, from 1024 at d = 128, 0.97 to 0.87 of the two passes) and at seq 16384. Measured
 # again with every pair replayed from C++ (runs/2026-11-27_h100_replayed.json, commit
-# 1ebbbdd), the same regions: these are device-bound shapes, where launches cost nothing.
-# At d = 128 the two forwards trade places within a few percent ahead of the ordered
-# backward. No pair beat the default at d = 80. Every other shape runs DEFAULT.
+# 1ebbbdd), the same regions: the Gluon pairs got faster where launches bound them, but
+# not past the default there. At d = 128 the two forwards trade places within a few
+# percent ahead of the ordered backward. No pair beat the default at d = 80. Every other
+# shape runs DEFAULT.
 TABLE: tuple[Rule, ...] = (
     Rule(HOPPER, torch.bfloat16, 64, min_seq=16384, min_tokens=32768,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
