@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# FlashAttention-4 beside ours, SDPA cuDNN and SDPA flash at the attention table's long
+# shapes, on one Hopper GPU: install the wheels in WHEELS (flash-attn-4 and its needs; split
+# files PART* are joined first, for wheels carried in pieces), check its outputs against an
+# fp32 reference (check.py), then run the table's perf cases at those shapes.
+#   SYSTEMS_COMMIT=<sha> WHEELS=<dir> OUT=<dir> bash studies/attention_fa4/run.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+: "${SYSTEMS_COMMIT:?set SYSTEMS_COMMIT to the commit this tree is}"
+: "${WHEELS:?set WHEELS to the folder of wheels}"
+OUT=${OUT:?set OUT to the folder that collects the results}
+export SYSTEMS_COMMIT PYTHONUNBUFFERED=1
+site=$(mktemp -d)
+if compgen -G "$WHEELS/part*" > /dev/null; then
+    cat "$WHEELS"/part* > "$WHEELS/nvidia_cutlass_dsl_libs_base-4.5.3-cp312-cp312-manylinux_2_28_x86_64.whl"
+    rm "$WHEELS"/part*
+fi
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+    "$WHEELS"/*.whl > "$OUT/pip.log" 2>&1 || { echo "pip failed"; tail "$OUT/pip.log"; exit 1; }
+export PYTHONPATH=src:$site
+python3 -c "import flash_attn.cute, importlib.metadata as m; print('flash-attn-4', m.version('flash-attn-4'), 'cutlass-dsl', m.version('nvidia-cutlass-dsl'))" 2>&1 | tee "$OUT/versions.txt"
+timeout 240 python3 -m studies.attention_fa4.check 2>&1 | tee "$OUT/check.log"
+check=${PIPESTATUS[0]}
+echo "check: exit $check"
+[ "$check" = 0 ] || exit "$check"
+timeout 300 python3 -m pytest tests/perf/test_attention.py --perf-profile=quick -p no:cacheprovider \
+    -k "table and (16384 or 4x16x4096)" --benchmark-json="$OUT/table_fa4.json" \
+    > "$OUT/table_fa4.log" 2>&1
+echo "table: exit $? $(tail -n 1 "$OUT/table_fa4.log")"
