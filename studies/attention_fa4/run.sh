@@ -17,7 +17,9 @@ if compgen -G "$WHEELS/part*" > /dev/null; then
 fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
     "$WHEELS"/*.whl > "$OUT/pip.log" 2>&1 || { echo "pip failed"; tail "$OUT/pip.log"; exit 1; }
-export PYTHONPATH=src:$site
+# --target installs leave .pth files unread: put the folders they name on the path
+extra=$(cat "$site"/*.pth 2>/dev/null | grep -v '^import' | sed "s|^|$site/|" | paste -sd:)
+export PYTHONPATH=src:$site${extra:+:$extra}
 python3 -c "import flash_attn.cute, importlib.metadata as m; print('flash-attn-4', m.version('flash-attn-4'), 'cutlass-dsl', m.version('nvidia-cutlass-dsl'))" 2>&1 | tee "$OUT/versions.txt"
 timeout 240 python3 -m studies.attention_fa4.check 2>&1 | tee "$OUT/check.log"
 check=${PIPESTATUS[0]}

@@ -27,7 +27,7 @@ HOST_BOUND_MARK = "†"
 LABELS = {"triton": "ours", "sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN",
           "flex_compiled": "flex (compiled)", "sdpa": "SDPA (own choice)",
           "triton_compiled": "ours, torch.compile",
-          "triton_python_path": "ours, Python launch path"}
+          "triton_python_path": "ours, Python launch path", "fa4": "FlashAttention-4"}
 
 
 @dataclass(frozen=True)
@@ -291,6 +291,7 @@ def attention_backward_variants(repo: Path, *history_files: str) -> str:
 
 
 IN_TURN_RIVALS = ("sdpa_cudnn", "sdpa_flash")
+OPTIONAL_IN_TURN_RIVALS = ("fa4",)
 IN_TURN_STEPS = {"test_attention": "forward + backward",
                  "test_attention_table": "forward + backward",
                  "test_attention_leaderboard": "leaderboard: o.sum(), backward"}
@@ -304,31 +305,35 @@ def attention_device_in_turn(repo: Path, history_file: str, test: str | None = N
     their lowest and highest. A round's ratio compares two times taken moments apart, so it
     does not carry the GPU's drift between cases timed minutes apart."""
     history = read_history(repo, history_file)
-    rows, at_or_below, counts = [], {rival: [] for rival in IN_TURN_RIVALS}, set()
     steps = IN_TURN_STEPS if test is None else {test: IN_TURN_STEPS[test]}
-    for name, step in steps.items():
-        for r in _only(history.results, name, lambda r: rounds_in_turn(r) is not None):
-            impl, rounds = str(r.get(keys.IMPLEMENTATION)), rounds_in_turn(r)
-            counts.add(len(rounds[impl]))
-            d, batch_heads, seq, dtype, _ = _workload(r)
-            shape = f"{batch_heads}x{seq}x{d}"
-            ratios = []
-            for rival in IN_TURN_RIVALS:
-                if rival not in rounds:
-                    ratios.append("-")
-                    continue
-                per_round = round_ratios(rounds, impl, rival)
-                ratios.append(_median_and_range(per_round))
-                if statistics.median(per_round) <= 1:
-                    at_or_below[rival].append(f"{VARIANT_LABELS.get(impl, impl)} at {shape}")
-            rows.append([shape, dtype, step, VARIANT_LABELS.get(impl, impl),
-                         *(f"{statistics.median(rounds[i]):.3f}" if i in rounds else "-"
-                           for i in (impl, *IN_TURN_RIVALS)), *ratios])
+    cases = [(step, r) for name, step in steps.items()
+             for r in _only(history.results, name, lambda r: rounds_in_turn(r) is not None)]
+    # FlashAttention-4 has a column where some case timed it (it runs where it is installed).
+    rivals = [*IN_TURN_RIVALS, *(rival for rival in OPTIONAL_IN_TURN_RIVALS
+                                 if any(rival in rounds_in_turn(r) for _, r in cases))]
+    rows, at_or_below, counts = [], {rival: [] for rival in rivals}, set()
+    for step, r in cases:
+        impl, rounds = str(r.get(keys.IMPLEMENTATION)), rounds_in_turn(r)
+        counts.add(len(rounds[impl]))
+        d, batch_heads, seq, dtype, _ = _workload(r)
+        shape = f"{batch_heads}x{seq}x{d}"
+        ratios = []
+        for rival in rivals:
+            if rival not in rounds:
+                ratios.append("-")
+                continue
+            per_round = round_ratios(rounds, impl, rival)
+            ratios.append(_median_and_range(per_round))
+            if statistics.median(per_round) <= 1:
+                at_or_below[rival].append(f"{VARIANT_LABELS.get(impl, impl)} at {shape}")
+        rows.append([shape, dtype, step, VARIANT_LABELS.get(impl, impl),
+                     *(f"{statistics.median(rounds[i]):.3f}" if i in rounds else "-"
+                       for i in (impl, *rivals)), *ratios])
     if not rows:
         raise ValueError(f"{history.label} holds no device-time rounds taken in turn")
     table = markdown_table(["batch·heads x seq x d", "dtype", "step", "ours", "ours ms",
-                            *(f"{LABELS[i]} ms" for i in IN_TURN_RIVALS),
-                            *(f"ours / {LABELS[i]}" for i in IN_TURN_RIVALS)], rows)
+                            *(f"{LABELS[i]} ms" for i in rivals),
+                            *(f"ours / {LABELS[i]}" for i in rivals)], rows)
     lines = "; ".join(f"{LABELS[rival]}: {', '.join(cases) or 'none'}"
                       for rival, cases in at_or_below.items())
     each = " or ".join(str(n) for n in sorted(counts))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.docgen import doc_backward, doc_profiles, doc_recipes
+from tools.docgen import doc_attention, doc_backward, doc_profiles, doc_recipes
 from tools.docgen.__main__ import default_docs, main
 from tools.docgen.claim_scan import scan, scan_docs
 from tools.docgen.doc_blocks import BlockError, render
@@ -254,6 +254,25 @@ def test_device_rounds_in_turn_show_each_rounds_ratio_not_the_medians_ratio(
         "interleaved_device_ms", "something_else"))
     with pytest.raises(BlockError, match="no device-time rounds taken in turn"):
         render(block.replace(name, "none.json"), generators(tmp_path))
+
+
+def test_flash_attention_4_has_columns_where_a_case_timed_it(tmp_path: Path) -> None:
+    def run(rounds: dict) -> str:
+        (tmp_path / "t.json").write_text(json.dumps({
+            "machine_info": {"device_name": "GPU"}, "datetime": "2026-11-22T01:02:03",
+            "commit_info": {"id": "abcdef0"}, "benchmarks": [_bench(
+                "test_attention_table[triton]", "triton", 0.002, [4, 16, 4096, 64],
+                interleaved_device_ms=rounds)]}))
+        return doc_attention.attention_device_in_turn(tmp_path, "t.json", "test_attention_table")
+
+    with_fa4 = run({"triton": [1.4, 1.4], "sdpa_cudnn": [1.3, 1.3], "sdpa_flash": [2.1, 2.1],
+                    "fa4": [1.6, 1.4]})
+    assert "| FlashAttention-4 ms | ours / SDPA cuDNN |" in with_fa4
+    assert ("| 1.500 | 1.077 (1.077–1.077) | 0.667 (0.667–0.667) | 0.938 (0.875–1.000) |"
+            in with_fa4)
+    assert "FlashAttention-4: ours (default) at 64x4096x64." in with_fa4
+    without = run({"triton": [1.4], "sdpa_cudnn": [1.3], "sdpa_flash": [2.1]})
+    assert "FlashAttention-4" not in without
 
 
 def test_a_ratio_of_a_host_bound_case_is_marked_and_claims_no_win(tmp_path: Path) -> None:
