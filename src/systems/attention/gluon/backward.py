@@ -1,4 +1,4 @@
-"""Launching the fused Gluon backward (`gluon_kernels.py`) on Hopper: configs, the inputs it
+"""Launching the fused Gluon backward (`backward_kernel.py`) on Hopper: configs, the inputs it
 takes, descriptors, and the kernels before and after it.
 
 It takes causal self-attention in bf16 on an sm_90 GPU (H100, H200) with a head dim up to
@@ -72,7 +72,7 @@ def register_cap(warps: int) -> int:
     return SM_REGISTERS // (32 * warps) // 8 * 8
 
 
-# gluon_kernels.py's docstring says what each does.
+# backward_kernel.py's docstring says what each does.
 SCHEDULES = ("longest_first", "shortest_first", "alternating")
 
 

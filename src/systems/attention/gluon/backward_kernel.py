@@ -28,7 +28,7 @@ starts them, those reach each query tile about a step ahead of it (little wait):
   free, so the last wave is not left to the longest programs.
 - "longest_first": key blocks first to last, tiles up, shares last to first: a wait ends
   only if every key block of the matrix is resident at once, which the launch code checks
-  (`gluon_launch._check_launch_order`). Unordered, it is the best packing.
+  (`backward._check_launch_order`). Unordered, it is the best packing.
 
 `prepare` (D = rowsum(O * dO) and the zeroed accumulator) and `finish` (dQ = acc * scale,
 cast) are plain Triton kernels launched before and after.

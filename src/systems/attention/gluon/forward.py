@@ -23,7 +23,7 @@ the consumers finish the last one's P V and store it (FA3's persistent forward).
 Key tiles below the query tile's diagonal run unmasked; the BLOCK_M / BLOCK_N tiles the
 diagonal cuts are masked (`causal.MASKED_SCORE`, as the Triton forward). O = acc / l is
 stored in bf16 and L = ln(sum exp(S * scale)) in fp32, as `flash_forward` writes them.
-It takes what the Gluon backward takes (`gluon_launch.unsupported_reason`).
+It takes what the Gluon backward takes (`backward.unsupported_reason`).
 """
 
 from __future__ import annotations
@@ -376,7 +376,7 @@ def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
                   config: GluonForwardConfig | None = None, poison: bool = False,
                   programs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, L) as `flash_forward` returns them, for what the Gluon backward takes
-    (`gluon_launch.unsupported_reason`): o contiguous, shaped like q; L (..., seq) fp32,
+    (`backward.unsupported_reason`): o contiguous, shaped like q; L (..., seq) fp32,
     natural log. Inputs of any strides (copied to contiguous rows where they are not), and
     of head dims it runs zero-padded (`gluon_head_dim`). `config` overrides CONFIGS[padded
     d] (and is needed where it has none); `poison` fills o
