@@ -1,11 +1,11 @@
 """The kernels one replay of the 2.7b ctx 512 optimized step runs, by name: how many and
 how long each, from torch.profiler's device records, and the host time of a replay.
 
-Run it under this tree and under the tree before the moves, on one GPU, and compare:
+Run it under this tree and under the tree before the moves, on one GPU; the docs block
+`graph-kernels BEFORE AFTER` (tools/docgen) sets the two files side by side:
 
     PYTHONPATH=src python -m studies.house_move_check.graph_kernels --out after.json
     PYTHONPATH=.before/src python studies/house_move_check/graph_kernels.py --out before.json
-    python studies/house_move_check/graph_kernels.py --compare before.json after.json
 
 It reads only what both trees export under the same names, or their old names.
 """
@@ -17,7 +17,6 @@ import json
 import statistics
 import time
 from collections import defaultdict
-from pathlib import Path
 
 REPLAYS = 5
 
@@ -68,37 +67,13 @@ def profile(size: str, seq_len: int, batch: int) -> dict[str, object]:
                         for name, us in kernels.items()}}
 
 
-def compare(before_path: str, after_path: str, top: int = 25) -> None:
-    before, after = (json.loads(Path(path).read_text()) for path in (before_path, after_path))
-    names = set(before["kernels"]) | set(after["kernels"])
-    empty = {"per_replay": 0, "us_per_replay": 0.0}
-    rows = sorted(((after["kernels"].get(n, empty)["us_per_replay"]
-                    - before["kernels"].get(n, empty)["us_per_replay"], n) for n in names),
-                  key=lambda row: -abs(row[0]))
-    for label, run in (("before", before), ("after", after)):
-        counts = sum(k["per_replay"] for k in run["kernels"].values())
-        busy = sum(k["us_per_replay"] for k in run["kernels"].values())
-        print(f"{label}: {counts:.0f} kernels per replay, {busy / 1e3:.2f} ms summed, "
-              f"host {run['host_us_median']:.0f} us per replay")
-    print("after - before, us per replay (count before -> after), largest first:")
-    for delta, name in rows[:top]:
-        b, a = before["kernels"].get(name, empty), after["kernels"].get(name, empty)
-        print(f"{delta:+9.1f}  ({b['per_replay']:.0f} -> {a['per_replay']:.0f})  {name[:110]}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out")
-    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
+    parser.add_argument("--out", required=True)
     parser.add_argument("--size", default="2.7b")
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--batch", type=int, default=4)
     args = parser.parse_args()
-    if args.compare:
-        compare(*args.compare)
-        return
-    if not args.out:
-        parser.error("--out or --compare")
     result = profile(args.size, args.seq_len, args.batch)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
