@@ -33,6 +33,7 @@ BASELINES = {
     "H100 (1 GPU)": ("NVIDIA_H100_80GB_HBM3", 1, ("test_end_to_end.py", "test_training_recipes.py",
                                                   "test_attention.py")),
     "2 x H200": ("NVIDIA_H200", 2, ("test_distributed.py",)),
+    "4 x H200": ("NVIDIA_H200", 4, ("test_distributed.py",)),
 }
 
 # Collects tests/perf's quick profile as a host with `gpus` GPUs would, without running it;
