@@ -44,6 +44,7 @@ from __future__ import annotations
 import bisect
 import functools
 import gc
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -52,6 +53,7 @@ from dataclasses import asdict, dataclass
 from itertools import pairwise
 
 import torch
+from torch.torch_version import TorchVersion
 
 from systems.common.clock import DEVICE, WALL, mark, seconds_between, synchronize
 from systems.model.cuda_graph import CapturedStep
@@ -384,6 +386,16 @@ def _is_device_work(event: object) -> bool:
     return event.device_type() == DeviceType.CUDA and not event.is_user_annotation()
 
 
+def release_cupti_after_profiling() -> None:
+    """Have the profiler detach CUPTI when its session ends (unless TEARDOWN_CUPTI is set).
+    Left attached, as it is by default, CUPTI's callbacks slow every kernel launch of the
+    process afterwards: the cases timed after a profiled one would pay for it. Detaching
+    and re-attaching with CUDA graphs alive is safe from CUDA 12.6 (torch's own rule)."""
+    cuda = torch.version.cuda
+    if cuda is not None and TorchVersion(cuda) >= "12.6":
+        os.environ.setdefault("TEARDOWN_CUPTI", "1")
+
+
 def device_busy_rounds(run_round: Callable[[], object], rounds: int, *,
                        is_work: Callable[[object], bool] = _is_device_work
                        ) -> tuple[float, ...]:
@@ -396,6 +408,7 @@ def device_busy_rounds(run_round: Callable[[], object], rounds: int, *,
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
+        release_cupti_after_profiling()
     with profile(activities=activities) as prof:
         for _ in range(rounds):
             with record_function(ROUND_MARK):

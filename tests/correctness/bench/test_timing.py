@@ -6,6 +6,7 @@ device time. On the CPU the device's share of a round is played by a patched
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import time
 
@@ -25,6 +26,7 @@ from systems.bench.timing import (
     device_time,
     interleaved_device_time,
     interleaved_rounds,
+    release_cupti_after_profiling,
     time_steps,
 )
 from systems.common.clock import mark, seconds_between
@@ -339,3 +341,19 @@ def test_step_timer_on_cuda_reads_events_in_seconds(monkeypatch) -> None:
         {"backward": 2.5e-3, "optimizer": 7.5e-3, "total": 10e-3})
     with pytest.raises(ValueError, match="wall mark"):
         seconds_between(mark("cuda"), mark("cpu"))
+
+
+@pytest.mark.parametrize(("cuda", "preset", "expected"), [
+    ("13.0", None, "1"),   # new enough: the profiler detaches CUPTI after its session
+    ("12.6", None, "1"),
+    ("12.4", None, None),  # older CUDA crashes re-attaching with graphs alive: left attached
+    (None, None, None),    # a CPU build has no CUPTI
+    ("13.0", "0", "0"),    # the user's own setting wins
+])
+def test_cupti_is_released_after_profiling_where_safe(monkeypatch, cuda, preset, expected):
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    if preset is not None:
+        monkeypatch.setenv("TEARDOWN_CUPTI", preset)
+    release_cupti_after_profiling()
+    assert os.environ.get("TEARDOWN_CUPTI") == expected
