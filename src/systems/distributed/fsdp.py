@@ -21,10 +21,11 @@ per gather (an owner called outside its root's call gathers on demand, until the
 forward). The autograd graph keeps no gathered weight alive: a saved-tensor hook replaces a
 saved view of a gathered buffer by a marker and re-gathers the unit when backward needs it.
 One autograd node makes all of a gather's weights; its backward runs once all their
-gradients are complete, concatenates them and reduce-scatters (sums, then divides by the
-world size) into the shard. So within a unit that gets gradients, a weight that got none
-receives zeros, where single-process training leaves its `.grad` None; a weight used only
-sometimes belongs outside a ModuleList element, in a unit of its own.
+gradients are complete, concatenates them and reduce-scatters them into the shard, averaged
+over ranks (by NCCL in the collective; gloo sums, then the sum is divided). So within a
+unit that gets gradients, a weight that got none receives zeros, where single-process
+training leaves its `.grad` None; a weight used only sometimes belongs outside a
+ModuleList element, in a unit of its own.
 
 Gathers run ahead (`prefetch`, default 1): when unit-root call i starts, the gathers for
 calls i+1 .. i+prefetch are launched, so with 1 a block's gather starts once the block two
@@ -113,6 +114,10 @@ class _Unit:
             self.slots.append(_Slot(name, param.shape, numel))
             numel += param.numel()
         self.world_size = world_size
+        # NCCL averages inside the reduce-scatter, saving a pass over the shard after it
+        # lands (the step waits for that pass); gloo has no average: its sum is divided.
+        self.reduce_op = dist.ReduceOp.AVG if dist.get_backend() == "nccl" else dist.ReduceOp.SUM
+        self.divide_after = world_size > 1 and self.reduce_op == dist.ReduceOp.SUM
         self.shard_numel = math.ceil(numel / world_size)
         self.padding = self.shard_numel * world_size - numel
         first = weights[0][1]
@@ -200,14 +205,16 @@ class _Unit:
 
     def _launch_reduce_scatter(self, flat: torch.Tensor) -> None:
         out = torch.empty(self.shard_numel, dtype=flat.dtype, device=flat.device)
-        work = reduce_scatter_flat(out, flat.contiguous(), op=dist.ReduceOp.SUM, async_op=True)
+        work = reduce_scatter_flat(out, flat.contiguous(), op=self.reduce_op, async_op=True)
         self._grad_works.append((work, out))
 
     def finish(self) -> None:
         """Accumulate this step's reduced gradients into the fp32 shard's .grad."""
         for work, out in self._grad_works:
             work.wait()
-            grad = out.to(self.shard.dtype).div_(self.world_size)
+            grad = out.to(self.shard.dtype)
+            if self.divide_after:
+                grad.div_(self.world_size)
             if self.shard.grad is None:
                 self.shard.grad = grad
             else:
