@@ -1,4 +1,5 @@
-"""The optimizer step of each DDP bucket, started as soon as its all-reduce lands.
+"""The optimizer step of each DDP bucket (or FSDP unit), started as soon as its gradient
+reduction lands.
 
 A plain data-parallel step runs `finish_gradient_synchronization()` and then the whole
 optimizer step, so the update waits for the last bucket's all-reduce, and the update of
@@ -43,17 +44,20 @@ class BucketSteps:
         if not callable(getattr(optimizer, "step_parameters", None)):
             raise TypeError(f"{type(optimizer).__name__} cannot step some parameters alone "
                             "(no step_parameters): use systems.optim.AdamW")
-        sync = getattr(ddp, "grad_sync", None)
-        if sync is None:
-            raise TypeError("ddp must be one of this package's DDP variants")
+        reductions = getattr(ddp, "gradient_reductions", None)
+        if reductions is None:
+            raise TypeError("ddp must be one of this package's data-parallel wrappers "
+                            "(a DDP variant or FSDP)")
+        sources = reductions()
+        reduced = [p for source in sources for p in source.reduced_params()]
         owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        if any(id(p) not in owned for bucket in sync.buckets for p in bucket.params):
+        if any(id(p) not in owned for p in reduced):
             raise ValueError("the optimizer must hold every parameter the wrapper reduces")
         self.optimizer = optimizer
         self._stepped: set[int] = set()
         self._in_flight: list[torch.Tensor] = []  # gradients read on the side stream
         self._deferred: list[tuple[list[nn.Parameter], dist.Work]] = []  # CPU: for step()
-        devices = {p.device for bucket in sync.buckets for p in bucket.params}
+        devices = {p.device for p in reduced}
         device = next(iter(devices)) if len(devices) == 1 else None
         self._side_stream = (torch.cuda.Stream(device)
                              if device is not None and device.type == "cuda" else None)
@@ -66,10 +70,14 @@ class BucketSteps:
             if steps is not None:
                 steps._landing(params, work)
 
-        self._sync, self._listener = sync, listener
-        sync.listeners.append(listener)
+        self._sources, self._listener = sources, listener
+        for source in sources:
+            source.listeners.append(listener)
 
     def _landing(self, params: list[nn.Parameter], work: dist.Work) -> None:
+        if any(id(p) in self._stepped for p in params):
+            raise RuntimeError("a parameter's gradients were reduced twice before step(): "
+                               "call step() after each synchronizing backward")
         self._stepped.update(id(p) for p in params)
         if self._side_stream is None:
             self._deferred.append((params, work))
@@ -103,5 +111,6 @@ class BucketSteps:
 
     def remove(self) -> None:
         """Stop stepping buckets as they land (after a `step()`)."""
-        if self._listener in self._sync.listeners:
-            self._sync.listeners.remove(self._listener)
+        for source in self._sources:
+            if self._listener in source.listeners:
+                source.listeners.remove(self._listener)

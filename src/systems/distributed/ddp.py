@@ -54,6 +54,11 @@ class _DataParallel(LocalAccumulation, nn.Module):
         self.grad_sync.require_sync = not self._accumulating
         return self.module(*args, **kwargs)
 
+    def gradient_reductions(self) -> tuple[GradientSynchronizer]:
+        """What averages the gradients, telling its listeners of each bucket it launches
+        (`BucketSteps`)."""
+        return (self.grad_sync,)
+
     def finish_gradient_synchronization(self) -> None:
         """Wait until every gradient holds its average over ranks; call before step()."""
         self.grad_sync.finish()

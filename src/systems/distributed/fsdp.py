@@ -77,6 +77,7 @@ import torch.distributed as dist
 from torch import nn
 
 from systems.distributed.grad_sync import (
+    SECOND_BACKWARD,
     GradientSynchronizer,
     LocalAccumulation,
     host_group,
@@ -135,8 +136,14 @@ class _Unit:
         self.defer: Callable[[int, int, Callable[[], None]], None] = (
             lambda kind, index, launch: launch())
         self.index = 0
+        # Told when the last reduce-scatter of the unit's gradients in a step launches
+        # (FSDP.gradient_reductions()).
+        self.listeners: list[Callable[[list[nn.Parameter], _Unit], None]] = []
+        # Gathers of synchronizing forwards whose reduce-scatter has not launched yet: each
+        # gather's autograd node reduces once, so the unit's gradient is complete at 0.
+        self.sync_gathers = 0
         self._gather_work: dist.Work | None = None
-        self._grad_works: list[tuple[dist.Work, torch.Tensor]] = []
+        self._grad_works: list[_ShardGradient] = []
 
     def gather_full(self, shard_like: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """All-gather a tensor laid out like the shard (the shard itself, or optimizer state
@@ -192,34 +199,79 @@ class _Unit:
             return
         if self.local_grad is not None:
             flat, self.local_grad = (self.local_grad + flat).to(self.comm_dtype), None
-        self._reduce_scatter(flat)
+        self._reduce_scatter(flat, of_gather=True)
 
     def flush(self) -> None:
         """Reduce what no_sync() backwards left with no synchronizing backward after them."""
         if self.local_grad is not None:
             flat, self.local_grad = self.local_grad.to(self.comm_dtype), None
-            self._reduce_scatter(flat)
+            self._reduce_scatter(flat, of_gather=False)
 
-    def _reduce_scatter(self, flat: torch.Tensor) -> None:
-        self.defer(REDUCE_SCATTER, self.index, lambda: self._launch_reduce_scatter(flat))
+    def _reduce_scatter(self, flat: torch.Tensor, *, of_gather: bool) -> None:
+        self.defer(REDUCE_SCATTER, self.index,
+                   lambda: self._launch_reduce_scatter(flat, of_gather))
 
-    def _launch_reduce_scatter(self, flat: torch.Tensor) -> None:
+    def _launch_reduce_scatter(self, flat: torch.Tensor, of_gather: bool) -> None:
         out = torch.empty(self.shard_numel, dtype=flat.dtype, device=flat.device)
         work = reduce_scatter_flat(out, flat.contiguous(), op=self.reduce_op, async_op=True)
-        self._grad_works.append((work, out))
+        self._grad_works.append(_ShardGradient(self, work, out))
+        if not of_gather:
+            return
+        self.sync_gathers -= 1
+        if self.sync_gathers < 0 and self.listeners:  # its gradient was already stepped on
+            raise RuntimeError(SECOND_BACKWARD)
+        if self.sync_gathers == 0:
+            for listener in self.listeners:
+                listener([self.shard], self)
+
+    def wait(self) -> None:
+        """Make the shard's .grad hold this step's reduced gradients (the handle the
+        listeners get: on the current stream, as a DDP bucket's work handle)."""
+        self.finish()
 
     def finish(self) -> None:
         """Accumulate this step's reduced gradients into the fp32 shard's .grad."""
-        for work, out in self._grad_works:
-            work.wait()
-            grad = out.to(self.shard.dtype)
-            if self.divide_after:
-                grad.div_(self.world_size)
-            if self.shard.grad is None:
-                self.shard.grad = grad
-            else:
-                self.shard.grad += grad
+        for landing in self._grad_works:
+            landing.wait()
         self._grad_works.clear()
+
+
+class _ShardGradient:
+    """One reduce-scatter of a unit's gradients; `wait()` (once, on the current stream)
+    adds its average into the shard's .grad."""
+
+    def __init__(self, unit: _Unit, work: dist.Work, out: torch.Tensor) -> None:
+        self.unit, self.work, self.out = unit, work, out
+
+    def wait(self) -> None:
+        if self.work is None:
+            return
+        self.work.wait()
+        self.work = None
+        shard, out = self.unit.shard, self.out
+        if out.is_cuda:  # allocated on backward's stream, read on this one
+            out.record_stream(torch.cuda.current_stream(out.device))
+        grad = out.to(shard.dtype)
+        if self.unit.divide_after:
+            grad.div_(self.unit.world_size)
+        if shard.grad is None:
+            shard.grad = grad
+        else:
+            shard.grad += grad
+
+
+class _ShardReductions:
+    """The units' reduce-scatters as a source of landings: each listener is called with a
+    unit's shard and the unit (whose `wait()` completes the shard's gradient) as the last
+    reduce-scatter of the unit's gradients in a step launches (`BucketSteps` waits on a
+    side stream, then steps the shard)."""
+
+    def __init__(self, units: list[_Unit]) -> None:
+        self.units = units
+        self.listeners: list[Callable[[list[nn.Parameter], _Unit], None]] = []
+
+    def reduced_params(self) -> list[nn.Parameter]:
+        return [unit.shard for unit in self.units if unit.shard.requires_grad]
 
 
 GATHER, REDUCE_SCATTER, SYNC = range(3)  # the collectives _SameCollectives tells apart
@@ -337,6 +389,8 @@ class _GatherUnit(torch.autograd.Function):
     def forward(ctx: Any, shard: torch.Tensor, unit: _Unit, fsdp: FSDP,
                 ) -> tuple[torch.Tensor, ...]:
         ctx.unit, ctx.fsdp, ctx.sync = unit, fsdp, not fsdp._accumulating
+        if ctx.sync:
+            unit.sync_gathers += 1
         return unit.split(unit.gathered())
 
     @staticmethod
@@ -383,9 +437,11 @@ class FSDP(LocalAccumulation, nn.Module):
         self.grad_sync = GradientSynchronizer(
             [p for p in self._replicated.values() if p.requires_grad], None, overlap=False)
         self._same_collectives = _SameCollectives(self._units)
+        self._shard_reductions = _ShardReductions(self._units)
         for index, unit in enumerate(self._units):
             unit.index, unit.agree = index, self._same_collectives
             unit.defer = self._same_collectives.defer
+            unit.listeners = self._shard_reductions.listeners
         self._shard_ids = frozenset(id(unit.shard) for unit in self._units)
         self._pending = False  # a unit got gradients since the last sync
         self._register_hooks()
@@ -543,6 +599,11 @@ class FSDP(LocalAccumulation, nn.Module):
             self._pending = True
             mark_unsynchronized(self, self._shard_ids)
 
+    def gradient_reductions(self) -> tuple[_ShardReductions, GradientSynchronizer]:
+        """The shards' reduce-scatters and the replicated parameters' all-reduces, each
+        telling its listeners of every reduction it launches (`BucketSteps`)."""
+        return self._shard_reductions, self.grad_sync
+
     def finish_gradient_synchronization(self) -> None:
         """Wait for all gradient reductions; call after backward, before optimizer.step()."""
         for unit in self._units:
@@ -550,6 +611,7 @@ class FSDP(LocalAccumulation, nn.Module):
         self._same_collectives(SYNC, 0)
         for unit in self._units:
             unit.finish()
+            unit.sync_gathers = 0  # gathers whose backward never ran (no gradient reached)
         self.grad_sync.finish()
         self._pending = False
         mark_synchronized(self)

@@ -13,7 +13,8 @@ Every data-parallel variant is one configuration of `GradientSynchronizer`:
 
 Whoever wants to act on a bucket as soon as its all-reduce lands (`BucketSteps` steps the
 optimizer on it) registers a listener: it is called with the bucket's parameters and the
-all-reduce's work handle as each bucket is launched.
+all-reduce's work handle as each bucket is launched. Each wrapper's `gradient_reductions()`
+names its synchronizers (FSDP's shard reduce-scatters tell listeners the same way).
 
 Gradients live in their bucket, so the all-reduce runs in place with no copy in or out: a
 bucket of several parameters owns one flat buffer (allocated once, like torch DDP's
@@ -306,6 +307,10 @@ class GradientSynchronizer:
         return (counts > 0).tolist()
 
     @torch.no_grad()
+    def reduced_params(self) -> list[nn.Parameter]:
+        """Every parameter whose gradient a bucket averages."""
+        return [param for bucket in self.buckets for param in bucket.params]
+
     def finish(self) -> None:
         """Launch whatever has not been launched and wait for all: `.grad` holds averages.
 

@@ -1,5 +1,5 @@
-"""The data-parallel benchmark's configuration: bucketed DDP steps each bucket as its
-all-reduce lands unless told otherwise, and the command line says the same."""
+"""The data-parallel benchmark's configuration: bucketed DDP and FSDP step each bucket or
+unit as its reduction lands unless told otherwise, and the command line says the same."""
 
 from __future__ import annotations
 
@@ -8,17 +8,18 @@ import dataclasses
 import pytest
 
 from systems.bench.distributed.cli import build_parser
-from systems.bench.distributed.train_step import VARIANTS, TrainSpec
+from systems.bench.distributed.train_step import STEPPED_EARLY, VARIANTS, TrainSpec
 
 
-def test_bucketed_steps_each_bucket_early_by_default() -> None:
-    spec = TrainSpec("bucketed")
+@pytest.mark.parametrize("variant", STEPPED_EARLY)
+def test_bucketed_and_fsdp_step_early_by_default(variant: str) -> None:
+    spec = TrainSpec(variant)
     assert spec.early_step is True
     # what saved results and perf cases record
     assert dataclasses.asdict(spec)["early_step"] is True
 
 
-@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "bucketed"])
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v not in STEPPED_EARLY])
 def test_other_variants_step_after_backward_by_default(variant: str) -> None:
     assert TrainSpec(variant).early_step is False
 
@@ -28,15 +29,15 @@ def test_early_step_off_is_allowed_everywhere(variant: str) -> None:
     assert TrainSpec(variant, early_step=False).early_step is False
 
 
-@pytest.mark.parametrize("variant", ["none", "bucketed"])
+@pytest.mark.parametrize("variant", ["none", "bucketed", "fsdp"])
 def test_early_step_on_where_it_exists(variant: str) -> None:
     assert TrainSpec(variant, early_step=True).early_step is True
 
 
-@pytest.mark.parametrize("variant", ["fsdp", "torch_ddp", "naive", "flat", "individual",
+@pytest.mark.parametrize("variant", ["torch_ddp", "naive", "flat", "individual",
                                      "torch_fsdp2"])
 def test_early_step_on_elsewhere_is_refused(variant: str) -> None:
-    with pytest.raises(ValueError, match="early_step is an option of 'none' and 'bucketed'"):
+    with pytest.raises(ValueError, match="early_step is an option of 'none', 'bucketed'"):
         TrainSpec(variant, early_step=True)
 
 
@@ -53,6 +54,8 @@ def test_optimizers_that_step_everything_at_once_keep_the_late_step(optimizer: s
     (["--no-early-step"], False, False),
     (["--variant", "none"], None, False),
     (["--variant", "none", "--early-step"], True, True),
+    (["--variant", "fsdp"], None, True),
+    (["--variant", "fsdp", "--no-early-step"], False, False),
 ])
 def test_dist_cli_early_step_flag(argv: list[str], parsed: bool | None, resolved: bool) -> None:
     args = build_parser().parse_args(["train", *argv])
@@ -63,4 +66,4 @@ def test_dist_cli_early_step_flag(argv: list[str], parsed: bool | None, resolved
 def test_dist_cli_help_says_the_default() -> None:
     commands = next(a for a in build_parser()._actions if a.dest == "command")
     text = " ".join(commands.choices["train"].format_help().split())
-    assert "--no-early-step" in text and "default: on for bucketed" in text
+    assert "--no-early-step" in text and "default: on for bucketed and fsdp" in text

@@ -103,10 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
                        default=DEFAULT_TAIL_BUCKET_MB,
                        help="bucketed: the last bucket's budget, MiB (0: no shrinking tail)")
     train.add_argument("--early-step", action=argparse.BooleanOptionalAction, default=None,
-                       help="bucketed: step each bucket's parameters as soon as its all-reduce "
-                            "lands (--no-early-step: the step after backward); none: each "
-                            "block's as soon as its gradients exist (default: on for bucketed "
-                            "with adamw, off otherwise)")
+                       help="bucketed and fsdp: step each bucket's (unit's) parameters as "
+                            "soon as its reduction lands (--no-early-step: the step after "
+                            "backward); none: each block's as soon as its gradients exist "
+                            "(default: on for bucketed and fsdp with adamw, off otherwise)")
     train.add_argument("--prefetch", type=non_negative_int, default=DEFAULT_PREFETCH,
                        help="fsdp: unit-root calls gathered ahead")
     train.add_argument("--nccl-max-ctas", type=positive_int, default=None,

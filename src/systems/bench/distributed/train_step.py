@@ -41,6 +41,8 @@ DATA_PARALLEL_OPTIMIZERS = (OptimizerName.ADAMW, OptimizerName.SHARDED, Optimize
 DEFAULT_BUCKET_SIZE_MB = 100.0
 DEFAULT_TAIL_BUCKET_MB = TAIL_BUCKET_BYTES / 2**20
 DEFAULT_PREFETCH = 1
+# The variants that step each reduction's parameters as it lands by default (`BucketSteps`).
+STEPPED_EARLY = ("bucketed", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,11 @@ class TrainSpec:
     `tail_bucket_mb` (bucketed: the last bucket's budget, see `DDPBucketed`; 0: no
     shrinking tail), `nccl_max_ctas` (bucketed: all-reduce on an NCCL communicator of at
     most this many thread blocks), `prefetch` (fsdp: calls gathered ahead). `early_step`
-    (none and bucketed, with the adamw optimizer; False elsewhere): the optimizer step of
-    each bucket as soon as its all-reduce lands (`BucketSteps`), or with no communication of
-    each block as soon as its gradients exist (`OverlappedUpdates`, the same overlap without
-    waiting for a network). Bucketed steps each bucket as its all-reduce lands by default
-    (None resolves to True for bucketed with adamw, its fastest step measured, and to False
+    (none, bucketed and fsdp, with the adamw optimizer; False elsewhere): the optimizer step
+    of each bucket or FSDP unit as soon as its reduction lands (`BucketSteps`), or with no
+    communication of each block as soon as its gradients exist (`OverlappedUpdates`, the
+    same overlap without waiting for a network). Bucketed and fsdp step early by default
+    (None resolves to True for them with adamw, their fastest step measured, and to False
     otherwise); `early_step=False` gives the step after backward."""
 
     variant: str
@@ -80,10 +82,10 @@ class TrainSpec:
         # Stepping some parameters alone needs our AdamW (`step_parameters`).
         steps_alone = self.optimizer == OptimizerName.ADAMW
         if self.early_step is None:
-            object.__setattr__(self, "early_step", self.variant == "bucketed" and steps_alone)
-        if self.early_step and self.variant not in ("none", "bucketed"):
-            raise ValueError(f"early_step is an option of 'none' and 'bucketed', not of "
-                             f"{self.variant!r}")
+            object.__setattr__(self, "early_step", self.variant in STEPPED_EARLY and steps_alone)
+        if self.early_step and self.variant not in ("none", *STEPPED_EARLY):
+            raise ValueError(f"early_step is an option of 'none', 'bucketed' and 'fsdp', not "
+                             f"of {self.variant!r}")
         if self.early_step and not steps_alone:
             raise ValueError(f"early_step needs optimizer 'adamw', not {self.optimizer.value!r} "
                              "(it cannot step some parameters alone)")
@@ -160,7 +162,7 @@ def setup_train(spec: TrainSpec) -> dict[str, Any]:
         get_config(spec.size), batch_size=spec.batch_per_rank, seq_len=spec.seq_len,
         device=device, wrap=wrap,
         options=StepOptions(optimizer=spec.optimizer, lr=spec.lr, overlap_optimizer=overlap))
-    if spec.early_step and spec.variant == "bucketed":
+    if spec.early_step and spec.variant in STEPPED_EARLY:
         workload = _with_bucket_steps(workload, BucketSteps(workload.optimizer, wrapped[0]))
     # Every rank starts from the same weights (the seed; the wrappers broadcast rank 0's)
     # and trains on a batch of its own.
