@@ -35,8 +35,8 @@ from systems.distributed.process_group import init_from_env
 from systems.distributed.rank_pool import worker_state
 
 # name: TrainSpec options beyond the workload's. `none` first: every ratio is against it.
-# Bucketed and FSDP ones step each bucket or unit as its reduction lands (TrainSpec's
-# default) unless they say otherwise.
+# Bucketed ones step each bucket as its all-reduce lands (TrainSpec's default) unless they
+# say otherwise; FSDP ones step after backward unless they say early_step.
 VARIANTS: dict[str, dict[str, object]] = {
     "none": {"variant": "none"},
     "none_early_step": {"variant": "none", "early_step": True},
@@ -47,7 +47,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "bucketed_ctas8": {"variant": "bucketed", "nccl_max_ctas": 8},
     "fsdp_prefetch0": {"variant": "fsdp", "prefetch": 0},
     "fsdp": {"variant": "fsdp"},
-    "fsdp_late_step": {"variant": "fsdp", "early_step": False},
+    "fsdp_early_step": {"variant": "fsdp", "early_step": True},
     "fsdp_prefetch2": {"variant": "fsdp", "prefetch": 2},
     "torch_fsdp2": {"variant": "torch_fsdp2"},
 }

@@ -35,6 +35,12 @@ them in). Orders are recorded in each step and used in the next, so the first fo
 gathers on demand; so does every gather with `prefetch=0`. Each further call ahead keeps
 one more unit's full weights alive.
 
+Early steps. Each gather's autograd node reduces once, so a unit's gradient is complete
+when the reduce-scatter of its last gather in a synchronizing forward launches; then the
+listeners of `gradient_reductions()` are told (`BucketSteps` steps the shard from there,
+on a side stream, beside the rest of backward). A gather whose backward never runs keeps
+its unit from being told: it is stepped after the sync.
+
 With `compute_dtype`, shards are cast before the all-gather, the module computes in that
 dtype, gradients are reduced in it and accumulated into the fp32 shards: master weights
 and optimizer updates stay fp32.

@@ -1,5 +1,6 @@
-"""The data-parallel benchmark's configuration: bucketed DDP and FSDP step each bucket or
-unit as its reduction lands unless told otherwise, and the command line says the same."""
+"""The data-parallel benchmark's configuration: bucketed DDP steps each bucket as its
+all-reduce lands unless told otherwise (FSDP when asked), and the command line says the
+same."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from systems.bench.distributed.train_step import STEPPED_EARLY, VARIANTS, TrainS
 
 
 @pytest.mark.parametrize("variant", STEPPED_EARLY)
-def test_bucketed_and_fsdp_step_early_by_default(variant: str) -> None:
+def test_steps_early_by_default(variant: str) -> None:
     spec = TrainSpec(variant)
     assert spec.early_step is True
     # what saved results and perf cases record
@@ -54,8 +55,8 @@ def test_optimizers_that_step_everything_at_once_keep_the_late_step(optimizer: s
     (["--no-early-step"], False, False),
     (["--variant", "none"], None, False),
     (["--variant", "none", "--early-step"], True, True),
-    (["--variant", "fsdp"], None, True),
-    (["--variant", "fsdp", "--no-early-step"], False, False),
+    (["--variant", "fsdp"], None, False),
+    (["--variant", "fsdp", "--early-step"], True, True),
 ])
 def test_dist_cli_early_step_flag(argv: list[str], parsed: bool | None, resolved: bool) -> None:
     args = build_parser().parse_args(["train", *argv])
@@ -66,4 +67,4 @@ def test_dist_cli_early_step_flag(argv: list[str], parsed: bool | None, resolved
 def test_dist_cli_help_says_the_default() -> None:
     commands = next(a for a in build_parser()._actions if a.dest == "command")
     text = " ".join(commands.choices["train"].format_help().split())
-    assert "--no-early-step" in text and "default: on for bucketed and fsdp" in text
+    assert "--no-early-step" in text and "default: on for bucketed with adamw" in text

@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="bucketed and fsdp: step each bucket's (unit's) parameters as "
                             "soon as its reduction lands (--no-early-step: the step after "
                             "backward); none: each block's as soon as its gradients exist "
-                            "(default: on for bucketed and fsdp with adamw, off otherwise)")
+                            "(default: on for bucketed with adamw, off otherwise)")
     train.add_argument("--prefetch", type=non_negative_int, default=DEFAULT_PREFETCH,
                        help="fsdp: unit-root calls gathered ahead")
     train.add_argument("--nccl-max-ctas", type=positive_int, default=None,
