@@ -81,24 +81,34 @@ def _ratios(run: dict, name: str, against: str) -> str:
     return " / ".join(f"{a / b:.3f}" for a, b in pairs) or "-"
 
 
+def _spread(run: dict, name: str) -> str:
+    """The largest spread of a variant's timed steps within one round (slowest / fastest
+    - 1): the machine's steadiness, against which the ratios beside it are read."""
+    spreads = [max(steps) / min(steps) - 1 for r in run["rounds"]
+               if (steps := r.get(name, {}).get("steps_s"))]
+    return f"{max(spreads):.0%}" if spreads else "-"
+
+
 def _in_turn_table(runs: dict[int, dict]) -> str:
     worlds = [w for w in WORLD_SIZES[1:] if w in runs]
     if not worlds:
         return ""
-    names = [n for n in dict.fromkeys(n for w in worlds for n in runs[w]["summary"])
-             if n != "none"]
+    names = list(dict.fromkeys(n for w in worlds for n in runs[w]["summary"]))
     rows = []
     for name in names:
         rival = next((r for prefix, r in RIVALS.items() if name.startswith(prefix)), None)
         row = [name]
         for w in worlds:
-            row += [_ratios(runs[w], name, "none"),
-                    _ratios(runs[w], name, rival) if rival else "-"]
+            row += ["-" if name == "none" else _ratios(runs[w], name, "none"),
+                    _ratios(runs[w], name, rival) if rival else "-", _spread(runs[w], name)]
         rows.append(row)
     headers = ["variant", *(h for w in worlds
-                            for h in (f"vs none, {w} GPUs", f"vs torch rival, {w} GPUs"))]
-    return (markdown_table(headers, rows) + "\n\nEach cell: one ratio of medians per round "
-            "(both from that round); the rival of bucketed is torch DDP, of fsdp torch FSDP2.\n")
+                            for h in (f"vs none, {w} GPUs", f"vs torch rival, {w} GPUs",
+                                      f"spread, {w} GPUs"))]
+    return (markdown_table(headers, rows) + "\n\nEach ratio: one ratio of medians per round "
+            "(both from that round); the rival of bucketed is torch DDP, of fsdp torch FSDP2. "
+            "Spread: the largest of the rounds' slowest timed step over their fastest, minus "
+            "one: how steady the variant's steps were within a round.\n")
 
 
 def dp_scaling(repo: Path, folder: str) -> str:

@@ -55,3 +55,14 @@ def test_tables_from_the_runs(tmp_path: Path) -> None:
 def test_says_not_measured_yet_without_runs(tmp_path: Path) -> None:
     out = render(BLOCK, generators(tmp_path))
     assert "Not measured yet: no `runs/world{1,2,4}.json`" in out
+
+
+def test_spread_is_the_least_steady_round(tmp_path: Path) -> None:
+    run = _run(2, {"none": [0.4, 0.4], "fsdp": [0.44, 0.46]}, {})
+    run["rounds"][0]["fsdp"]["steps_s"] = [0.44, 0.45, 0.484]  # 10% apart
+    run["rounds"][1]["fsdp"]["steps_s"] = [0.46, 0.47, 0.483]  # 5% apart
+    _write(tmp_path, 2, run)
+    out = render(BLOCK, generators(tmp_path))
+    # against none, against torch FSDP2 (not run: "-"), then the spread of the worst round
+    assert "| fsdp | 1.100 / 1.150 | - | 10% |" in out
+    assert "| none | - | - | - |" in out  # no per-step times recorded: no spread
