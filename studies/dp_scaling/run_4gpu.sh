@@ -24,8 +24,8 @@
 # logs.tar.gz (every log of this call) and summary.txt (what is printed at the end).
 #
 # Time per phase, from XL fp32 at per-rank batch 8 x ctx 128 (a step takes about 0.4-0.45 s
-# there; a variant's build, broadcast and teardown a few seconds): the study times 7
-# variants x 3 rounds x (2 warm-up + 4 timed steps) = 126 steps, about 2-2.5 minutes with the
+# there; a variant's build, broadcast and teardown a few seconds): the study times 8
+# variants x 3 rounds x (2 warm-up + 4 timed steps) = 144 steps, about 2.5-3 minutes with the
 # builds, per world size (5 variants at 1 GPU); the NCCL tests take 40-90 s per world size
 # (rank pools start by spawning); the quick profile is 8 train cases x 7 steps plus the
 # all-reduce cases, about 100 s per world size. Caps below are ceilings, not estimates.
@@ -39,7 +39,7 @@ PY=${PYTHON:-python3}
 BUDGET_S=${BUDGET_S:-540}
 DRY_RUN=${DRY_RUN:-0}
 PHASES=${PHASES:-study correctness baseline}
-VARIANTS=${VARIANTS:-none none_early_step torch_ddp bucketed bucketed_late_step fsdp torch_fsdp2}
+VARIANTS=${VARIANTS:-none none_early_step torch_ddp bucketed bucketed_late_step fsdp fsdp_early_step torch_fsdp2}
 VARIANTS_1GPU=${VARIANTS_1GPU:-none torch_ddp bucketed fsdp torch_fsdp2}
 for phase in $PHASES; do
     case $phase in study|correctness|baseline) ;;
