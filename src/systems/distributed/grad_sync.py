@@ -306,11 +306,11 @@ class GradientSynchronizer:
         dist.all_reduce(counts, group=self._usage_group)
         return (counts > 0).tolist()
 
-    @torch.no_grad()
     def reduced_params(self) -> list[nn.Parameter]:
         """Every parameter whose gradient a bucket averages."""
         return [param for bucket in self.buckets for param in bucket.params]
 
+    @torch.no_grad()
     def finish(self) -> None:
         """Launch whatever has not been launched and wait for all: `.grad` holds averages.
 
