@@ -15,7 +15,7 @@ per head dim, regions of (seq >= s, tokens >= t) in which one pair beats the def
 every grid point (`table`). `--rows FILE.json` forms the table again from a saved run.
 
 Usage: PYTHONPATH=src python studies/attention_dispatch/study.py [--out FILE.json]
-(about 4 to 5 minutes on one H100).
+[--head-dim D ...] (about 4 to 5 minutes on one H100 for all four head dims).
 """
 
 from __future__ import annotations
@@ -143,13 +143,14 @@ def beaters(row: dict[str, object]) -> dict[str, float]:
             if name not in RIVALS and name != DEFAULT.name and r < WIN}
 
 
-def table(rows: list[dict[str, object]], capability: tuple[int, int]) -> list[Rule]:
+def table(rows: list[dict[str, object]], capability: tuple[int, int],
+          head_dims: tuple[int, ...] = HEAD_DIMS) -> list[Rule]:
     """Rules of (seq >= s, tokens >= t) regions, per head dim: each names a pair that beats
     the default at every measured shape of its region. Greedily, the region that covers
     the most shapes no earlier rule covers comes first (ties: the pair's lower mean ratio
     over it); a shape two pairs both win may go to either, since either beats the default."""
     rules: list[Rule] = []
-    for head_dim in HEAD_DIMS:
+    for head_dim in head_dims:
         wins = {(r["seq"], r["tokens"]): beaters(r) for r in rows if r["head_dim"] == head_dim}
         names = sorted({name for won in wins.values() for name in won})
         covered: set[tuple[int, int]] = set()
@@ -196,11 +197,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="write every row as JSON here")
     parser.add_argument("--rows", type=Path, help="form the table from this saved run instead")
+    parser.add_argument("--head-dim", type=int, action="append", choices=HEAD_DIMS,
+                        help="time only this head dim (repeatable; all by default)")
     args = parser.parse_args()
+    head_dims = tuple(args.head_dim or HEAD_DIMS)
     if args.rows:
         saved = json.loads(args.rows.read_text())
         print(f"{saved['device']}, torch {saved['torch']}: the table its rounds give:\n")
-        print_table(table(saved["rows"], HOPPER))
+        print_table(table(saved["rows"], HOPPER,
+                          tuple(sorted({row["head_dim"] for row in saved["rows"]}))))
         return 0
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -212,12 +217,12 @@ def main() -> int:
     dispatch.TABLE = ()  # FlashAttentionTriton runs the default pair whatever the table says
     started = time.perf_counter()
     rows = []
-    for seq, head_dim, tokens in itertools.product(SEQS, HEAD_DIMS, TOKENS):
+    for seq, head_dim, tokens in itertools.product(SEQS, head_dims, TOKENS):
         rows.append(measure(seq, head_dim, tokens, capability))
         _print_row(rows[-1])
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"{time.perf_counter() - started:.0f} s. The table these rounds give:\n")
-    print_table(table(rows, capability))
+    print_table(table(rows, capability, head_dims))
     if args.out:
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                         "torch": torch.__version__, "rows": rows}, indent=1))

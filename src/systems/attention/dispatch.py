@@ -19,6 +19,7 @@ import torch
 from systems.attention.gluon.backward import BLOCK_N as GLUON_BLOCK_N
 from systems.attention.gluon.backward import gluon_head_dim
 from systems.attention.gluon.forward import CONFIGS as GLUON_FORWARD_CONFIGS
+from systems.attention.gluon.forward import forward_head_dim
 from systems.common import hardware
 
 TRITON, GLUON = "triton", "gluon"  # forwards
@@ -98,16 +99,15 @@ def runnable(kernels: Kernels, capability: tuple[int, int], dtype: torch.dtype,
     gluon_backward = kernels.backward != TWO_PASS
     if not (gluon_forward or gluon_backward):
         return True
-    padded = gluon_head_dim(head_dim)
     return (is_causal and capability == HOPPER and dtype == torch.bfloat16
-            and padded is not None and seq % GLUON_BLOCK_N == 0
-            and (not gluon_forward or padded in GLUON_FORWARD_CONFIGS))
+            and gluon_head_dim(head_dim) is not None and seq % GLUON_BLOCK_N == 0
+            and (not gluon_forward or forward_head_dim(head_dim) in GLUON_FORWARD_CONFIGS))
 
 
 def with_gluon_backward(q: torch.Tensor, backward: str) -> Kernels:
     """`backward` (a Gluon one) after the Gluon forward where it has a config for q's head
     dim, else after the Triton forward: the named variants' kernels."""
-    padded = gluon_head_dim(q.shape[-1]) if q.dim() else None
+    padded = forward_head_dim(q.shape[-1]) if q.dim() else None
     return Kernels(GLUON if padded in GLUON_FORWARD_CONFIGS else TRITON, backward)
 
 

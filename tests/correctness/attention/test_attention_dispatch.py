@@ -32,6 +32,7 @@ from systems.attention.dispatch import (
 )
 from systems.attention.functions import FlashAttentionTritonKernels
 from systems.attention.gluon.backward import cut_to, gluon_head_dim, padded_to
+from systems.attention.gluon.forward import forward_head_dim
 
 GRADS = ("dq", "dk", "dv")
 BF16 = torch.bfloat16
@@ -107,10 +108,14 @@ def test_dynamo_traces_the_choice_in_one_graph(monkeypatch):
     assert kernels_code(torch.ones(1).expand(2, 32, 4096, 128)).item() == 4  # Gluon + Gluon
 
 
-@pytest.mark.parametrize("head_dim", [1, 16, 64, 72, 80, 96, 127, 128, 129])
+@pytest.mark.parametrize("head_dim", [1, 16, 64, 72, 80, 88, 96, 127, 128, 129])
 def test_gluon_head_dims_pad_to_the_kernels_own(head_dim):
-    expected = 64 if head_dim <= 64 else 128 if head_dim <= 128 else None
+    """The backward runs 64, 80, 96 and 128 natively, the forward 64 and 128; each pads
+    the others to the next of its own."""
+    expected = next((dim for dim in (64, 80, 96, 128) if head_dim <= dim), None)
     assert gluon_head_dim(head_dim) == expected
+    assert forward_head_dim(head_dim) == next(
+        (dim for dim in (64, 128) if head_dim <= dim), None)
     if expected is None:
         return
     t = torch.randn(3, 5, head_dim)

@@ -66,7 +66,9 @@ def _check(problem: Problem, deterministic: bool) -> dict[str, torch.Tensor]:
 @hopper
 @pytest.mark.parametrize("deterministic", [True, False], ids=["ordered", "unordered"])
 @pytest.mark.parametrize("shape", [((2, 4), 1024, 1024, 64), ((3,), 640, 640, 128),
-                                   ((1,), 128, 128, 64), ((2,), 2048, 2048, 128)],
+                                   ((1,), 128, 128, 64), ((2,), 2048, 2048, 128),
+                                   ((2, 3), 1024, 1024, 80), ((3,), 640, 640, 96),
+                                   ((2,), 384, 384, 72), ((1,), 256, 256, 100)],
                          ids=lambda s: f"{'x'.join(map(str, s[0]))}-seq{s[1]}-d{s[3]}")
 def test_matches_float64_reference(shape, deterministic):
     _check(Problem.random(shape, torch.bfloat16, torch.device("cuda"), True), deterministic)
@@ -75,11 +77,12 @@ def test_matches_float64_reference(shape, deterministic):
 @hopper
 @settings(max_examples=16, deadline=None)
 @given(lead=st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple),
-       blocks=st.integers(1, 12), d=st.sampled_from([64, 128]), deterministic=st.booleans(),
-       seed=st.integers(0, 2**16))
+       blocks=st.integers(1, 12), d=st.sampled_from([64, 80, 96, 128]),
+       deterministic=st.booleans(), seed=st.integers(0, 2**16))
 def test_any_number_of_key_blocks_and_matrices(lead, blocks, d, deterministic, seed):
     """Sequences of 1 to 12 key blocks (odd counts leave one writer a tile short) and 1 to
-    9 matrices, fresh inputs each time."""
+    9 matrices, at each head dim the backward runs natively (80 and 96 as 64 columns and
+    a tail), fresh inputs each time."""
     shape = (lead, 128 * blocks, 128 * blocks, d)
     _check(Problem.random(shape, torch.bfloat16, torch.device("cuda"), True, seed),
            deterministic)
@@ -219,7 +222,7 @@ def test_query_tiles_of_128_rows(shape, ordered, schedule, async_mma):
 
 
 @hopper
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
 def test_ordered_gradients_are_bit_identical_between_runs(head_dim):
     """Many key blocks add into each query tile; in a fixed order the sums never move."""
     problem = Problem.random(((4, 2), 4096, 4096, head_dim), torch.bfloat16,
@@ -352,7 +355,7 @@ def test_model_with_it_compiles_to_one_graph_and_trains_as_with_ours():
 
 
 @hopper
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
 def test_more_key_blocks_than_sms(head_dim):
     """A matrix of more key blocks than the GPU has SMs: ordered, the library's schedule
     has every program wait only on programs launched before it, so every wait for a turn

@@ -94,7 +94,7 @@ def test_fused_adamw_kernel_builds_for_every_target():
 
 
 @pytest.mark.parametrize(("module", "configs", "stack_bytes"),
-                         [("backward", 4, 64), ("forward", 1, 0)],
+                         [("backward", 8, 64), ("forward", 1, 0)],
                          ids=["backward", "forward"])
 def test_gluon_kernels_build_for_hopper_and_fit_their_shared_memory(module, configs,
                                                                     stack_bytes):

@@ -2,7 +2,8 @@
 takes, descriptors, and the kernels before and after it.
 
 It takes causal self-attention in bf16 on an sm_90 GPU (H100, H200) with a head dim up to
-128 (64 and 128 natively, others zero-padded to the next of the two: `gluon_head_dim`) and
+128 (64, 80, 96 and 128 natively, others zero-padded to the next of those: `gluon_head_dim`;
+80 and 96 run as 64 columns and a tail, `head_dim_tiles`) and
 a sequence length that is a multiple of 128; `unsupported_reason` says why other inputs
 are refused. `deterministic=True` adds dQ in a fixed order (bit-identical from run to run),
 else in the order the shares arrive, as FA3 does by default.
@@ -21,7 +22,7 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from systems.attention.flash_triton.launch import _sm_count
+from systems.attention.flash_triton.launch import _sm_count, head_dim_tiles
 from systems.attention.gluon.backward_kernel import (
     BLOCK_N,
     CONSUMER_WARPS,
@@ -36,7 +37,7 @@ from systems.kernel_runtime.launcher import DescriptorLayout, KernelLauncher, Te
 from systems.kernel_runtime.triton_build import build_for_hopper
 
 SM_REGISTERS = 65536
-HEAD_DIMS = (64, 128)  # the kernels' own; other head dims run zero-padded to one of them
+HEAD_DIMS = (64, 80, 96, 128)  # the kernels' own; others run zero-padded to one of them
 PREPARE_ROWS = 64  # rows per program of the kernels before and after the backward
 
 
@@ -88,7 +89,8 @@ def _config(block_m: int, async_mma: bool, ordered: bool, schedule: str,
 # "Query tiles of 128 rows"). At d = 64 FA3's tiles of 128 query rows halve the tiles per
 # key block; at d = 128 their buffers outgrow shared memory. Overlapped MMAs leave too few
 # registers at d = 128. Ordered configs alternate, which no length can deadlock
-# (`_check_launch_order`).
+# (`_check_launch_order`). d = 80 and 96 (64 columns and a tail) take d = 128's: 128-row
+# tiles outgrow shared memory there too.
 CONFIGS: dict[tuple[int, bool], GluonConfig] = {
     (64, False): _config(128, async_mma=True, ordered=False, schedule="longest_first",
                          writers=1),
@@ -97,12 +99,15 @@ CONFIGS: dict[tuple[int, bool], GluonConfig] = {
                           writers=2),
     (128, True): _config(64, async_mma=False, ordered=True, schedule="alternating", writers=2),
 }
+CONFIGS |= {(split, ordered): CONFIGS[128, ordered] for split in (80, 96)
+            for ordered in (False, True)}
 
 
-def gluon_head_dim(head_dim: int) -> int | None:
-    """The head dim the Gluon kernels run `head_dim` at: the least of HEAD_DIMS that holds
-    it (zero columns add nothing to a score, and their outputs are cut off), or None."""
-    for dim in HEAD_DIMS:  # a plain loop: Dynamo traces it (the dispatch asks under compile)
+def gluon_head_dim(head_dim: int, dims: tuple[int, ...] = HEAD_DIMS) -> int | None:
+    """The head dim a Gluon kernel of its own head dims `dims` (the backward's by default)
+    runs `head_dim` at: the least of them that holds it (zero columns add nothing to a
+    score, and their outputs are cut off), or None."""
+    for dim in dims:  # a plain loop: Dynamo traces it (the dispatch asks under compile)
         if 1 <= head_dim <= dim:
             return dim
     return None
@@ -157,23 +162,36 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def descriptor_specs(config: GluonConfig, head_dim: int
                      ) -> dict[str, tuple[str, list[int], object]]:
-    """(Triton dtype, block shape, shared layout) of each descriptor parameter; the launch's
+    """(Triton dtype, block shape, shared layout) of each descriptor parameter, in the
+    kernel's order: those of the first `head_dim_tiles` columns, then, where the head dim
+    has a tail, those of the tail (the others' parameters are None). The launch's
     descriptors and the sm_90 build check's signature both come from here."""
     block_m = config.block_m
+    width, tail = head_dim_tiles(head_dim)
+    blocks = [(name, dtype, block) for name, dtype, block in (
+        ("q_desc", gl.bfloat16, [block_m, width]),
+        ("do_desc", gl.bfloat16, [block_m, width]),
+        ("k_desc", gl.bfloat16, [BLOCK_N, width]),
+        ("v_desc", gl.bfloat16, [BLOCK_N, width]),
+        ("lse_desc", gl.float32, [block_m]),
+        ("delta_desc", gl.float32, [block_m]),
+        # each consumer warpgroup hands over its block of dQ: half of d of 64 rows, or 64
+        # rows of 128
+        ("dq_desc", gl.float32, warpgroup_block(block_m, width, CONSUMER_WARPS)))]
+    if tail:
+        blocks += [(name.replace("_desc", "_tail_desc"), dtype, [block[0], tail])
+                   for name, dtype, block in blocks[:4]]
+        blocks.append(("dq_tail_desc", gl.float32,
+                       warpgroup_block(block_m, tail, CONSUMER_WARPS)))
     specs: dict[str, tuple[str, list[int], object]] = {}
-    for name, dtype, block in (("q_desc", gl.bfloat16, [block_m, head_dim]),
-                               ("do_desc", gl.bfloat16, [block_m, head_dim]),
-                               ("k_desc", gl.bfloat16, [BLOCK_N, head_dim]),
-                               ("v_desc", gl.bfloat16, [BLOCK_N, head_dim]),
-                               ("lse_desc", gl.float32, [block_m]),
-                               ("delta_desc", gl.float32, [block_m]),
-                               # each consumer warpgroup hands over its block of dQ:
-                               # half of d of 64 rows, or 64 rows of 128
-                               ("dq_desc", gl.float32,
-                                warpgroup_block(block_m, head_dim, CONSUMER_WARPS))):
+    for name, dtype, block in blocks:
         layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
         specs[name] = ("bf16" if dtype == gl.bfloat16 else "fp32", block, layout)
     return specs
+
+
+TAIL_DESCRIPTORS = ("q_tail_desc", "do_tail_desc", "k_tail_desc", "v_tail_desc",
+                    "dq_tail_desc")
 
 
 def constexprs(head_dim: int, config: GluonConfig, sm_scale: float | None = None
@@ -184,7 +202,8 @@ def constexprs(head_dim: int, config: GluonConfig, sm_scale: float | None = None
             "NUM_STAGES": config.num_stages,
             "PRODUCER_WARPS": config.producer_warps, "WORKER_REGS": config.worker_regs,
             "ASYNC_MMA": config.async_mma, "ORDERED": config.ordered,
-            "SCHEDULE": config.schedule, "WRITERS": config.writers}
+            "SCHEDULE": config.schedule, "WRITERS": config.writers,
+            "TAIL": head_dim_tiles(head_dim)[1]}
 
 
 def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -279,8 +298,10 @@ class _BackwardPlan:
         TensorSlots that stand for them): D and the zeroed dQ accumulator, the fused
         backward, dQ."""
         launch = self.launch
+        # The tail descriptors read the same tensors from their tail columns.
+        tails = (q, do, k, v, acc) if head_dim_tiles(self.head_dim)[1] else (None,) * 5
         return [(launch.prepare, (o, do, delta, acc)),
-                (launch.backward, (q, do, k, v, lse, delta, acc, dk, dv, semaphores,
+                (launch.backward, (q, do, k, v, lse, delta, acc, *tails, dk, dv, semaphores,
                                    self.seq)),
                 (launch.finish, (acc, dq, self.d ** -0.5))]
 
@@ -387,8 +408,10 @@ def build(head_dim: int, config: GluonConfig) -> dict[str, int | list[int]]:
     (TRITON_INTERPRET=0): shared bytes per block, registers and stack bytes per thread,
     and the register counts its partitions set (`systems.kernel_runtime.triton_build`)."""
     values = constexprs(head_dim, config)
+    specs = descriptor_specs(config, head_dim)
+    values |= {name: None for name in TAIL_DESCRIPTORS if name not in specs}
     signature = {"dK": "*bf16", "dV": "*bf16", "semaphores": "*i32", "n_q": "i32"}
     signature |= {name: "constexpr" for name in values}
-    signature |= descriptor_signature(descriptor_specs(config, head_dim))
+    signature |= descriptor_signature(specs)
     return build_for_hopper(gluon_backward_kernel, signature, values,
                             num_warps=CONSUMER_WARPS, num_stages=1, maxnreg=config.max_regs)

@@ -162,19 +162,32 @@ def warpgroup_block(rows, cols, num_warps):
 
 
 @gluon.jit
-def _load_partition(descs, bufs, bars, n_q, SCHEDULE: gl.constexpr):
-    """Producer: K and V once, then each query tile's Q, dO, LSE and D into the ring."""
+def _load_partition(descs, tail_descs, bufs, tails, bars, n_q, SCHEDULE: gl.constexpr,
+                    TAIL: gl.constexpr):
+    """Producer: K and V once, then each query tile's Q, dO, LSE and D into the ring (with
+    TAIL, each also its tail columns, through descriptors of their own)."""
     q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc = descs
     bh, k_start, descending = _program(k_desc.block_type.shape[0], SCHEDULE)
     q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem = bufs
     ready, empty, kv_bar = bars
     NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
+    HEAD_DIM: gl.constexpr = q_bufs.type.shape[2]
     row0 = bh * n_q
-    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+    kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
+    tile_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes
+    if TAIL > 0:
+        q_tail_desc, do_tail_desc, k_tail_desc, v_tail_desc, _ = tail_descs
+        q_tails, do_tails, k_tail, v_tail = tails
+        mbarrier.expect(kv_bar, kv_bytes + 2 * k_tail_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_tail_desc, [row0 + k_start, HEAD_DIM], kv_bar,
+                                        k_tail)
+        tma.async_copy_global_to_shared(v_tail_desc, [row0 + k_start, HEAD_DIM], kv_bar,
+                                        v_tail)
+    else:
+        mbarrier.expect(kv_bar, kv_bytes)
     tma.async_copy_global_to_shared(k_desc, [row0 + k_start, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [row0 + k_start, 0], kv_bar, v_smem)
-    tile_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes
     n_tiles = (n_q - k_start) // BLOCK_M
     for i in range(n_tiles):
         stage = i % NUM_STAGES
@@ -182,7 +195,14 @@ def _load_partition(descs, bufs, bars, n_q, SCHEDULE: gl.constexpr):
         mbarrier.wait(empty.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
         row = row0 + k_start + _tile_of(i, n_tiles, descending) * BLOCK_M
         bar = ready.index(stage)
-        mbarrier.expect(bar, tile_bytes)
+        if TAIL > 0:
+            mbarrier.expect(bar, tile_bytes + 2 * q_tail_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_tail_desc, [row, HEAD_DIM], bar,
+                                            q_tails.index(stage))
+            tma.async_copy_global_to_shared(do_tail_desc, [row, HEAD_DIM], bar,
+                                            do_tails.index(stage))
+        else:
+            mbarrier.expect(bar, tile_bytes)
         tma.async_copy_global_to_shared(q_desc, [row, 0], bar, q_bufs.index(stage))
         tma.async_copy_global_to_shared(do_desc, [row, 0], bar, do_bufs.index(stage))
         tma.async_copy_global_to_shared(lse_desc, [row], bar, lse_bufs.index(stage))
@@ -190,16 +210,33 @@ def _load_partition(descs, bufs, bars, n_q, SCHEDULE: gl.constexpr):
 
 
 @gluon.jit
-def _tile(i, tile, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale,
-          HEAD_DIM: gl.constexpr, MASKED: gl.constexpr, ASYNC: gl.constexpr):
+def _over_head_dim(a, b, a_tail, b_tail, acc, use_acc, ASYNC: gl.constexpr,
+                   TAIL: gl.constexpr):
+    """a b^T over the head dim, its tail columns (TAIL) a second matmul into the same
+    accumulator: S^T = K Q^T, dP^T = V dO^T."""
+    acc = warpgroup_mma(a, b.permute((1, 0)), acc, use_acc=use_acc, is_async=ASYNC)
+    if TAIL > 0:
+        acc = warpgroup_mma(a_tail, b_tail.permute((1, 0)), acc, is_async=ASYNC)
+    return acc
+
+
+@gluon.jit
+def _tile(i, tile, grads, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k_start,
+          qk_scale, HEAD_DIM: gl.constexpr, MASKED: gl.constexpr, ASYNC: gl.constexpr,
+          TAIL: gl.constexpr):
     """Step i, query tile `tile` (from the diagonal): dV += P^T dO, dK += dS^T Q, and the
-    tile's dQ share dS K (unscaled) handed to the writers. ASYNC overlaps the softmax with
-    dP^T and the dS^T store with dV and dK."""
+    tile's dQ share dS K (unscaled) handed to the writers; `grads` is (dK, dV), and under
+    TAIL their tail columns' after them. ASYNC overlaps the softmax with dP^T and the
+    dS^T store with dV and dK."""
+    dk = grads[0]
+    dv = grads[1]
     q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem = bufs
     ready, empty, kv_bar = bars
     NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
     BLOCK_N: gl.constexpr = k_smem.type.shape[0]
+    # Each of S^T, dP^T, dV, dK is one async group per part of the head dim.
+    PARTS: gl.constexpr = 2 if TAIL > 0 else 1
     s_layout: gl.constexpr = mma_layout(BLOCK_N, BLOCK_M, gl.num_warps())
     kv_layout: gl.constexpr = mma_layout(BLOCK_N, HEAD_DIM, gl.num_warps())
     dq_layout: gl.constexpr = mma_layout(BLOCK_M, HEAD_DIM, gl.num_warps())
@@ -212,6 +249,12 @@ def _tile(i, tile, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale
     mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
     q_s = q_bufs.index(stage)
     do_s = do_bufs.index(stage)
+    if TAIL > 0:
+        q_tails, do_tails, k_tail, v_tail = tails
+        q_tail_s = q_tails.index(stage)
+        do_tail_s = do_tails.index(stage)
+    else:
+        q_tail_s, do_tail_s, k_tail, v_tail = None, None, None, None
     # LSE and D are rows of BLOCK_M / 4 registers a thread each. For 64 query rows both are
     # loaded as the tile starts (the build the library's configs were timed with). For 128
     # that spills, so D seeds dP^T's accumulator instead (the tensor cores give dP^T - D,
@@ -223,15 +266,14 @@ def _tile(i, tile, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale
         delta = gl.expand_dims(delta_bufs.index(stage).load(row_layout), 0)
 
     zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-    s_t = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_s, use_acc=False, is_async=ASYNC)
+    s_t = _over_head_dim(k_smem, q_s, k_tail, q_tail_s, zero_s, False, ASYNC, TAIL)
     if SEED_DP:
         minus_delta = zero_s - gl.expand_dims(delta_bufs.index(stage).load(row_layout), 0)
-        dp_t = warpgroup_mma(v_smem, do_s.permute((1, 0)), minus_delta, is_async=ASYNC)
+        dp_t = _over_head_dim(v_smem, do_s, v_tail, do_tail_s, minus_delta, True, ASYNC, TAIL)
     else:
-        dp_t = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_s, use_acc=False,
-                             is_async=ASYNC)
+        dp_t = _over_head_dim(v_smem, do_s, v_tail, do_tail_s, zero_s, False, ASYNC, TAIL)
     if ASYNC:  # the softmax runs while dP^T is in flight
-        s_t = warpgroup_mma_wait(1, deps=(s_t,))
+        s_t = warpgroup_mma_wait(PARTS, deps=(s_t,))
     if SEED_DP:
         lse2 = gl.expand_dims(lse_bufs.index(stage).load(row_layout) * LOG2E, 0)
     p_t = gl.exp2(s_t * qk_scale - lse2)
@@ -242,11 +284,15 @@ def _tile(i, tile, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale
     if ASYNC:
         dp_t = warpgroup_mma_wait(0, deps=(dp_t,))
     dv = warpgroup_mma(p_op, do_s, dv, is_async=ASYNC)
+    if TAIL > 0:
+        dv_tail = warpgroup_mma(p_op, do_tail_s, grads[3], is_async=ASYNC)
     if not SEED_DP:
         dp_t = dp_t - delta
     ds_t = (p_t * dp_t).to(gl.bfloat16)
     ds_op = gl.convert_layout(ds_t, a_layout)
     dk = warpgroup_mma(ds_op, q_s, dk, is_async=ASYNC)
+    if TAIL > 0:
+        dk_tail = warpgroup_mma(ds_op, q_tail_s, grads[2], is_async=ASYNC)
 
     # dQ needs all 128 keys' dS: both warpgroups put theirs in shared memory. Two buffers,
     # so one warpgroup's next store cannot overwrite what the other still multiplies.
@@ -254,32 +300,55 @@ def _tile(i, tile, dk, dv, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale
     ds_s.store(ds_t)
     fence_async_shared()  # dS^T (and the LSE/D reads) ordered before async-proxy use
     if ASYNC:  # register operands stay live until their matmuls are done
-        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+        if TAIL > 0:
+            dv, dk, dv_tail, dk_tail, p_op, ds_op = warpgroup_mma_wait(
+                0, deps=(dv, dk, dv_tail, dk_tail, p_op, ds_op))
+        else:
+            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
     _cta_barrier()  # both halves stored; both warpgroups are past Q and dO
     mbarrier.arrive(empty.index(stage), count=1)  # dQ's matmul reads only dS^T and K
     zero_q = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
     dq = warpgroup_mma(ds_s.permute((1, 0)), k_smem, zero_q, use_acc=False)
+    if TAIL > 0:
+        zero_q_tail = gl.zeros([BLOCK_M, TAIL], gl.float32,
+                               mma_layout(BLOCK_M, TAIL, gl.num_warps()))
+        dq_tail = warpgroup_mma(ds_s.permute((1, 0)), k_tail, zero_q_tail, use_acc=False)
     # Warpgroup w holds its block of dq (`warpgroup_block`) and hands it over alone.
     own = (i % 2) * 2 + _thread_index() // 128
     if i >= 2:  # the slot's share of two tiles ago is reduced
         named_sync(EMPTY_BARRIER + own, HANDOFF_THREADS)
     dq_bufs.index(i % 2).store(dq)
+    if TAIL > 0:
+        dq_tails.index(i % 2).store(dq_tail)
     fence_async_shared()
     named_arrive(FULL_BARRIER + own, HANDOFF_THREADS)
-    return dk, dv
+    return (dk, dv, dk_tail, dv_tail) if TAIL > 0 else (dk, dv)  # never a None: Triton 3.6
 
 
 @gluon.jit
-def _dq_partition(dq_desc, dq_bufs, semaphores, n_q, SCHEDULE: gl.constexpr,
-                  ORDERED: gl.constexpr, WRITER: gl.constexpr, WRITERS: gl.constexpr):
+def _reduce_half(desc, share, row, col, half: gl.constexpr):
+    """Adds warpgroup `half`'s block of a dQ share (desc's box: 64 of the share's rows, or
+    half of its columns) into the accumulator, the share's columns from `col`."""
+    ROWS: gl.constexpr = desc.block_type.shape[0]
+    COLS: gl.constexpr = desc.block_type.shape[1]
+    SHARE_ROWS: gl.constexpr = share.type.shape[0]
+    if ROWS < SHARE_ROWS:
+        _tma_reduce_add(desc, [row + half * ROWS, col], share.slice(half * ROWS, ROWS, dim=0))
+    else:
+        _tma_reduce_add(desc, [row, col + half * COLS], share.slice(half * COLS, COLS, dim=1))
+
+
+@gluon.jit
+def _dq_partition(dq_desc, dq_bufs, dq_tail_desc, dq_tails, semaphores, n_q,
+                  SCHEDULE: gl.constexpr, ORDERED: gl.constexpr, WRITER: gl.constexpr,
+                  WRITERS: gl.constexpr, TAIL: gl.constexpr):
     """dQ writer WRITER of WRITERS (steps WRITER, WRITER + WRITERS, ...): each tile's two
-    halves reduced into the accumulator as their warpgroups hand them over; ORDERED first
-    waits for the key blocks before this one in the tile's order to have added theirs
-    (`semaphores`: one per query tile of every matrix, counting the key blocks done)."""
+    halves reduced into the accumulator as their warpgroups hand them over (with TAIL,
+    each half's tail columns too); ORDERED first waits for the key blocks before this one
+    in the tile's order to have added theirs (`semaphores`: one per query tile of every
+    matrix, counting the key blocks done)."""
     BLOCK_M: gl.constexpr = dq_bufs.type.shape[1]
-    # A warpgroup's block (dq_desc's box): 64 of the share's rows, or half of its columns.
-    ROWS: gl.constexpr = dq_desc.block_type.shape[0]
-    COLS: gl.constexpr = dq_desc.block_type.shape[1]
+    HEAD_DIM: gl.constexpr = dq_bufs.type.shape[2]
     bh, k_start, descending = _program(KEY_BLOCK, SCHEDULE)
     row0 = bh * n_q + k_start
     n_tiles = (n_q - k_start) // BLOCK_M
@@ -294,12 +363,10 @@ def _dq_partition(dq_desc, dq_bufs, semaphores, n_q, SCHEDULE: gl.constexpr,
             _wait_turn(semaphores + q_start // BLOCK_M, turn)
         for half in gl.static_range(2):
             named_sync(FULL_BARRIER + (i % 2) * 2 + half, HANDOFF_THREADS)
-            if ROWS < BLOCK_M:
-                _tma_reduce_add(dq_desc, [row0 + tile * BLOCK_M + half * ROWS, 0],
-                                dq_bufs.index(i % 2).slice(half * ROWS, ROWS, dim=0))
-            else:
-                _tma_reduce_add(dq_desc, [row0 + tile * BLOCK_M, half * COLS],
-                                dq_bufs.index(i % 2).slice(half * COLS, COLS, dim=1))
+            _reduce_half(dq_desc, dq_bufs.index(i % 2), row0 + tile * BLOCK_M, 0, half)
+            if TAIL > 0:
+                _reduce_half(dq_tail_desc, dq_tails.index(i % 2), row0 + tile * BLOCK_M,
+                             HEAD_DIM, half)
         tma.store_wait(0)  # both halves read: the slot may be refilled
         if i < n_tiles - 2:  # the consumers wait on a slot from their third tile on
             for half in gl.static_range(2):
@@ -309,28 +376,42 @@ def _dq_partition(dq_desc, dq_bufs, semaphores, n_q, SCHEDULE: gl.constexpr,
 
 
 @gluon.jit
-def _walk(dk, dv, n_tiles, bufs, bars, ds_bufs, dq_bufs, keys, k_start, qk_scale,
-          HEAD_DIM: gl.constexpr, ASYNC: gl.constexpr, DESCENDING: gl.constexpr):
+def _walk(grads, n_tiles, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k_start,
+          qk_scale, HEAD_DIM: gl.constexpr, ASYNC: gl.constexpr, DESCENDING: gl.constexpr,
+          TAIL: gl.constexpr):
     """Every query tile of the key block, up from the diagonal or down to it: the
     diagonal's tiles (masked) come first walking up, last walking down."""
     BLOCK_M: gl.constexpr = bufs[0].type.shape[1]
     n_diagonal: gl.constexpr = KEY_BLOCK // BLOCK_M
     first_masked = n_tiles - n_diagonal if DESCENDING else 0
     for i in range(first_masked):
-        dk, dv = _tile(i, _tile_of(i, n_tiles, DESCENDING), dk, dv, bufs, bars, ds_bufs,
-                       dq_bufs, keys, k_start, qk_scale, HEAD_DIM, False, ASYNC)
+        grads = _tile(i, _tile_of(i, n_tiles, DESCENDING), grads, bufs, tails, bars, ds_bufs,
+                      dq_bufs, dq_tails, keys, k_start, qk_scale, HEAD_DIM, False, ASYNC,
+                      TAIL)
     for i in range(first_masked, first_masked + n_diagonal):
-        dk, dv = _tile(i, _tile_of(i, n_tiles, DESCENDING), dk, dv, bufs, bars, ds_bufs,
-                       dq_bufs, keys, k_start, qk_scale, HEAD_DIM, True, ASYNC)
+        grads = _tile(i, _tile_of(i, n_tiles, DESCENDING), grads, bufs, tails, bars, ds_bufs,
+                      dq_bufs, dq_tails, keys, k_start, qk_scale, HEAD_DIM, True, ASYNC,
+                      TAIL)
     for i in range(first_masked + n_diagonal, n_tiles):
-        dk, dv = _tile(i, _tile_of(i, n_tiles, DESCENDING), dk, dv, bufs, bars, ds_bufs,
-                       dq_bufs, keys, k_start, qk_scale, HEAD_DIM, False, ASYNC)
-    return dk, dv
+        grads = _tile(i, _tile_of(i, n_tiles, DESCENDING), grads, bufs, tails, bars, ds_bufs,
+                      dq_bufs, dq_tails, keys, k_start, qk_scale, HEAD_DIM, False, ASYNC,
+                      TAIL)
+    return grads
 
 
 @gluon.jit
-def _compute_partition(bufs, bars, ds_bufs, dq_bufs, dK, dV, n_q, SCHEDULE: gl.constexpr,
-                       SM_SCALE: gl.constexpr, HEAD_DIM: gl.constexpr, ASYNC: gl.constexpr):
+def _store_rows(base, tile, rows, col, ROW: gl.constexpr):
+    """tile (a key block's rows x its columns) as bf16 into rows of ROW elements from
+    column `col`."""
+    cols = col + gl.arange(0, tile.type.shape[1], gl.SliceLayout(0, tile.type.layout))
+    gl.store(base + gl.expand_dims(rows, 1) * ROW + gl.expand_dims(cols, 0),
+             tile.to(gl.bfloat16))
+
+
+@gluon.jit
+def _compute_partition(bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, dK, dV, n_q,
+                       SCHEDULE: gl.constexpr, SM_SCALE: gl.constexpr,
+                       HEAD_DIM: gl.constexpr, ASYNC: gl.constexpr, TAIL: gl.constexpr):
     """Consumers (the default partition, two warpgroups): every query tile at or below the
     key block's diagonal, then dK (scaled) and dV stored as bf16."""
     q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem = bufs
@@ -343,41 +424,54 @@ def _compute_partition(bufs, bars, ds_bufs, dq_bufs, dK, dV, n_q, SCHEDULE: gl.c
     bh, k_start, descending = _program(BLOCK_N, SCHEDULE)
     keys = k_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, s_layout))
 
-    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
-    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    zero = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    if TAIL > 0:
+        zero_tail = gl.zeros([BLOCK_N, TAIL], gl.float32,
+                             mma_layout(BLOCK_N, TAIL, gl.num_warps()))
+        grads = (zero, zero, zero_tail, zero_tail)
+    else:
+        grads = (zero, zero)
     mbarrier.wait(kv_bar, 0)
     n_tiles = (n_q - k_start) // BLOCK_M
     # Each direction's loops built for it: one set of loops with the direction a runtime
     # value spills more at d = 128, where dK and dV fill the registers.
     if descending:
-        dk, dv = _walk(dk, dv, n_tiles, bufs, bars, ds_bufs, dq_bufs, keys, k_start,
-                       qk_scale, HEAD_DIM, ASYNC, True)
+        grads = _walk(grads, n_tiles, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys,
+                      k_start, qk_scale, HEAD_DIM, ASYNC, True, TAIL)
     else:
-        dk, dv = _walk(dk, dv, n_tiles, bufs, bars, ds_bufs, dq_bufs, keys, k_start,
-                       qk_scale, HEAD_DIM, ASYNC, False)
+        grads = _walk(grads, n_tiles, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys,
+                      k_start, qk_scale, HEAD_DIM, ASYNC, False, TAIL)
 
+    ROW: gl.constexpr = HEAD_DIM + TAIL
+    matrix = (bh * n_q).to(gl.int64) * ROW
     rows = k_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, kv_layout))
-    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, kv_layout))
-    matrix = (bh * n_q).to(gl.int64) * HEAD_DIM
-    offsets = matrix + gl.expand_dims(rows, 1) * HEAD_DIM + gl.expand_dims(cols, 0)
-    gl.store(dK + offsets, (dk * SM_SCALE).to(gl.bfloat16))
-    gl.store(dV + offsets, dv.to(gl.bfloat16))
+    _store_rows(dK + matrix, grads[0] * SM_SCALE, rows, 0, ROW)
+    _store_rows(dV + matrix, grads[1], rows, 0, ROW)
+    if TAIL > 0:
+        tail_rows = gl.convert_layout(rows, gl.SliceLayout(1, grads[2].type.layout))
+        _store_rows(dK + matrix, grads[2] * SM_SCALE, tail_rows, HEAD_DIM, ROW)
+        _store_rows(dV + matrix, grads[3], tail_rows, HEAD_DIM, ROW)
 
 
 @gluon.jit
 def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, dq_desc,
+                          q_tail_desc, do_tail_desc, k_tail_desc, v_tail_desc, dq_tail_desc,
                           dK, dV, semaphores, n_q, SM_SCALE: gl.constexpr,
                           NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
                           WORKER_REGS: gl.constexpr, ASYNC_MMA: gl.constexpr,
                           ORDERED: gl.constexpr, SCHEDULE: gl.constexpr,
-                          WRITERS: gl.constexpr):
+                          WRITERS: gl.constexpr, TAIL: gl.constexpr):
     """Grid (key blocks, matrices); causal; rows of all matrices stacked ((bh * n_q, d)
     descriptors, n_q a multiple of BLOCK_N). SCHEDULE ("longest_first", "shortest_first"
     or "alternating", above) sets the order key blocks launch in, the order each walks
     its query tiles, and, ORDERED, the order of a tile's shares. dq_desc covers an fp32
     (bh * n_q, d) accumulator, zeroed, in boxes of the block of a query tile's share that
     a warpgroup holds (`warpgroup_block`); dK, dV are bf16; semaphores int32
-    (bh, n_q / BLOCK_M), zero (read only if ORDERED)."""
+    (bh, n_q / BLOCK_M), zero (read only if ORDERED). A head dim d that is not a power of
+    two runs as its first HEAD_DIM columns (the descriptors' boxes) and a tail of TAIL
+    (80 = 64 + 16, 96 = 64 + 32): the `*_tail_desc`s read the same rows from column
+    HEAD_DIM, and each matmul over or along the head dim is two. TAIL = 0: no tail, and
+    the tail descriptors are None."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK: gl.constexpr = k_desc.block_type.shape[0]
@@ -393,9 +487,25 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, BLOCK_M],
                                                                    gl.bfloat16)
     ds_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK, BLOCK_M], ds_layout)
-    # Two slots of a whole dQ share (dq_desc's box is half of it; fp32 rows of >= 32
-    # columns take the same 128-byte swizzle either way).
+    # Two slots of a whole dQ share in the layout of dq_desc's box (half of the share):
+    # the box's swizzle tiles the share's columns in blocks as wide as the box, or is the
+    # same for either (fp32 rows of >= 32 columns take the 128-byte swizzle).
     dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], dq_desc.layout)
+    if TAIL > 0:
+        q_tails = gl.allocate_shared_memory(q_tail_desc.dtype, [NUM_STAGES, BLOCK_M, TAIL],
+                                            q_tail_desc.layout)
+        do_tails = gl.allocate_shared_memory(do_tail_desc.dtype, [NUM_STAGES, BLOCK_M, TAIL],
+                                             do_tail_desc.layout)
+        k_tail = gl.allocate_shared_memory(k_tail_desc.dtype, [BLOCK, TAIL], k_tail_desc.layout)
+        v_tail = gl.allocate_shared_memory(v_tail_desc.dtype, [BLOCK, TAIL], v_tail_desc.layout)
+        dq_tails = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, TAIL],
+                                             dq_tail_desc.layout)
+        tails = (q_tails, do_tails, k_tail, v_tail)
+        tail_descs = (q_tail_desc, do_tail_desc, k_tail_desc, v_tail_desc, dq_tail_desc)
+    else:  # placeholders that nothing reads (a partition's arguments cannot be None)
+        tails = (q_bufs, do_bufs, k_smem, v_smem)
+        dq_tails = dq_bufs
+        tail_descs = (q_desc, do_desc, k_desc, v_desc, dq_desc)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -408,37 +518,50 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
     bufs = (q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem)
     bars = (ready, empty, kv_bar)
     # Gluon keeps neither a partition list nor a tuple of constexprs in a variable: one
-    # warp_specialize call per writer count.
+    # warp_specialize call per writer count, each spelling its arguments out.
     if WRITERS == 1:
         gl.warp_specialize([
-            (_compute_partition, (bufs, bars, ds_bufs, dq_bufs, dK, dV, n_q, SCHEDULE,
-                                  SM_SCALE, HEAD_DIM, ASYNC_MMA)),
-            (_load_partition, (descs, bufs, bars, n_q, SCHEDULE)),
-            (_dq_partition, (dq_desc, dq_bufs, semaphores, n_q, SCHEDULE, ORDERED, 0, 1)),
+            (_compute_partition, (bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, dK, dV, n_q,
+                                  SCHEDULE, SM_SCALE, HEAD_DIM, ASYNC_MMA, TAIL)),
+            (_load_partition, (descs, tail_descs, bufs, tails, bars, n_q, SCHEDULE, TAIL)),
+            (_dq_partition, (dq_desc, dq_bufs, tail_descs[4], dq_tails, semaphores, n_q,
+                             SCHEDULE, ORDERED, 0, 1, TAIL)),
         ], [PRODUCER_WARPS, 1], [WORKER_REGS, WORKER_REGS])
     else:  # two writers, each on its slot
         gl.warp_specialize([
-            (_compute_partition, (bufs, bars, ds_bufs, dq_bufs, dK, dV, n_q, SCHEDULE,
-                                  SM_SCALE, HEAD_DIM, ASYNC_MMA)),
-            (_load_partition, (descs, bufs, bars, n_q, SCHEDULE)),
-            (_dq_partition, (dq_desc, dq_bufs, semaphores, n_q, SCHEDULE, ORDERED, 0, 2)),
-            (_dq_partition, (dq_desc, dq_bufs, semaphores, n_q, SCHEDULE, ORDERED, 1, 2)),
+            (_compute_partition, (bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, dK, dV, n_q,
+                                  SCHEDULE, SM_SCALE, HEAD_DIM, ASYNC_MMA, TAIL)),
+            (_load_partition, (descs, tail_descs, bufs, tails, bars, n_q, SCHEDULE, TAIL)),
+            (_dq_partition, (dq_desc, dq_bufs, tail_descs[4], dq_tails, semaphores, n_q,
+                             SCHEDULE, ORDERED, 0, 2, TAIL)),
+            (_dq_partition, (dq_desc, dq_bufs, tail_descs[4], dq_tails, semaphores, n_q,
+                             SCHEDULE, ORDERED, 1, 2, TAIL)),
         ], [PRODUCER_WARPS, 1, 1], [WORKER_REGS] * 3)
+
+
+@triton.jit
+def _row_block(ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """(rows, offsets, mask) of this program's ROWS rows of HEAD_DIM columns, the columns
+    as a power of two wide with those past HEAD_DIM masked off."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, triton.next_power_of_2(HEAD_DIM))
+    offsets = rows[:, None] * HEAD_DIM + cols[None, :]
+    return rows, offsets, (cols < HEAD_DIM)[None, :]
 
 
 @triton.jit
 def prepare_kernel(Out, dOut, Delta, Acc, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
     """D = rowsum(O * dO) in fp32, and the rows' dQ accumulator zeroed, in one pass."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    offsets = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
-    o = tl.load(Out + offsets).to(tl.float32)
-    tl.store(Delta + rows, tl.sum(o * tl.load(dOut + offsets).to(tl.float32), axis=1))
-    tl.store(Acc + offsets, tl.zeros([ROWS, HEAD_DIM], tl.float32))
+    rows, offsets, mask = _row_block(ROWS, HEAD_DIM)
+    o = tl.load(Out + offsets, mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(dOut + offsets, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Delta + rows, tl.sum(o * do, axis=1))
+    tl.store(Acc + offsets, tl.zeros(offsets.shape, tl.float32), mask=mask)
 
 
 @triton.jit
 def finish_kernel(Acc, dQ, scale, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
     """dQ = accumulator * scale, cast to dQ's type, in one pass."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    offsets = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
-    tl.store(dQ + offsets, (tl.load(Acc + offsets) * scale).to(dQ.dtype.element_ty))
+    rows, offsets, mask = _row_block(ROWS, HEAD_DIM)
+    dq = tl.load(Acc + offsets, mask=mask) * scale
+    tl.store(dQ + offsets, dq.to(dQ.dtype.element_ty), mask=mask)

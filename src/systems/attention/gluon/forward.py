@@ -66,10 +66,17 @@ LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 MASKED_SCORE: gl.constexpr = gl.constexpr(causal.MASKED_SCORE)
 WG_ROWS: gl.constexpr = gl.constexpr(64)  # query rows per consumer warpgroup
 BLOCK_M = 128  # query rows per program: two consumer warpgroups
+HEAD_DIMS = (64, 128)  # the forward's own; others run zero-padded to one of them
 # Named barriers of the ping-pong, of both consumer warpgroups (ids 0 and 1 are Triton's):
 # warpgroup w waits on TURN + w for its turn at the tensor cores and passes it on TURN + 1 - w.
 TURN: gl.constexpr = gl.constexpr(8)
 TURN_THREADS: gl.constexpr = gl.constexpr(256)
+
+
+def forward_head_dim(head_dim: int) -> int | None:
+    """The head dim the forward runs `head_dim` at (zero-padded to one of HEAD_DIMS), or
+    None."""
+    return gluon_head_dim(head_dim, HEAD_DIMS)
 
 
 @gluon.jit
@@ -378,7 +385,7 @@ def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     """(o, L) as `flash_forward` returns them, for what the Gluon backward takes
     (`backward.unsupported_reason`): o contiguous, shaped like q; L (..., seq) fp32,
     natural log. Inputs of any strides (copied to contiguous rows where they are not), and
-    of head dims it runs zero-padded (`gluon_head_dim`). `config` overrides CONFIGS[padded
+    of head dims it runs zero-padded (`forward_head_dim`). `config` overrides CONFIGS[padded
     d] (and is needed where it has none); `poison` fills o
     and L with NaN first, so that an element the kernel skips shows. `programs` caps a
     persistent launch's grid (one program per SM otherwise), so that a few tiles can
@@ -387,7 +394,7 @@ def gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     reason = unsupported_reason(q, k, v, is_causal)
     if reason is not None:
         raise ValueError(f"the Gluon forward {reason}")
-    head_dim = gluon_head_dim(q.shape[-1])
+    head_dim = forward_head_dim(q.shape[-1])
     if config is None and head_dim not in CONFIGS:
         raise ValueError(f"the Gluon forward has a tuned config for head dims "
                          f"{sorted(CONFIGS)}, not {head_dim}: pass one")
@@ -419,7 +426,7 @@ class _ForwardPlan:
     def of(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            config: GluonForwardConfig, programs: int | None, poison: bool) -> _ForwardPlan:
         seq, d = q.shape[-2:]
-        head_dim = gluon_head_dim(d)
+        head_dim = forward_head_dim(d)
         rows = math.prod(q.shape[:-1])
         n_matrices = rows // seq
         tiles = n_matrices * (seq // BLOCK_M)  # one program per query tile
