@@ -49,14 +49,13 @@ from systems.attention.flash_triton import launch, tune
 from systems.attention.gluon.backward import CONFIGS as LIBRARY_CONFIGS
 from systems.attention.gluon.backward import (
     HEAD_DIMS,
+    PREPARE_ROWS,
     SCHEDULES,
     GluonConfig,
     build,
-    finish,
     gluon_backward,
-    prepare,
 )
-from systems.attention.gluon.backward_kernel import BLOCK_N
+from systems.attention.gluon.backward_kernel import BLOCK_N, finish_kernel, prepare_kernel
 from systems.kernel_runtime.triton_build import HOPPER_SHARED_BYTES
 
 
@@ -160,11 +159,13 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
 
 def prepare_and_finish(o: torch.Tensor, do: torch.Tensor) -> None:
     """The kernels before and after the backward, on buffers allocated as it allocates."""
-    rows = o.view(-1, o.shape[-1])
+    rows = o.reshape(-1, o.shape[-1])
     delta = torch.empty(rows.shape[0], dtype=torch.float32, device=o.device)
     acc = torch.empty(rows.shape, dtype=torch.float32, device=o.device)
-    prepare(rows, do.view(rows.shape), delta, acc)
-    finish(acc, torch.empty_like(rows))
+    grid = (rows.shape[0] // PREPARE_ROWS,)
+    sizes = {"HEAD_DIM": rows.shape[1], "ROWS": PREPARE_ROWS}
+    prepare_kernel[grid](rows, do.reshape(rows.shape), delta, acc, **sizes)
+    finish_kernel[grid](acc, torch.empty_like(rows), rows.shape[1] ** -0.5, **sizes)
 
 
 def main() -> int:

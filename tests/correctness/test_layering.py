@@ -17,6 +17,7 @@ through public names only and other studies only through studies/harness.py.
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import sys
 from collections import defaultdict
@@ -145,6 +146,17 @@ def private_imports(tree: ast.AST) -> list[str]:
 @pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.parent.name + "/" + p.name)
 def test_studies_read_public_names_only(path: Path) -> None:
     assert not private_imports(ast.parse(path.read_text()))
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.parent.name + "/" + p.name)
+def test_studies_import(path: Path) -> None:
+    """Every name a study takes from the package still exists (a study runs rarely, on a
+    GPU; its imports are checked on every machine)."""
+    root = PACKAGE.parents[1]
+    module = ".".join(path.relative_to(root).with_suffix("").parts)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(root))
+        importlib.import_module(module)
 
 
 def test_the_check_sees_a_private_import() -> None:

@@ -305,10 +305,10 @@ def _named(kernels: Kernels) -> Callable[..., torch.Tensor]:
 
 def _public_with_table(kernels: Kernels, monkeypatch) -> Callable[..., torch.Tensor]:
     """FlashAttentionTriton.apply with a table that names `kernels` at every causal bf16
-    shape of the head dims the Gluon kernels run natively."""
+    shape of the head dims the Gluon backward runs natively."""
     monkeypatch.setattr(dispatch, "TABLE", tuple(
         Rule(HOPPER, torch.bfloat16, d, min_seq=0, min_tokens=0, kernels=kernels)
-        for d in (64, 128)))
+        for d in (64, 80, 96, 128)))
     return FlashAttentionTriton.apply
 
 
@@ -328,13 +328,14 @@ ENTRIES = {
 
 @hopper
 @pytest.mark.parametrize("entry", list(ENTRIES))
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
 def test_replay_serves_every_kernel_pair_with_the_python_paths_results(
         entry, head_dim, device, monkeypatch, poisoned_outputs, poisoned_gluon_outputs):
     """A second call of a layout is replayed whole (forward and the pair's backward) under
     the C++ node, with the Python path's outputs: bit for bit, but for the unordered dQ
     (close: its shares add in arrival order). d = 64 has no Gluon forward (the unordered
-    variant runs the Triton one there)."""
+    variant runs the Triton one there); at d = 80 the Gluon backward reads each tensor
+    through a second descriptor, its tail's."""
     kernels, make = ENTRIES[entry]
     if entry == "unordered-variant":
         kernels = dispatch.with_gluon_backward(torch.empty(1, head_dim), GLUON_UNORDERED)
@@ -463,16 +464,18 @@ def _bf16(*shape: int) -> torch.Tensor:
     return torch.randn(shape, dtype=torch.bfloat16)
 
 
+@pytest.mark.parametrize("head_dim", [64, 80])
 @pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
-def test_gluon_backward_program_describes_the_launches_it_makes(ordered):
+def test_gluon_backward_program_describes_the_launches_it_makes(ordered, head_dim):
     """The Gluon backward's Program against its Python call, with recording launchers
     (no kernel runs): D, the dQ accumulator, dq, dk, dv and the ordered dQ's zeroed
-    semaphores, each at its place in every launch."""
+    semaphores, each at its place in every launch (at d = 80 the tail descriptors' tensors
+    too)."""
     launch = gluon_backward_module._BackwardLaunch(_Recorder(), _Recorder(), _Recorder(),
                                                    semaphores=8 if ordered else 1)
-    plan = gluon_backward_module._BackwardPlan(launch, seq=256, d=64, head_dim=64,
-                                               in_place=True, poison=False)
-    q, k, v, o, do = (_bf16(2, 256, 64) for _ in range(5))
+    plan = gluon_backward_module._BackwardPlan(launch, seq=256, d=head_dim,
+                                               head_dim=head_dim, in_place=True, poison=False)
+    q, k, v, o, do = (_bf16(2, 256, head_dim) for _ in range(5))
     lse = torch.randn(2, 256)
     inputs = [q, k, v, o, lse, do]
     _assert_program_matches_launches(plan, [launch.prepare, launch.backward, launch.finish],
