@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from systems.attention.flash_triton.launch import head_dim_tiles
 from systems.attention.gluon.backward import BLOCK_N as GLUON_BLOCK_N
 from systems.attention.gluon.backward import gluon_head_dim
 from systems.attention.gluon.forward import CONFIGS as GLUON_FORWARD_CONFIGS
@@ -118,9 +119,15 @@ def runnable(kernels: Kernels, capability: tuple[int, int], dtype: torch.dtype,
 
 def with_gluon_backward(q: torch.Tensor, backward: str) -> Kernels:
     """`backward` (a Gluon one) after the Gluon forward where it has a config for q's head
-    dim, else after the Triton forward: the named variants' kernels."""
-    padded = forward_head_dim(q.shape[-1]) if q.dim() else None
-    return Kernels(GLUON if padded in GLUON_FORWARD_CONFIGS else TRITON, backward)
+    dim and pads it no wider than the Triton forward does, else after the Triton forward:
+    the named variants' kernels. (At d = 80 and 96 the Triton forward splits the head dim
+    where the Gluon one pads it to 128, and was the faster in every dispatch study run.)"""
+    if not q.dim():
+        return Kernels(TRITON, backward)
+    d = q.shape[-1]
+    padded = forward_head_dim(d)
+    gluon = padded in GLUON_FORWARD_CONFIGS and padded == sum(head_dim_tiles(d))
+    return Kernels(GLUON if gluon else TRITON, backward)
 
 
 @functools.lru_cache(maxsize=4096)

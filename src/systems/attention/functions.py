@@ -203,7 +203,8 @@ class FlashAttentionTritonUnordered(FlashAttentionTritonKernels):
     It takes causal bf16 self-attention on an sm_90 GPU with a head dim up to 128 and a
     sequence length that is a multiple of 128 (`gluon.backward.unsupported_reason`), and
     refuses other inputs with the reason. The forward is the Gluon one where it has a
-    config for the head dim, else the Triton one (`dispatch.with_gluon_backward`)."""
+    config for the head dim and pads it no wider than the Triton one, else the Triton one
+    (`dispatch.with_gluon_backward`)."""
 
     @classmethod
     def apply(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -108,6 +108,16 @@ def test_dynamo_traces_the_choice_in_one_graph(monkeypatch):
     assert kernels_code(torch.ones(1).expand(2, 32, 4096, 128)).item() == 4  # Gluon + Gluon
 
 
+@pytest.mark.parametrize(("head_dim", "forward"), [(64, TRITON), (72, TRITON), (80, TRITON),
+                                                   (96, TRITON), (100, GLUON), (128, GLUON)])
+def test_named_gluon_variants_take_the_gluon_forward_only_where_it_pads_no_wider(head_dim,
+                                                                                 forward):
+    """The Gluon forward pads every head dim to 128 (it has no config at 64); the Triton
+    forward runs 72 to 96 as 64 columns and a tail, so it serves those."""
+    q = torch.empty(2, 128, head_dim)
+    assert dispatch.with_gluon_backward(q, GLUON_UNORDERED) == Kernels(forward, GLUON_UNORDERED)
+
+
 @pytest.mark.parametrize("head_dim", [1, 16, 64, 72, 80, 88, 96, 127, 128, 129])
 def test_gluon_head_dims_pad_to_the_kernels_own(head_dim):
     """The backward runs 64, 80, 96 and 128 natively, the forward 64 and 128; each pads
