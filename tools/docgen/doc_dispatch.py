@@ -8,11 +8,13 @@ import json
 from pathlib import Path
 
 from systems.attention import dispatch
+from tools.docgen.doc_attention import short_dtype
 
 _FORWARDS = {dispatch.TRITON: "Triton", dispatch.GLUON: "Gluon"}
 _BACKWARDS = {dispatch.TWO_PASS: "two passes", dispatch.GLUON_ORDERED: "Gluon, dQ in a fixed order",
               dispatch.GLUON_UNORDERED: "Gluon, dQ in arrival order"}
 _CUDNN = "sdpa_cudnn"
+_RIVALS = (_CUDNN, "sdpa_flash")  # the study's rows time these beside our pairs
 
 
 def _pair(name: str) -> str:
@@ -26,13 +28,12 @@ def dispatch_table() -> str:
              "|---|---|---:|---:|---:|---|---|"]
     for rule in dispatch.TABLE:
         major, minor = rule.capability
-        dtype = str(rule.dtype).removeprefix("torch.").replace("bfloat16", "bf16")
+        dtype = short_dtype(str(rule.dtype).removeprefix("torch."))
         lines.append(f"| sm_{major}{minor} | {dtype} | {rule.head_dim} | {rule.min_seq} | "
                      f"{rule.min_tokens} | {_FORWARDS[rule.kernels.forward]} | "
                      f"{_BACKWARDS[rule.kernels.backward]} |")
-    return ("\n".join(lines) + "\n\nEverything else runs "
-            f"{_pair(dispatch.DEFAULT.name).lower().replace('triton', 'the Triton forward')}"
-            ". (Rows of `systems.attention.dispatch.TABLE`.)\n")
+    return ("\n".join(lines) + f"\n\nEverything else runs {_pair(dispatch.DEFAULT.name)}. "
+            "(Rows of `systems.attention.dispatch.TABLE`.)\n")
 
 
 def dispatch_study(repo: Path, run_file: str) -> str:
@@ -44,8 +45,7 @@ def dispatch_study(repo: Path, run_file: str) -> str:
              "/ default | / SDPA cuDNN |", "|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for row in sorted(run["rows"], key=lambda r: (r["head_dim"], r["seq"], r["tokens"])):
         ms, over = row["ms"], row["over_default"]
-        pairs = {name: ratio for name, ratio in over.items() if name != _CUDNN
-                 and name != "sdpa_flash"}
+        pairs = {name: ratio for name, ratio in over.items() if name not in _RIVALS}
         best = min(pairs, key=pairs.get)
         if pairs[best] >= dispatch.WIN:
             best = dispatch.DEFAULT.name

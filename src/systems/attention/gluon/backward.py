@@ -190,8 +190,9 @@ def descriptor_specs(config: GluonConfig, head_dim: int
     return specs
 
 
-TAIL_DESCRIPTORS = ("q_tail_desc", "do_tail_desc", "k_tail_desc", "v_tail_desc",
-                    "dq_tail_desc")
+# The kernel's tail descriptor parameters, None where the head dim has no tail.
+TAIL_DESCRIPTORS = tuple(name for name in gluon_backward_kernel.arg_names
+                         if name.endswith("_tail_desc"))
 
 
 def constexprs(head_dim: int, config: GluonConfig, sm_scale: float | None = None
@@ -299,7 +300,8 @@ class _BackwardPlan:
         backward, dQ."""
         launch = self.launch
         # The tail descriptors read the same tensors from their tail columns.
-        tails = (q, do, k, v, acc) if head_dim_tiles(self.head_dim)[1] else (None,) * 5
+        tails = ((q, do, k, v, acc) if head_dim_tiles(self.head_dim)[1]
+                 else (None,) * len(TAIL_DESCRIPTORS))
         return [(launch.prepare, (o, do, delta, acc)),
                 (launch.backward, (q, do, k, v, lse, delta, acc, *tails, dk, dv, semaphores,
                                    self.seq)),
