@@ -51,6 +51,7 @@ from systems.attention.gluon.backward import (
     HEAD_DIMS,
     PREPARE_ROWS,
     SCHEDULES,
+    SHORT_ORDERED_CONFIGS,
     GluonConfig,
     build,
     gluon_backward,
@@ -72,6 +73,7 @@ def _variants(head_dim: int) -> list[GluonConfig]:
     return chosen + [c for c in others + heights if c not in chosen]
 
 
+LIBRARY = {*LIBRARY_CONFIGS.values(), *SHORT_ORDERED_CONFIGS.values()}
 CONFIGS: dict[int, list[GluonConfig]] = {head_dim: _variants(head_dim)
                                          for head_dim in HEAD_DIMS}
 """Per head dim, the library's unordered and ordered configs (the fastest of earlier H100
@@ -144,7 +146,7 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
     timed = []
     for config in CONFIGS[head_dim]:
         row = attempt({**base, "kind": "gluon", "config": asdict(config),
-                       "library": config in LIBRARY_CONFIGS.values()},
+                       "library": config in LIBRARY},
                       lambda c=config: variant(c))
         timed += [row] if "backward_ms" in row else []
         emit(row)

@@ -56,10 +56,14 @@ def check_target(target: GpuTarget, kernels: tuple[str, ...], head_dims: tuple[i
         for label, built in adamw_kernel.build(target).items():
             over += _report(target, f"adamw-{label}", built, adamw_kernel.NUM_WARPS, as_json)
     if "gluon" in kernels and target.capability == (9, 0):
-        for (d, ordered), config in gluon_backward.CONFIGS.items():
+        backwards = {f"d{d}{'-ordered' * ordered}": (d, config)
+                     for (d, ordered), config in gluon_backward.CONFIGS.items()}
+        backwards |= {f"d{d}-ordered-short": (d, config)
+                      for d, config in gluon_backward.SHORT_ORDERED_CONFIGS.items()}
+        for label, (d, config) in backwards.items():
             # warp-specialised: its partitions set their registers from the launch's cap
             built = gluon_backward.build(d, config)
-            over += _report(target, f"gluon-backward-d{d}{'-ordered' * ordered}",
+            over += _report(target, f"gluon-backward-{label}",
                             {k: v for k, v in built.items() if k != "registers"},
                             gluon_backward.CONSUMER_WARPS, as_json)
         for d, config in gluon_forward.CONFIGS.items():

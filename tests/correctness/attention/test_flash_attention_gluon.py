@@ -25,10 +25,13 @@ from systems.attention.flash_triton import flash_forward
 from systems.attention.functions import FlashAttentionTritonKernels, FlashAttentionTritonUnordered
 from systems.attention.gluon.backward import (
     CONFIGS,
+    HEAD_DIMS,
     SCHEDULES,
+    SHORT_ORDERED_CONFIGS,
     GluonConfig,
     descriptor_layouts,
     gluon_backward,
+    library_config,
 )
 from systems.attention.gluon.backward import descriptor_specs as backward_specs
 from systems.attention.gluon.backward import unsupported_reason as gluon_unsupported_reason
@@ -196,6 +199,32 @@ def test_every_buffer_is_written(key, schedule):
     problem = Problem.random(((2, 3), 768, 768, key[0]), torch.bfloat16,
                              torch.device("cuda"), True, seed=1)
     _check_poisoned(problem, replace(CONFIGS[key], schedule=schedule))
+
+
+@hopper
+@pytest.mark.parametrize("head_dim", sorted(SHORT_ORDERED_CONFIGS))
+def test_short_ordered_config_writes_every_buffer_the_same_each_run(head_dim):
+    """The ordered config of matrices with few key blocks (longest first, one writer):
+    every buffer poisoned, gradients bit-identical between calls."""
+    problem = Problem.random(((2, 3), 1024, 1024, head_dim), torch.bfloat16,
+                             torch.device("cuda"), True, seed=3)
+    config = SHORT_ORDERED_CONFIGS[head_dim]
+    first = _check_poisoned(problem, config)
+    again = _check_poisoned(problem, config)
+    for name, a, b in zip(GRADS, first, again, strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_library_config_by_key_blocks_per_sm():
+    """Ordered, matrices whose key blocks fit in half the SMs launch the longest first;
+    longer ones alternate (no length deadlocks them). Unordered takes one config."""
+    for head_dim in HEAD_DIMS:
+        assert library_config(head_dim, True, 66, 132) == SHORT_ORDERED_CONFIGS[head_dim]
+        assert SHORT_ORDERED_CONFIGS[head_dim].schedule == "longest_first"
+        assert library_config(head_dim, True, 67, 132) == CONFIGS[head_dim, True]
+        assert CONFIGS[head_dim, True].schedule == "alternating"
+        for key_blocks in (1, 67, 200):
+            assert library_config(head_dim, False, key_blocks, 132) == CONFIGS[head_dim, False]
 
 
 @hopper

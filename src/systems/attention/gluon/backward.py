@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -85,22 +85,38 @@ def _config(block_m: int, async_mma: bool, ordered: bool, schedule: str,
 
 
 # The fastest config per (head dim, deterministic) in H100 runs of the study at 16 x 16384
-# (studies/attention_gluon_backward/, its README: "The backward in Gluon" and
-# "Query tiles of 128 rows"). At d = 64 FA3's tiles of 128 query rows halve the tiles per
-# key block; at d = 128 their buffers outgrow shared memory. Overlapped MMAs leave too few
-# registers at d = 128. Ordered configs alternate, which no length can deadlock
+# (studies/attention_gluon_backward/, its README: "The backward in Gluon", "Query tiles of
+# 128 rows" and "A schedule per length"). At d = 64 FA3's tiles of 128 query rows halve the
+# tiles per key block; at d = 128 their buffers outgrow shared memory. Overlapped MMAs leave
+# too few registers at d = 128. Ordered configs alternate, which no length can deadlock
 # (`_check_launch_order`). d = 80 and 96 (64 columns and a tail) take d = 128's: 128-row
 # tiles outgrow shared memory there too.
 CONFIGS: dict[tuple[int, bool], GluonConfig] = {
     (64, False): _config(128, async_mma=True, ordered=False, schedule="longest_first",
-                         writers=1),
+                         writers=2),
     (64, True): _config(128, async_mma=False, ordered=True, schedule="alternating", writers=2),
     (128, False): _config(64, async_mma=False, ordered=False, schedule="longest_first",
-                          writers=2),
+                          writers=1),
     (128, True): _config(64, async_mma=False, ordered=True, schedule="alternating", writers=2),
 }
 CONFIGS |= {(split, ordered): CONFIGS[128, ordered] for split in (80, 96)
             for ordered in (False, True)}
+# Ordered, where a matrix's key blocks fit in half the SMs (up to 8192 tokens per sequence
+# on 132 SMs): the longest programs first, one writer. Alternating, the odd matrices'
+# programs start together there and each waits on the one before it on every tile; longest
+# first, all of a matrix's key blocks are resident at once (so every wait ends), reach each
+# tile a step apart, and pack the SMs best (same study, "A schedule per length").
+SHORT_ORDERED_CONFIGS: dict[int, GluonConfig] = {
+    d: replace(CONFIGS[d, True], schedule="longest_first", writers=1) for d in HEAD_DIMS}
+
+
+def library_config(head_dim: int, deterministic: bool, key_blocks: int, sms: int
+                   ) -> GluonConfig:
+    """The backward's config for the kernels' head dim `head_dim`, matrices of `key_blocks`
+    key blocks, on a GPU of `sms` SMs."""
+    if deterministic and 2 * key_blocks <= sms:
+        return SHORT_ORDERED_CONFIGS[head_dim]
+    return CONFIGS[head_dim, deterministic]
 
 
 def gluon_head_dim(head_dim: int, dims: tuple[int, ...] = HEAD_DIMS) -> int | None:
@@ -214,23 +230,25 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     """(dq, dk, dv) shaped like q, k, v from flash_forward's o and L (natural log, shape
     (..., seq)); inputs of any strides (copied to contiguous rows where they are not), and
     of head dims the kernels run zero-padded (`gluon_head_dim`). `config` overrides the one
-    CONFIGS holds for (padded d, deterministic); `poison` fills every
-    buffer the kernels write (D, the dQ accumulator, dq, dk, dv) with NaN first, so that
-    an element they skip shows. With neither, a layout's calls after the first are replayed
-    from C++ (`replay`)."""
+    `library_config` picks; `poison` fills every buffer the kernels write (D, the dQ
+    accumulator, dq, dk, dv) with NaN first, so that an element they skip shows. With
+    neither, a layout's calls after the first are replayed from C++ (`replay`)."""
     reason = unsupported_reason(q, k, v, is_causal)
     if reason is not None:
         raise ValueError(f"the Gluon backward {reason}")
-    chosen = config or CONFIGS[gluon_head_dim(q.shape[-1]), deterministic]
-    if chosen.writers not in (1, 2) or chosen.block_m not in (64, 128) or (
-            chosen.schedule not in SCHEDULES):
-        raise ValueError(f"{chosen}: writers must be 1 or 2, block_m 64 or 128, and the "
+    if config is not None and (config.writers not in (1, 2) or config.block_m not in (64, 128)
+                               or config.schedule not in SCHEDULES):
+        raise ValueError(f"{config}: writers must be 1 or 2, block_m 64 or 128, and the "
                          f"schedule one of {SCHEDULES}")
+
+    def plan() -> _BackwardPlan:
+        chosen = config or library_config(gluon_head_dim(q.shape[-1]), deterministic,
+                                          q.shape[-2] // BLOCK_N, _sm_count(q.device))
+        return _BackwardPlan.of(q, k, v, o, lse, do, chosen, poison)
+
     kernels = replay.GLUON_ORDERED_BACKWARD if deterministic else replay.GLUON_UNORDERED_BACKWARD
-    return replay.replayed_or_run(
-        kernels, is_causal, [q, k, v, o, lse, do],
-        lambda: _BackwardPlan.of(q, k, v, o, lse, do, chosen, poison),
-        replayable=config is None and not poison)
+    return replay.replayed_or_run(kernels, is_causal, [q, k, v, o, lse, do], plan,
+                                  replayable=config is None and not poison)
 
 
 @dataclass(frozen=True)
