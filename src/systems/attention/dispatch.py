@@ -71,27 +71,24 @@ class Rule:
 # Measured on one H100 (sm_90, as the H200; torch 2.11, Triton 3.6), bf16, causal,
 # forward+backward, three do_bench rounds taken in turn per shape, by
 # `PYTHONPATH=src python -m studies.attention_dispatch.study` (its run is saved as
-# studies/attention_dispatch/runs/2026-11-27_h100.json; `--rows` forms the table again from
-# it). A pair beats the default at a shape where its median per-round ratio to the default
-# is below 0.98; each rule names a pair that beats it at every measured shape of its region.
-# The ordered Gluon backward wins once the GPU is filled (262144 tokens: from seq 8192 at
-# d = 64, from 1024 at d = 128, 0.97 to 0.87 of the two passes) and at seq 16384. Measured
-# again with every pair replayed from C++ (runs/2026-11-27_h100_replayed.json, commit
-# 1ebbbdd), the same regions: the Gluon pairs got faster where launches bound them, but
-# not past the default there. At d = 128 the two forwards trade places within a few
-# percent ahead of the ordered backward. d = 80 and 96, once the Gluon backward ran them as
-# 64 columns and a tail rather than zero-padded to 128: measured again with `--head-dim 80
-# --head-dim 96` (runs/2026-11-27_h100_d80_d96.json, commit ab6bcc3), the ordered backward
-# wins from seq 4096 (80) and 512 (96) with the GPU full, and at 8192 (80) and 16384 (96)
-# with fewer tokens. Every other shape runs DEFAULT.
+# studies/attention_dispatch/runs/2026-11-28_h100_short_ordered.json, commit 0b488ed;
+# `--rows` forms the table again from it). A pair beats the default at a shape where its
+# median per-round ratio to the default is below WIN; each rule names a pair that beats it
+# at every measured shape of its region. The ordered Gluon backward wins once the GPU is
+# filled (262144 tokens) from 2048 tokens per sequence at d = 64 and 80, from 512 at d = 96
+# and from 1024 at d = 128 (there behind the Gluon forward), and with fewer tokens from
+# 8192 (d = 64), 4096 (d = 80) and 16384 (d = 96, 128). It runs matrices of few key blocks
+# with the longest programs first (`gluon.backward.library_config`), which moved the
+# regions at d = 64 and 80 down from 8192 and 4096 tokens per sequence (earlier runs in
+# runs/). Every other shape runs DEFAULT.
 TABLE: tuple[Rule, ...] = (
-    Rule(HOPPER, torch.bfloat16, 64, min_seq=16384, min_tokens=32768,
+    Rule(HOPPER, torch.bfloat16, 64, min_seq=8192, min_tokens=32768,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
-    Rule(HOPPER, torch.bfloat16, 64, min_seq=8192, min_tokens=262144,
+    Rule(HOPPER, torch.bfloat16, 64, min_seq=2048, min_tokens=262144,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
-    Rule(HOPPER, torch.bfloat16, 80, min_seq=8192, min_tokens=32768,
+    Rule(HOPPER, torch.bfloat16, 80, min_seq=4096, min_tokens=32768,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
-    Rule(HOPPER, torch.bfloat16, 80, min_seq=4096, min_tokens=262144,
+    Rule(HOPPER, torch.bfloat16, 80, min_seq=2048, min_tokens=262144,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
     Rule(HOPPER, torch.bfloat16, 96, min_seq=512, min_tokens=262144,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
@@ -100,7 +97,7 @@ TABLE: tuple[Rule, ...] = (
     Rule(HOPPER, torch.bfloat16, 128, min_seq=1024, min_tokens=262144,
          kernels=Kernels(GLUON, GLUON_ORDERED)),
     Rule(HOPPER, torch.bfloat16, 128, min_seq=16384, min_tokens=32768,
-         kernels=Kernels(TRITON, GLUON_ORDERED)),
+         kernels=Kernels(GLUON, GLUON_ORDERED)),
 )
 
 
