@@ -73,7 +73,8 @@ def _variants(head_dim: int) -> list[GluonConfig]:
     return chosen + [c for c in others + heights if c not in chosen]
 
 
-LIBRARY = {*LIBRARY_CONFIGS.values(), *SHORT_ORDERED_CONFIGS.values()}
+LIBRARY = {d: (LIBRARY_CONFIGS[d, False], LIBRARY_CONFIGS[d, True], SHORT_ORDERED_CONFIGS[d])
+           for d in HEAD_DIMS}
 CONFIGS: dict[int, list[GluonConfig]] = {head_dim: _variants(head_dim)
                                          for head_dim in HEAD_DIMS}
 """Per head dim, the library's unordered and ordered configs (the fastest of earlier H100
@@ -146,7 +147,7 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
     timed = []
     for config in CONFIGS[head_dim]:
         row = attempt({**base, "kind": "gluon", "config": asdict(config),
-                       "library": config in LIBRARY},
+                       "library": config in LIBRARY[head_dim]},
                       lambda c=config: variant(c))
         timed += [row] if "backward_ms" in row else []
         emit(row)

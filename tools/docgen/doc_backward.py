@@ -345,3 +345,52 @@ def _ratio_to_cudnn(row: dict) -> str:
         return "-"
     low, high = row["over_cudnn_range"]
     return f"{row['over_cudnn_median']:.3f} ({low:.3f}–{high:.3f})"
+
+
+def _ordered(rows: list[dict], schedule: str, writers: int) -> dict:
+    found = [r for r in rows if r["config"].get("ordered") and "backward_ms" in r
+             and r["config"]["schedule"] == schedule and r["config"]["writers"] == writers]
+    return min(found, key=lambda r: r["backward_ms"]) if found else {}
+
+
+def ordered_schedules(repo: Path, *files: str) -> str:
+    """Per shape (one study run each), the ordered Gluon backward in each launch order
+    beside the fastest unordered config, our two passes and cuDNN's backward: which order
+    a fixed dQ order needs at each length."""
+    if not files:
+        raise ValueError("attention-gluon-schedules needs at least one run file")
+    table, sources = [], []
+    for name in files:
+        data = _experiment(repo, name)
+        rows = data["rows"]
+        two_pass = next(r for r in rows if r.get("kind") == "two_pass")
+        cudnn = next((r for r in rows if r.get("kind") == "cudnn"), {})
+        # the library's tile height: the study times the library's configs first
+        tried = [r for r in rows if r.get("kind") == "gluon"]
+        gluon = [r for r in tried if "backward_ms" in r
+                 and r["config"]["block_m"] == tried[0]["config"]["block_m"]]
+        unordered = min((r for r in gluon if not r["config"]["ordered"]),
+                        key=lambda r: r["backward_ms"], default={})
+        alternating = _ordered(gluon, "alternating", 2)
+        longest = _ordered(gluon, "longest_first", 1)
+        shortest = min((_ordered(gluon, "shortest_first", w) for w in (1, 2)),
+                       key=lambda r: r.get("backward_ms", float("inf")))
+        table.append([_shape(two_pass), _ms(two_pass, "backward_ms"),
+                      _ms(cudnn, "backward_ms"), _ms(unordered, "backward_ms"),
+                      _ms(alternating, "backward_ms"), _ms(longest, "backward_ms"),
+                      _ms(shortest, "backward_ms"), _ratio(longest, alternating),
+                      _ratio(longest, cudnn)])
+        sources.append((str(Path(name).parent), Path(name).name,
+                        f"{data.get('device')}, commit {data.get('commit')}"))
+    return (markdown_table(["b x seq x d", "two passes ms", "cuDNN ms", "unordered ms",
+                            "ordered, alternating ms", "ordered, longest first ms",
+                            "ordered, shortest first ms", "longest first / alternating",
+                            "longest first / cuDNN"], table)
+            + "\n\nTime: device time (`triton.testing.do_bench` medians) of the backward "
+            "alone, bf16, causal; b = batch x heads. Ordered columns: dQ added in a fixed "
+            "order; alternating with two dQ writers, longest first with one, shortest first "
+            "the faster of one or two; unordered: the fastest config. From "
+            + "; ".join(f"`{folder}/` ({', '.join(n for f, n, r in sources if (f, r) == key)};"
+                        f" {run})" for key in dict.fromkeys((f, r) for f, _, r in sources)
+                        for folder, run in [key])
+            + ".\n")

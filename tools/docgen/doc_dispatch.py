@@ -36,14 +36,17 @@ def dispatch_table() -> str:
             "(Rows of `systems.attention.dispatch.TABLE`.)\n")
 
 
-def dispatch_study(repo: Path, run_file: str) -> str:
-    """Per shape of a saved study run: the default pair's and cuDNN's times, the pair that
-    beat the default by most where one beat it by `dispatch.WIN` (else the default), and
-    its ratios to both."""
+def dispatch_study(repo: Path, run_file: str, tokens: str | None = None) -> str:
+    """Per shape of a saved study run (those of `tokens` tokens, if given): the default
+    pair's and cuDNN's times, the pair that beat the default by most where one beat it by
+    `dispatch.WIN` (else the default), and its ratios to both."""
     run = json.loads((repo / run_file).read_text())
     lines = ["| d | seq | tokens | default ms | SDPA cuDNN ms | fastest pair | its ms | "
              "/ default | / SDPA cuDNN |", "|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
-    for row in sorted(run["rows"], key=lambda r: (r["head_dim"], r["seq"], r["tokens"])):
+    rows = [r for r in run["rows"] if tokens is None or r["tokens"] == int(tokens)]
+    if not rows:
+        raise ValueError(f"{run_file}: no shape of {tokens} tokens")
+    for row in sorted(rows, key=lambda r: (r["head_dim"], r["seq"], r["tokens"])):
         ms, over = row["ms"], row["over_default"]
         pairs = {name: ratio for name, ratio in over.items() if name not in _RIVALS}
         best = min(pairs, key=pairs.get)

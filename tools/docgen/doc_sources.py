@@ -36,6 +36,7 @@ def generators(repo: Path) -> dict[str, Generator]:
         "attention-backward-passes": partial(doc_backward.backward_passes, repo),
         "attention-gluon-backward": partial(doc_backward.gluon_backward, repo),
         "attention-gluon-forward": partial(doc_backward.gluon_forward, repo),
+        "attention-gluon-schedules": partial(doc_backward.ordered_schedules, repo),
         "attention-kernel-breakdown": partial(doc_backward.kernel_breakdown, repo),
         "attention-dispatch-table": doc_dispatch.dispatch_table,
         "attention-dispatch-study": partial(doc_dispatch.dispatch_study, repo),

@@ -40,3 +40,16 @@ def test_the_study_block_names_a_pair_only_where_it_beat_the_default_by_the_marg
              if line.startswith("| 80 |")}
     assert "Triton + Gluon, dQ in a fixed order | 1.900 | 0.85 | 0.95" in lines["4096"]
     assert "Triton + two passes | 2.200 | 1.00 | 1.10" in lines["512"]
+
+
+def test_the_study_block_keeps_only_the_shapes_of_the_tokens_asked_for(tmp_path):
+    default = dispatch.DEFAULT.name
+    ms = {"sdpa_cudnn": 2.0, "sdpa_flash": 3.0, default: 2.2}
+    over = {"sdpa_cudnn": 0.9, "sdpa_flash": 1.4, default: 1.0}
+    rows = [_row(4096, ms, over), {**_row(2048, ms, over), "tokens": 32768}]
+    (tmp_path / "run.json").write_text(json.dumps({"device": "GPU", "torch": "2", "rows": rows}))
+    text = render("<!-- generated: attention-dispatch-study run.json 262144 -->\n"
+                  "<!-- end generated -->\n", generators(tmp_path))
+    shapes = [line.split("|")[2].strip() for line in text.splitlines()
+              if line.startswith("| 80 |")]
+    assert shapes == ["4096"]

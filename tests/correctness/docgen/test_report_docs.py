@@ -779,3 +779,31 @@ def test_claims_summary_block_gathers_one_files_claims_and_names_it(tmp_path: Pa
     with pytest.raises(BlockError):
         render("<!-- generated: claims-summary hist/none.json -->\n<!-- end generated -->\n",
                generators(tmp_path))
+
+
+def test_schedules_block_compares_the_ordered_launch_orders_at_the_librarys_tile_height(
+        tmp_path: Path) -> None:
+    shape = {"batch": 64, "seq": 4096, "head_dim": 64, "dtype": "bf16", "causal": True}
+
+    def config(ms: float, ordered: bool, schedule: str, writers: int, block_m: int = 128
+               ) -> dict:
+        return {**shape, "kind": "gluon", "backward_ms": ms,
+                "config": {"block_m": block_m, "ordered": ordered, "schedule": schedule,
+                           "writers": writers, "async_mma": False}}
+
+    rows = [{**shape, "kind": "two_pass", "backward_ms": 1.0},
+            {**shape, "kind": "cudnn", "backward_ms": 0.95},
+            config(0.87, False, "longest_first", 2),  # the library's unordered config first
+            config(1.10, True, "alternating", 2), config(0.91, True, "longest_first", 1),
+            config(0.93, True, "longest_first", 2), config(0.95, True, "shortest_first", 1),
+            config(0.92, True, "shortest_first", 2),
+            # other tile heights are not the library's: left out, however fast
+            config(0.50, True, "longest_first", 1, block_m=64),
+            {**shape, "kind": "gluon", "config": {"block_m": 128, "ordered": True,
+                                                  "schedule": "alternating", "writers": 1},
+             "error": "hang"}]
+    _write_experiment(tmp_path / "run.json", rows)
+    block = doc_backward.ordered_schedules(tmp_path, "run.json")
+    assert ("| 64x4096x64 | 1.000 | 0.950 | 0.870 | 1.100 | 0.910 | 0.920 | 0.83 | 0.96 |"
+            in block)
+    assert "`./` (run.json; GPU X, commit abc1234)" in block
