@@ -23,6 +23,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from systems.attention import custom_ops, get_attention, unsupported_reason
 from systems.attention.flash_triton import flash_forward
 from systems.attention.functions import FlashAttentionTritonKernels, FlashAttentionTritonUnordered
+from systems.attention.gluon import backward as gluon_backward_module
 from systems.attention.gluon.backward import (
     CONFIGS,
     HEAD_DIMS,
@@ -213,6 +214,20 @@ def test_short_ordered_config_writes_every_buffer_the_same_each_run(head_dim):
     again = _check_poisoned(problem, config)
     for name, a, b in zip(GRADS, first, again, strict=True):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize(("share", "expected"), [(None, 132), ("25", 33), (" 50 ", 66),
+                                                 ("0.1", 1), ("not a number", 132)])
+def test_resident_sms_are_the_mps_share_of_the_gpus(monkeypatch, share, expected):
+    """Under an MPS server's thread share, fewer SMs than the device reports hold programs
+    at once: the ordered backward picks its launch order (and refuses longest first) by
+    those, so that no wait is left on a program that cannot start."""
+    monkeypatch.setattr(gluon_backward_module, "_sm_count", lambda device: 132)
+    if share is None:
+        monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", share)
+    assert gluon_backward_module.resident_sms(torch.device("cuda", 0)) == expected
 
 
 def test_library_config_by_key_blocks_per_sm():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -112,8 +113,8 @@ SHORT_ORDERED_CONFIGS: dict[int, GluonConfig] = {
 
 def library_config(head_dim: int, deterministic: bool, key_blocks: int, sms: int
                    ) -> GluonConfig:
-    """The backward's config for the kernels' head dim `head_dim`, matrices of `key_blocks`
-    key blocks, on a GPU of `sms` SMs."""
+    """The backward's config for the kernels' head dim `head_dim` and matrices of
+    `key_blocks` key blocks, where `sms` SMs can hold its programs at once (`resident_sms`)."""
     if deterministic and 2 * key_blocks <= sms:
         return SHORT_ORDERED_CONFIGS[head_dim]
     return CONFIGS[head_dim, deterministic]
@@ -243,7 +244,7 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
 
     def plan() -> _BackwardPlan:
         chosen = config or library_config(gluon_head_dim(q.shape[-1]), deterministic,
-                                          q.shape[-2] // BLOCK_N, _sm_count(q.device))
+                                          q.shape[-2] // BLOCK_N, resident_sms(q.device))
         return _BackwardPlan.of(q, k, v, o, lse, do, chosen, poison)
 
     kernels = replay.GLUON_ORDERED_BACKWARD if deterministic else replay.GLUON_UNORDERED_BACKWARD
@@ -401,13 +402,25 @@ def descriptor_signature(specs: dict[str, tuple[str, list[int], object]]) -> dic
             for name, (dtype, block, layout) in specs.items()}
 
 
+def resident_sms(device: torch.device) -> int:
+    """The SMs this process's programs may hold at once: the GPU's, or under an MPS server
+    the share CUDA_MPS_ACTIVE_THREAD_PERCENTAGE leaves it (the device reports them all)."""
+    sms = _sm_count(device)
+    share = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip()
+    try:
+        percent = float(share) if share else 100.0
+    except ValueError:
+        return sms
+    return max(1, min(sms, int(sms * percent / 100)))
+
+
 def _check_launch_order(config: GluonConfig, key_blocks: int, device: torch.device) -> None:
     """Ordered, a key block waits for the key blocks before it in its query tiles' order.
     Shortest first or alternating, those started before it: it always waits on programs
     that run. Longest first, they start after it, which needs every key block of a matrix
     resident at once (one program per SM: its shared memory is over half an SM's), or the
     waiting programs fill the GPU and the ones they wait for never start."""
-    sms = _sm_count(device)
+    sms = resident_sms(device)
     if config.ordered and config.schedule == "longest_first" and key_blocks > sms:
         raise ValueError(f"ordered with the longest programs first needs at most one key "
                          f"block per SM ({sms}), got {key_blocks}: it would deadlock; "
