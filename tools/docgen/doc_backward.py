@@ -41,6 +41,12 @@ def _ratio(numerator: dict, denominator: dict) -> str:
     return f"{numerator['backward_ms'] / denominator['backward_ms']:.2f}"
 
 
+def _fastest(rows: list[dict]) -> dict:
+    """The row of least backward time among those timed, or {}."""
+    return min((r for r in rows if "backward_ms" in r), key=lambda r: r["backward_ms"],
+               default={})
+
+
 def _tflops(flops: float, ms: float) -> float:
     return flops / ms / 1e9
 
@@ -50,8 +56,7 @@ def _summary_table(ours_rows: list[dict], fused_rows: list[dict], cudnn: dict[st
     rows = []
     for ours in ours_rows:
         shape = _shape(ours)
-        fused = [r for r in fused_rows if _shape(r) == shape and "backward_ms" in r]
-        best = min(fused, key=lambda r: r["backward_ms"]) if fused else {}
+        best = _fastest([r for r in fused_rows if _shape(r) == shape])
         rival = cudnn.get(shape, {})
         rows.append([
             shape, _ms(ours, "forward_ms"), _ms(rival, "forward_ms"), _ms(ours, "backward_ms"),
@@ -190,9 +195,8 @@ def gluon_backward(repo: Path, file: str) -> str:
         rival = cudnn.get(shape, {})
         gluon = [r for r in of_kind["gluon"] if _shape(r) == shape]
         complete = [r for r in gluon if "backward_ms" in r and not r.get("ablation")]
-        best = min(complete, key=lambda r: r["backward_ms"]) if complete else {}
-        fixed = [r for r in complete if _deterministic(r)]
-        best_fixed = min(fixed, key=lambda r: r["backward_ms"]) if fixed else {}
+        best = _fastest(complete)
+        best_fixed = _fastest([r for r in complete if _deterministic(r)])
         summary.append([shape, _ms(ours, "dq_pass_ms"), _ms(ours, "dkdv_pass_ms"),
                         _ms(ours, "backward_ms"), _ms(rival, "backward_ms"),
                         _ms(best, "backward_ms"), _gluon_config(best) if best else "-",
@@ -347,10 +351,11 @@ def _ratio_to_cudnn(row: dict) -> str:
     return f"{row['over_cudnn_median']:.3f} ({low:.3f}–{high:.3f})"
 
 
-def _ordered(rows: list[dict], schedule: str, writers: int) -> dict:
-    found = [r for r in rows if r["config"].get("ordered") and "backward_ms" in r
-             and r["config"]["schedule"] == schedule and r["config"]["writers"] == writers]
-    return min(found, key=lambda r: r["backward_ms"]) if found else {}
+def _ordered(rows: list[dict], schedule: str, writers: tuple[int, ...]) -> dict:
+    """The fastest ordered config of this schedule with one of these writer counts."""
+    return _fastest([r for r in rows if r["config"].get("ordered")
+                     and r["config"]["schedule"] == schedule
+                     and r["config"]["writers"] in writers])
 
 
 def ordered_schedules(repo: Path, *files: str) -> str:
@@ -359,7 +364,8 @@ def ordered_schedules(repo: Path, *files: str) -> str:
     a fixed dQ order needs at each length."""
     if not files:
         raise ValueError("attention-gluon-schedules needs at least one run file")
-    table, sources = [], []
+    table = []
+    sources: dict[tuple[str, str], list[str]] = {}  # (folder, GPU and commit): files
     for name in files:
         data = _experiment(repo, name)
         rows = data["rows"]
@@ -367,21 +373,18 @@ def ordered_schedules(repo: Path, *files: str) -> str:
         cudnn = next((r for r in rows if r.get("kind") == "cudnn"), {})
         # the library's tile height: the study times the library's configs first
         tried = [r for r in rows if r.get("kind") == "gluon"]
-        gluon = [r for r in tried if "backward_ms" in r
-                 and r["config"]["block_m"] == tried[0]["config"]["block_m"]]
-        unordered = min((r for r in gluon if not r["config"]["ordered"]),
-                        key=lambda r: r["backward_ms"], default={})
-        alternating = _ordered(gluon, "alternating", 2)
-        longest = _ordered(gluon, "longest_first", 1)
-        shortest = min((_ordered(gluon, "shortest_first", w) for w in (1, 2)),
-                       key=lambda r: r.get("backward_ms", float("inf")))
+        gluon = [r for r in tried if r["config"]["block_m"] == tried[0]["config"]["block_m"]]
+        unordered = _fastest([r for r in gluon if not r["config"]["ordered"]])
+        alternating = _ordered(gluon, "alternating", (2,))
+        longest = _ordered(gluon, "longest_first", (1,))
+        shortest = _ordered(gluon, "shortest_first", (1, 2))
         table.append([_shape(two_pass), _ms(two_pass, "backward_ms"),
                       _ms(cudnn, "backward_ms"), _ms(unordered, "backward_ms"),
                       _ms(alternating, "backward_ms"), _ms(longest, "backward_ms"),
                       _ms(shortest, "backward_ms"), _ratio(longest, alternating),
                       _ratio(longest, cudnn)])
-        sources.append((str(Path(name).parent), Path(name).name,
-                        f"{data.get('device')}, commit {data.get('commit')}"))
+        run = f"{data.get('device')}, commit {data.get('commit')}"
+        sources.setdefault((str(Path(name).parent), run), []).append(Path(name).name)
     return (markdown_table(["b x seq x d", "two passes ms", "cuDNN ms", "unordered ms",
                             "ordered, alternating ms", "ordered, longest first ms",
                             "ordered, shortest first ms", "longest first / alternating",
@@ -390,7 +393,6 @@ def ordered_schedules(repo: Path, *files: str) -> str:
             "alone, bf16, causal; b = batch x heads. Ordered columns: dQ added in a fixed "
             "order; alternating with two dQ writers, longest first with one, shortest first "
             "the faster of one or two; unordered: the fastest config. From "
-            + "; ".join(f"`{folder}/` ({', '.join(n for f, n, r in sources if (f, r) == key)};"
-                        f" {run})" for key in dict.fromkeys((f, r) for f, _, r in sources)
-                        for folder, run in [key])
+            + "; ".join(f"`{folder}/` ({', '.join(names)}; {run})"
+                        for (folder, run), names in sources.items())
             + ".\n")
