@@ -1,5 +1,6 @@
 """Generated doc blocks for the training recipes: ours against the strongest PyTorch-only
-step in one saved run, and step breakdowns side by side."""
+step in one saved run, a recipe's step with other attention than its own, and step
+breakdowns side by side."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from pathlib import Path
 
 from systems.common.formatting import markdown_table
 from systems.model.config import MODEL_CONFIGS
+from systems.model.recipes import RECIPES
 from systems.profiling.step_breakdown import DEFAULT_MATMUL_TFLOPS
 from systems.runs import keys
+from systems.runs.history import Result
 from tools.docgen.doc_attention import History, read_history
 from tools.docgen.doc_blocks import read_source
 
@@ -40,17 +43,31 @@ def recipe_ratios(repo: Path, *history_names: str) -> str:
             f"file. From {files}.\n")
 
 
+def _workload(r: Result) -> tuple[str, int]:
+    return str(r.get(keys.SIZE)), int(r.get(keys.SEQ_LEN) or 0)
+
+
+def _by_size(workload: tuple[str, int]) -> tuple[int, int]:
+    """Sort key: model sizes smallest first, then sequence length."""
+    order = list(MODEL_CONFIGS)
+    size, seq_len = workload
+    return order.index(size) if size in order else len(order), seq_len
+
+
+def _own_attention(r: Result) -> bool:
+    """Whether a recipe's row ran the recipe's own attention (files saved before rows named
+    theirs did)."""
+    attention = r.get(keys.ATTENTION)
+    return attention is None or attention == RECIPES[str(r.get(keys.RECIPE))].attention
+
+
 def _ratio_rows(history: History) -> list[list[object]]:
     pairs: dict[tuple[str, int], dict[str, object]] = {}
     for r in history.results:
-        if r.get(keys.RECIPE) in (OURS, RIVAL):
-            shape = (str(r.get(keys.SIZE)), int(r.get(keys.SEQ_LEN) or 0))
-            pairs.setdefault(shape, {})[str(r.get(keys.RECIPE))] = r
-    order = list(MODEL_CONFIGS)
+        if r.get(keys.RECIPE) in (OURS, RIVAL) and _own_attention(r):
+            pairs.setdefault(_workload(r), {})[str(r.get(keys.RECIPE))] = r
     rows = []
-    for (size, seq_len), pair in sorted(
-            pairs.items(), key=lambda kv: (order.index(kv[0][0]) if kv[0][0] in order
-                                           else len(order), kv[0][1])):
+    for (size, seq_len), pair in sorted(pairs.items(), key=lambda kv: _by_size(kv[0])):
         if OURS not in pair or RIVAL not in pair:
             continue
         ours, rival = pair[OURS], pair[RIVAL]
@@ -65,6 +82,35 @@ def _ratio_rows(history: History) -> list[list[object]]:
         raise ValueError(f"{history.label}: no size and sequence length with both the "
                          f"{OURS} and the {RIVAL} recipe")
     return rows
+
+
+def recipe_attention(repo: Path, history_name: str) -> str:
+    """A recipe's step timed with attention other than its own, beside its own, from one
+    file: each attention's median and its ratio to the recipe's own."""
+    history = read_history(repo, history_name)
+    groups: dict[tuple[str, int, str], dict[str, Result]] = {}
+    for r in history.results:
+        recipe, attention = r.get(keys.RECIPE), r.get(keys.ATTENTION)
+        if recipe in RECIPES and attention is not None:
+            groups.setdefault((*_workload(r), str(recipe)), {})[str(attention)] = r
+    rows = []
+    for (size, seq_len, recipe), steps in sorted(groups.items(),
+                                                 key=lambda kv: _by_size(kv[0][:2])):
+        own = RECIPES[recipe].attention
+        if own not in steps or len(steps) < 2:
+            continue
+        for attention in sorted(steps, key=lambda name: (name != own, name)):
+            median = steps[attention].median
+            rows.append([size, seq_len, recipe, f"`{attention}`" + (" (its own)" if
+                                                                   attention == own else ""),
+                         f"{median * 1e3:.1f}", f"{median / steps[own].median:.3f}"])
+    if not rows:
+        raise ValueError(f"{history.label}: no recipe timed with attention other than its own")
+    table = markdown_table(["size", "seq len", "recipe", "attention", "step ms",
+                            "/ its own attention's"], rows)
+    return table + "\n\n" + history.source(
+        "CUDA-graph replays, device time plus one synchronise per round",
+        "medians of all rounds, ratios of medians")
 
 
 def breakdown_side_by_side(repo: Path, *files: str) -> str:

@@ -46,6 +46,7 @@ def generators(repo: Path) -> dict[str, Generator]:
         "gate-noise": partial(doc_gate.gate_noise, repo),
         "drift": partial(doc_gate.drift_summary, repo),
         "recipe-ratios": partial(doc_recipes.recipe_ratios, repo),
+        "recipe-attention": partial(doc_recipes.recipe_attention, repo),
         "breakdowns": partial(doc_recipes.breakdown_side_by_side, repo),
         "graph-kernels": partial(doc_recipes.graph_kernels, repo),
         "claims-summary": partial(doc_claims.claims_summary, repo),

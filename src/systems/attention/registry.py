@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
-from systems.attention.dispatch import GLUON_ORDERED, with_gluon_backward
+from systems.attention.dispatch import GLUON_ORDERED, TRITON, TWO_PASS, with_gluon_backward
 from systems.attention.flash_pytorch import FlashAttentionPytorch
 from systems.attention.functions import (
     FlashAttentionTriton,
@@ -43,6 +43,13 @@ def flash_triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            is_causal: bool = False) -> torch.Tensor:
     # The Triton kernels read the model's per-head views of its projections in place.
     return FlashAttentionTriton.apply(q, k, v, is_causal)
+
+
+def triton_two_pass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              is_causal: bool = False) -> torch.Tensor:
+    """The Triton forward and two-pass backward whatever the dispatch would pick (what
+    every shape without a rule runs): to measure what the dispatch's other kernels buy."""
+    return FlashAttentionTritonKernels.apply(q, k, v, is_causal, TRITON, TWO_PASS)
 
 
 def triton_compiled_backward_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -190,6 +197,7 @@ ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
     "flash_pytorch": AttentionBackend(flash_pytorch_attention, max_seq=FLASH_PYTORCH_MAX_SEQ),
     # FlashAttentionTriton: our fastest deterministic kernels for each problem (`dispatch`).
     "triton": AttentionBackend(flash_triton_attention, triton_kernels=True),
+    "triton_two_pass": AttentionBackend(triton_two_pass_attention, triton_kernels=True),
     "triton_compiled": AttentionBackend(torch.compile(flash_triton_attention),
                                         triton_kernels=True),
     "triton_compiled_bwd": AttentionBackend(triton_compiled_backward_attention,

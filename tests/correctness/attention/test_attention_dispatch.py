@@ -33,6 +33,7 @@ from systems.attention.dispatch import (
 from systems.attention.functions import FlashAttentionTritonKernels
 from systems.attention.gluon.backward import cut_to, gluon_head_dim, padded_to
 from systems.attention.gluon.forward import forward_head_dim
+from systems.attention.registry import get_attention
 
 GRADS = ("dq", "dk", "dv")
 BF16 = torch.bfloat16
@@ -146,6 +147,24 @@ def test_named_kernels_give_what_the_public_function_gives(is_causal, device):
         q, k, v, c, TRITON, TWO_PASS))
     for name in public:
         assert torch.equal(named[name], public[name]), name
+
+
+def test_the_two_pass_name_runs_the_default_pair_whatever_the_table_names(monkeypatch,
+                                                                           device):
+    """The registry's `triton_two_pass` (what a dispatch study or a step compares against)
+    gives the default pair's outputs and gradients, bit for bit, even where every call
+    would be dispatched to the Gluon pair (here refused by the public function off sm_90,
+    or run by it there)."""
+    dtype = torch.float32 if device.type == "cpu" else BF16
+    problem = Problem.random(((2,), 256, 256, 64), dtype, device, True, seed=5)
+    default = problem.run(FlashAttentionTriton.apply)
+    monkeypatch.setattr(dispatch, "choose", lambda *args: Kernels(GLUON, GLUON_ORDERED))
+    two_pass = problem.run(get_attention("triton_two_pass"))
+    for name in default:
+        assert torch.equal(two_pass[name], default[name]), name
+    if not _on_hopper():
+        with pytest.raises(ValueError, match="the gluon forward"):
+            problem.run(FlashAttentionTriton.apply)
 
 
 def test_the_unordered_backward_is_refused_off_hopper():

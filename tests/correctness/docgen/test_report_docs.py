@@ -520,6 +520,37 @@ def test_recipe_ratios_of_several_files_pair_medians_within_each_file(tmp_path: 
         doc_recipes.recipe_ratios(tmp_path)
 
 
+def _recipe_row(size: str, recipe: str, median: float, attention: str) -> dict:
+    info = {"size": size, "seq_len": 2048, "recipe": recipe, "attention": attention}
+    return {"name": f"test_training_recipe[{size}-{recipe}-{attention}]",
+            "fullname": f"t.py::test_training_recipe[{size}-{recipe}-{attention}]",
+            "params": {"size": size, "seq_len": 2048, "recipe": recipe},
+            "extra_info": info,
+            "stats": {"median": median, "min": median, "mean": median, "iqr": 0.0,
+                      "stddev": 0.0, "rounds": 3, "data": [median] * 3}}
+
+
+def test_a_step_with_other_attention_is_set_beside_the_recipe_s_own(tmp_path: Path) -> None:
+    rows = [_recipe_row("2.7b", "optimized", 0.340, "triton"),
+            _recipe_row("2.7b", "optimized", 0.350, "triton_two_pass"),
+            _recipe_row("2.7b", "pytorch_baseline", 0.370, "sdpa")]
+    def run(benchmarks: list[dict]) -> str:
+        return json.dumps({"commit_info": {"id": "abcdef123"}, "datetime": "2026-01-02T00:00:00",
+                           "machine_info": {"device_name": "GPU"}, "benchmarks": benchmarks})
+
+    (tmp_path / "run.json").write_text(run(rows))
+    block = doc_recipes.recipe_attention(tmp_path, "run.json")
+    assert "| 2.7b | 2048 | optimized | `triton` (its own) | 340.0 | 1.000 |" in block
+    assert "| 2.7b | 2048 | optimized | `triton_two_pass` | 350.0 | 1.029 |" in block
+    assert "pytorch_baseline" not in block.split("Time:")[0]  # timed with its own only
+    # The ratio block pairs each recipe's own attention only, not the two-pass step.
+    ratios = doc_recipes.recipe_ratios(tmp_path, "run.json")
+    assert "| 2.7b | 2048 | 370.0 | 340.0 | 0.919 |" in ratios
+    (tmp_path / "own.json").write_text(run(rows[:1]))
+    with pytest.raises(ValueError, match="no recipe timed with attention other"):
+        doc_recipes.recipe_attention(tmp_path, "own.json")
+
+
 def test_graph_kernels_compare_two_trees_kernel_by_kernel(tmp_path: Path) -> None:
     def run(host_us: float, **kernels: tuple[float, float]) -> dict:
         return {"replays": 5, "host_us_median": host_us,
