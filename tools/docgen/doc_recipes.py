@@ -100,17 +100,19 @@ def recipe_attention(repo: Path, history_name: str) -> str:
         if own not in steps or len(steps) < 2:
             continue
         for attention in sorted(steps, key=lambda name: (name != own, name)):
-            median = steps[attention].median
+            stats = steps[attention].stats
             rows.append([size, seq_len, recipe, f"`{attention}`" + (" (its own)" if
                                                                    attention == own else ""),
-                         f"{median * 1e3:.1f}", f"{median / steps[own].median:.3f}"])
+                         f"{stats['median'] * 1e3:.1f}",
+                         f"{stats['min'] * 1e3:.1f}–{stats['max'] * 1e3:.1f}",
+                         f"{stats['median'] / steps[own].median:.3f}"])
     if not rows:
         raise ValueError(f"{history.label}: no recipe timed with attention other than its own")
     table = markdown_table(["size", "seq len", "recipe", "attention", "step ms",
-                            "/ its own attention's"], rows)
+                            "rounds ms", "/ its own attention's"], rows)
     return table + "\n\n" + history.source(
         "CUDA-graph replays, device time plus one synchronise per round",
-        "medians of all rounds, ratios of medians")
+        "medians and ranges of all rounds, ratios of medians")
 
 
 def breakdown_side_by_side(repo: Path, *files: str) -> str:

@@ -526,8 +526,9 @@ def _recipe_row(size: str, recipe: str, median: float, attention: str) -> dict:
             "fullname": f"t.py::test_training_recipe[{size}-{recipe}-{attention}]",
             "params": {"size": size, "seq_len": 2048, "recipe": recipe},
             "extra_info": info,
-            "stats": {"median": median, "min": median, "mean": median, "iqr": 0.0,
-                      "stddev": 0.0, "rounds": 3, "data": [median] * 3}}
+            "stats": {"median": median, "min": median - 0.002, "mean": median, "iqr": 0.0,
+                      "stddev": 0.0, "rounds": 3, "max": median + 0.003,
+                      "data": [median - 0.002, median, median + 0.003]}}
 
 
 def test_a_step_with_other_attention_is_set_beside_the_recipe_s_own(tmp_path: Path) -> None:
@@ -540,8 +541,8 @@ def test_a_step_with_other_attention_is_set_beside_the_recipe_s_own(tmp_path: Pa
 
     (tmp_path / "run.json").write_text(run(rows))
     block = doc_recipes.recipe_attention(tmp_path, "run.json")
-    assert "| 2.7b | 2048 | optimized | `triton` (its own) | 340.0 | 1.000 |" in block
-    assert "| 2.7b | 2048 | optimized | `triton_two_pass` | 350.0 | 1.029 |" in block
+    assert "| 2.7b | 2048 | optimized | `triton` (its own) | 340.0 | 338.0–343.0 | 1.000 |" in block
+    assert "| 2.7b | 2048 | optimized | `triton_two_pass` | 350.0 | 348.0–353.0 | 1.029 |" in block
     assert "pytorch_baseline" not in block.split("Time:")[0]  # timed with its own only
     # The ratio block pairs each recipe's own attention only, not the two-pass step.
     ratios = doc_recipes.recipe_ratios(tmp_path, "run.json")
