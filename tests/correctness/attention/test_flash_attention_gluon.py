@@ -216,6 +216,30 @@ def test_short_ordered_config_writes_every_buffer_the_same_each_run(head_dim):
         assert torch.equal(a, b), name
 
 
+@hopper
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+@pytest.mark.parametrize(("head_dim", "block_m"), [(64, 64), (64, 128), (80, 64), (96, 64),
+                                                   (128, 64)])
+def test_dq_first_order_writes_every_buffer(head_dim, block_m, ordered):
+    """FA3's order of a tile's last matmuls (dQ between dV and dK, handed over while dK
+    runs), at both tile heights (128 rows seed dP^T with D) and with a head-dim tail:
+    every buffer poisoned, against float64, ordered dQ bit-identical between calls."""
+    problem = Problem.random(((2, 3), 768, 768, head_dim), torch.bfloat16,
+                             torch.device("cuda"), True, seed=7)
+    config = replace(CONFIGS[head_dim, ordered], block_m=block_m, async_mma=True,
+                     dq_first=True)
+    first = _check_poisoned(problem, config)
+    if ordered:
+        again = _check_poisoned(problem, config)
+        for name, a, b in zip(GRADS, first, again, strict=True):
+            assert torch.equal(a, b), name
+
+
+def test_dq_first_needs_async_matmuls():
+    with pytest.raises(ValueError, match="needs async_mma"):
+        replace(CONFIGS[128, True], async_mma=False, dq_first=True)
+
+
 @pytest.mark.parametrize(("share", "expected"), [(None, 132), ("25", 33), (" 50 ", 66),
                                                  ("0.1", 1), ("not a number", 132)])
 def test_resident_sms_are_the_mps_share_of_the_gpus(monkeypatch, share, expected):

@@ -59,6 +59,13 @@ class GluonConfig:
     # dQ writer warps: with 2, each owns a slot (every other tile), so that one waits for
     # its reduction to land while the other reduces the next tile.
     writers: int
+    # FA3's order of a tile's last matmuls (with async_mma): dV, dQ, dK back to back, dQ
+    # handed to the writers while dK runs; else dV, dK, then dQ after a barrier.
+    dq_first: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dq_first and not self.async_mma:
+            raise ValueError("dq_first issues the matmuls asynchronously: it needs async_mma")
 
     @property
     def max_regs(self) -> int:
@@ -79,26 +86,28 @@ SCHEDULES = ("longest_first", "shortest_first", "alternating")
 
 
 def _config(block_m: int, async_mma: bool, ordered: bool, schedule: str,
-            writers: int) -> GluonConfig:
+            writers: int, dq_first: bool = False) -> GluonConfig:
     return GluonConfig(block_m=block_m, num_stages=2, producer_warps=1, worker_regs=24,
                        async_mma=async_mma, ordered=ordered, schedule=schedule,
-                       writers=writers)
+                       writers=writers, dq_first=dq_first)
 
 
 # The fastest config per (head dim, deterministic) in H100 runs of the study at 16 x 16384
 # (studies/attention_gluon_backward/, its README: "The backward in Gluon", "Query tiles of
 # 128 rows" and "A schedule per length"). At d = 64 FA3's tiles of 128 query rows halve the
-# tiles per key block; at d = 128 their buffers outgrow shared memory. Overlapped MMAs leave
-# too few registers at d = 128. Ordered configs alternate, which no length can deadlock
-# (`_check_launch_order`). d = 80 and 96 (64 columns and a tail) take d = 128's: 128-row
-# tiles outgrow shared memory there too.
+# tiles per key block; at d = 128 their buffers outgrow shared memory. Ordered configs
+# alternate, which no length can deadlock (`_check_launch_order`); at d = 128 the ordered
+# one issues a tile's last matmuls in FA3's order (`dq_first`), so that the dQ hand-off, where
+# an ordered writer's waits reach the consumers, runs under dK. d = 80 and 96 (64 columns
+# and a tail) take d = 128's: 128-row tiles outgrow shared memory there too.
 CONFIGS: dict[tuple[int, bool], GluonConfig] = {
     (64, False): _config(128, async_mma=True, ordered=False, schedule="longest_first",
                          writers=2),
     (64, True): _config(128, async_mma=False, ordered=True, schedule="alternating", writers=2),
     (128, False): _config(64, async_mma=False, ordered=False, schedule="longest_first",
                           writers=1),
-    (128, True): _config(64, async_mma=False, ordered=True, schedule="alternating", writers=2),
+    (128, True): _config(64, async_mma=True, ordered=True, schedule="alternating", writers=2,
+                         dq_first=True),
 }
 CONFIGS |= {(split, ordered): CONFIGS[128, ordered] for split in (80, 96)
             for ordered in (False, True)}
@@ -219,7 +228,8 @@ def constexprs(head_dim: int, config: GluonConfig, sm_scale: float | None = None
     return {"SM_SCALE": head_dim ** -0.5 if sm_scale is None else sm_scale,
             "NUM_STAGES": config.num_stages,
             "PRODUCER_WARPS": config.producer_warps, "WORKER_REGS": config.worker_regs,
-            "ASYNC_MMA": config.async_mma, "ORDERED": config.ordered,
+            "ASYNC_MMA": config.async_mma, "DQ_FIRST": config.dq_first,
+            "ORDERED": config.ordered,
             "SCHEDULE": config.schedule, "WRITERS": config.writers,
             "TAIL": head_dim_tiles(head_dim)[1]}
 

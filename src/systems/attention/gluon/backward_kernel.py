@@ -221,13 +221,46 @@ def _over_head_dim(a, b, a_tail, b_tail, acc, use_acc, ASYNC: gl.constexpr,
 
 
 @gluon.jit
+def _dq_share(ds_s, k_smem, k_tail, TAIL: gl.constexpr, ASYNC: gl.constexpr):
+    """The query tile's dQ share dS K (unscaled) over both warpgroups' keys, and with TAIL
+    its tail columns' (else dq again: never a None, Triton 3.6); each warpgroup holds its
+    block of it (`warpgroup_block`)."""
+    BLOCK_M: gl.constexpr = ds_s.type.shape[1]
+    HEAD_DIM: gl.constexpr = k_smem.type.shape[1]
+    zero_q = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32,
+                      mma_layout(BLOCK_M, HEAD_DIM, gl.num_warps()))
+    dq = warpgroup_mma(ds_s.permute((1, 0)), k_smem, zero_q, use_acc=False, is_async=ASYNC)
+    dq_tail = dq
+    if TAIL > 0:
+        zero_tail = gl.zeros([BLOCK_M, TAIL], gl.float32,
+                             mma_layout(BLOCK_M, TAIL, gl.num_warps()))
+        dq_tail = warpgroup_mma(ds_s.permute((1, 0)), k_tail, zero_tail, use_acc=False,
+                                is_async=ASYNC)
+    return dq, dq_tail
+
+
+@gluon.jit
+def _hand_over(dq, dq_tail, dq_bufs, dq_tails, i, TAIL: gl.constexpr):
+    """This warpgroup's block of step i's dQ share (with TAIL, its tail's too) into slot
+    i % 2, once the writers have reduced the slot's share of two steps ago."""
+    own = (i % 2) * 2 + _thread_index() // 128
+    if i >= 2:
+        named_sync(EMPTY_BARRIER + own, HANDOFF_THREADS)
+    dq_bufs.index(i % 2).store(dq)
+    if TAIL > 0:
+        dq_tails.index(i % 2).store(dq_tail)
+    fence_async_shared()
+    named_arrive(FULL_BARRIER + own, HANDOFF_THREADS)
+
+
+@gluon.jit
 def _tile(i, tile, grads, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k_start,
           qk_scale, HEAD_DIM: gl.constexpr, MASKED: gl.constexpr, ASYNC: gl.constexpr,
-          TAIL: gl.constexpr):
+          DQ_FIRST: gl.constexpr, TAIL: gl.constexpr):
     """Step i, query tile `tile` (from the diagonal): dV += P^T dO, dK += dS^T Q, and the
     tile's dQ share dS K (unscaled) handed to the writers; `grads` is (dK, dV), and under
     TAIL their tail columns' after them. ASYNC overlaps the softmax with dP^T and the
-    dS^T store with dV and dK."""
+    dS^T store with dV and dK; DQ_FIRST (with ASYNC) issues dQ between dV and dK."""
     dk = grads[0]
     dv = grads[1]
     q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem = bufs
@@ -239,7 +272,6 @@ def _tile(i, tile, grads, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k
     PARTS: gl.constexpr = 2 if TAIL > 0 else 1
     s_layout: gl.constexpr = mma_layout(BLOCK_N, BLOCK_M, gl.num_warps())
     kv_layout: gl.constexpr = mma_layout(BLOCK_N, HEAD_DIM, gl.num_warps())
-    dq_layout: gl.constexpr = mma_layout(BLOCK_M, HEAD_DIM, gl.num_warps())
     # P^T and dS^T feed the dV and dK matmuls from registers, as FA3 does.
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -283,45 +315,62 @@ def _tile(i, tile, grads, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k
     p_op = gl.convert_layout(p_t.to(gl.bfloat16), a_layout)
     if ASYNC:
         dp_t = warpgroup_mma_wait(0, deps=(dp_t,))
-    dv = warpgroup_mma(p_op, do_s, dv, is_async=ASYNC)
-    if TAIL > 0:
-        dv_tail = warpgroup_mma(p_op, do_tail_s, grads[3], is_async=ASYNC)
-    if not SEED_DP:
-        dp_t = dp_t - delta
-    ds_t = (p_t * dp_t).to(gl.bfloat16)
-    ds_op = gl.convert_layout(ds_t, a_layout)
-    dk = warpgroup_mma(ds_op, q_s, dk, is_async=ASYNC)
-    if TAIL > 0:
-        dk_tail = warpgroup_mma(ds_op, q_tail_s, grads[2], is_async=ASYNC)
-
     # dQ needs all 128 keys' dS: both warpgroups put theirs in shared memory. Two buffers,
     # so one warpgroup's next store cannot overwrite what the other still multiplies.
     ds_s = ds_bufs.index(i % 2)
-    ds_s.store(ds_t)
-    fence_async_shared()  # dS^T (and the LSE/D reads) ordered before async-proxy use
-    if ASYNC:  # register operands stay live until their matmuls are done
+    if DQ_FIRST:
+        # FA3's order: dS^T stored first, then dV, dQ and dK issued back to back, each
+        # waited for only once the next is in flight, and dQ handed over while dK runs:
+        # the tensor cores idle through no barrier or store.
+        if not SEED_DP:
+            dp_t = dp_t - delta
+        ds_t = (p_t * dp_t).to(gl.bfloat16)
+        ds_op = gl.convert_layout(ds_t, a_layout)
+        ds_s.store(ds_t)
+        fence_async_shared()
+        dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
         if TAIL > 0:
-            dv, dk, dv_tail, dk_tail, p_op, ds_op = warpgroup_mma_wait(
-                0, deps=(dv, dk, dv_tail, dk_tail, p_op, ds_op))
+            dv_tail = warpgroup_mma(p_op, do_tail_s, grads[3], is_async=True)
+        _cta_barrier()  # both halves of dS^T stored
+        dq, dq_tail = _dq_share(ds_s, k_smem, k_tail, TAIL, True)
+        if TAIL > 0:
+            dv, dv_tail, p_op = warpgroup_mma_wait(PARTS, deps=(dv, dv_tail, p_op))
+            dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
+            dk_tail = warpgroup_mma(ds_op, q_tail_s, grads[2], is_async=True)
+            dq, dq_tail = warpgroup_mma_wait(PARTS, deps=(dq, dq_tail))
         else:
-            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
-    _cta_barrier()  # both halves stored; both warpgroups are past Q and dO
-    mbarrier.arrive(empty.index(stage), count=1)  # dQ's matmul reads only dS^T and K
-    zero_q = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
-    dq = warpgroup_mma(ds_s.permute((1, 0)), k_smem, zero_q, use_acc=False)
-    if TAIL > 0:
-        zero_q_tail = gl.zeros([BLOCK_M, TAIL], gl.float32,
-                               mma_layout(BLOCK_M, TAIL, gl.num_warps()))
-        dq_tail = warpgroup_mma(ds_s.permute((1, 0)), k_tail, zero_q_tail, use_acc=False)
-    # Warpgroup w holds its block of dq (`warpgroup_block`) and hands it over alone.
-    own = (i % 2) * 2 + _thread_index() // 128
-    if i >= 2:  # the slot's share of two tiles ago is reduced
-        named_sync(EMPTY_BARRIER + own, HANDOFF_THREADS)
-    dq_bufs.index(i % 2).store(dq)
-    if TAIL > 0:
-        dq_tails.index(i % 2).store(dq_tail)
-    fence_async_shared()
-    named_arrive(FULL_BARRIER + own, HANDOFF_THREADS)
+            dv, p_op = warpgroup_mma_wait(PARTS, deps=(dv, p_op))
+            dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
+            dq = warpgroup_mma_wait(PARTS, deps=(dq,))
+        _hand_over(dq, dq_tail, dq_bufs, dq_tails, i, TAIL)
+        if TAIL > 0:
+            dk, dk_tail, ds_op = warpgroup_mma_wait(0, deps=(dk, dk_tail, ds_op))
+        else:
+            dk, ds_op = warpgroup_mma_wait(0, deps=(dk, ds_op))
+        mbarrier.arrive(empty.index(stage), count=1)  # both warpgroups are past Q and dO
+    else:
+        dv = warpgroup_mma(p_op, do_s, dv, is_async=ASYNC)
+        if TAIL > 0:
+            dv_tail = warpgroup_mma(p_op, do_tail_s, grads[3], is_async=ASYNC)
+        if not SEED_DP:
+            dp_t = dp_t - delta
+        ds_t = (p_t * dp_t).to(gl.bfloat16)
+        ds_op = gl.convert_layout(ds_t, a_layout)
+        dk = warpgroup_mma(ds_op, q_s, dk, is_async=ASYNC)
+        if TAIL > 0:
+            dk_tail = warpgroup_mma(ds_op, q_tail_s, grads[2], is_async=ASYNC)
+        ds_s.store(ds_t)
+        fence_async_shared()  # dS^T (and the LSE/D reads) ordered before async-proxy use
+        if ASYNC:  # register operands stay live until their matmuls are done
+            if TAIL > 0:
+                dv, dk, dv_tail, dk_tail, p_op, ds_op = warpgroup_mma_wait(
+                    0, deps=(dv, dk, dv_tail, dk_tail, p_op, ds_op))
+            else:
+                dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+        _cta_barrier()  # both halves stored; both warpgroups are past Q and dO
+        mbarrier.arrive(empty.index(stage), count=1)  # dQ's matmul reads only dS^T and K
+        dq, dq_tail = _dq_share(ds_s, k_smem, k_tail, TAIL, False)
+        _hand_over(dq, dq_tail, dq_bufs, dq_tails, i, TAIL)
     return (dk, dv, dk_tail, dv_tail) if TAIL > 0 else (dk, dv)  # never a None: Triton 3.6
 
 
@@ -377,8 +426,8 @@ def _dq_partition(dq_desc, dq_bufs, dq_tail_desc, dq_tails, semaphores, n_q,
 
 @gluon.jit
 def _walk(grads, n_tiles, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k_start,
-          qk_scale, HEAD_DIM: gl.constexpr, ASYNC: gl.constexpr, DESCENDING: gl.constexpr,
-          TAIL: gl.constexpr):
+          qk_scale, HEAD_DIM: gl.constexpr, ASYNC: gl.constexpr, DQ_FIRST: gl.constexpr,
+          DESCENDING: gl.constexpr, TAIL: gl.constexpr):
     """Every query tile of the key block, up from the diagonal or down to it: the
     diagonal's tiles (masked) come first walking up, last walking down."""
     BLOCK_M: gl.constexpr = bufs[0].type.shape[1]
@@ -387,15 +436,15 @@ def _walk(grads, n_tiles, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k
     for i in range(first_masked):
         grads = _tile(i, _tile_of(i, n_tiles, DESCENDING), grads, bufs, tails, bars, ds_bufs,
                       dq_bufs, dq_tails, keys, k_start, qk_scale, HEAD_DIM, False, ASYNC,
-                      TAIL)
+                      DQ_FIRST, TAIL)
     for i in range(first_masked, first_masked + n_diagonal):
         grads = _tile(i, _tile_of(i, n_tiles, DESCENDING), grads, bufs, tails, bars, ds_bufs,
                       dq_bufs, dq_tails, keys, k_start, qk_scale, HEAD_DIM, True, ASYNC,
-                      TAIL)
+                      DQ_FIRST, TAIL)
     for i in range(first_masked + n_diagonal, n_tiles):
         grads = _tile(i, _tile_of(i, n_tiles, DESCENDING), grads, bufs, tails, bars, ds_bufs,
                       dq_bufs, dq_tails, keys, k_start, qk_scale, HEAD_DIM, False, ASYNC,
-                      TAIL)
+                      DQ_FIRST, TAIL)
     return grads
 
 
@@ -411,7 +460,8 @@ def _store_rows(base, tile, rows, col, ROW: gl.constexpr):
 @gluon.jit
 def _compute_partition(bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, dK, dV, n_q,
                        SCHEDULE: gl.constexpr, SM_SCALE: gl.constexpr,
-                       HEAD_DIM: gl.constexpr, ASYNC: gl.constexpr, TAIL: gl.constexpr):
+                       HEAD_DIM: gl.constexpr, ASYNC: gl.constexpr, DQ_FIRST: gl.constexpr,
+                       TAIL: gl.constexpr):
     """Consumers (the default partition, two warpgroups): every query tile at or below the
     key block's diagonal, then dK (scaled) and dV stored as bf16."""
     q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem = bufs
@@ -437,10 +487,10 @@ def _compute_partition(bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, dK, dV, n_
     # value spills more at d = 128, where dK and dV fill the registers.
     if descending:
         grads = _walk(grads, n_tiles, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys,
-                      k_start, qk_scale, HEAD_DIM, ASYNC, True, TAIL)
+                      k_start, qk_scale, HEAD_DIM, ASYNC, DQ_FIRST, True, TAIL)
     else:
         grads = _walk(grads, n_tiles, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys,
-                      k_start, qk_scale, HEAD_DIM, ASYNC, False, TAIL)
+                      k_start, qk_scale, HEAD_DIM, ASYNC, DQ_FIRST, False, TAIL)
 
     ROW: gl.constexpr = HEAD_DIM + TAIL
     matrix = (bh * n_q).to(gl.int64) * ROW
@@ -459,7 +509,7 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                           dK, dV, semaphores, n_q, SM_SCALE: gl.constexpr,
                           NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
                           WORKER_REGS: gl.constexpr, ASYNC_MMA: gl.constexpr,
-                          ORDERED: gl.constexpr, SCHEDULE: gl.constexpr,
+                          DQ_FIRST: gl.constexpr, ORDERED: gl.constexpr, SCHEDULE: gl.constexpr,
                           WRITERS: gl.constexpr, TAIL: gl.constexpr):
     """Grid (key blocks, matrices); causal; rows of all matrices stacked ((bh * n_q, d)
     descriptors, n_q a multiple of BLOCK_N). SCHEDULE ("longest_first", "shortest_first"
@@ -522,7 +572,8 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
     if WRITERS == 1:
         gl.warp_specialize([
             (_compute_partition, (bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, dK, dV, n_q,
-                                  SCHEDULE, SM_SCALE, HEAD_DIM, ASYNC_MMA, TAIL)),
+                                  SCHEDULE, SM_SCALE, HEAD_DIM, ASYNC_MMA, DQ_FIRST,
+                                  TAIL)),
             (_load_partition, (descs, tail_descs, bufs, tails, bars, n_q, SCHEDULE, TAIL)),
             (_dq_partition, (dq_desc, dq_bufs, tail_descs[4], dq_tails, semaphores, n_q,
                              SCHEDULE, ORDERED, 0, 1, TAIL)),
@@ -530,7 +581,8 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
     else:  # two writers, each on its slot
         gl.warp_specialize([
             (_compute_partition, (bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, dK, dV, n_q,
-                                  SCHEDULE, SM_SCALE, HEAD_DIM, ASYNC_MMA, TAIL)),
+                                  SCHEDULE, SM_SCALE, HEAD_DIM, ASYNC_MMA, DQ_FIRST,
+                                  TAIL)),
             (_load_partition, (descs, tail_descs, bufs, tails, bars, n_q, SCHEDULE, TAIL)),
             (_dq_partition, (dq_desc, dq_bufs, tail_descs[4], dq_tails, semaphores, n_q,
                              SCHEDULE, ORDERED, 0, 2, TAIL)),
