@@ -93,11 +93,17 @@ def test_fused_adamw_kernel_builds_for_every_target():
     assert len(rows) == 6 * len(TARGETS) and not any(row["over"] for row in rows)
 
 
-@pytest.mark.parametrize(("module", "configs", "stack_bytes"),
-                         [("backward", 8, 64), ("forward", 1, 0)],
-                         ids=["backward", "forward"])
-def test_gluon_kernels_build_for_hopper_and_fit_their_shared_memory(module, configs,
-                                                                    stack_bytes):
+# Stack bytes per thread a config may keep (see the test below).
+SCALAR_STACK_BYTES = 64
+# FA3's order of a tile's last matmuls (`dq_first`) keeps dQ's fragment live beside dK's and
+# dV's: at d = 128 ptxas keeps 56 bytes on the stack under Triton 3.6 (the GPU image's, with
+# which the order measured faster) and 176 under Triton 3.8. Both are under one tile
+# fragment.
+DQ_FIRST_STACK_BYTES = 192
+
+
+@pytest.mark.parametrize("module", ["backward", "forward"])
+def test_gluon_kernels_build_for_hopper_and_fit_their_shared_memory(module):
     """The Gluon backward and forward at each config the library launches: each fits a
     block's shared memory, spills no tensor, and its warp-specialised partitions set their
     registers (the producer, and the backward's writers, give theirs to the consumers).
@@ -105,15 +111,18 @@ def test_gluon_kernels_build_for_hopper_and_fit_their_shared_memory(module, conf
     (loop bounds, addresses) on the stack: Triton 3.8 does, 40 bytes, in the ordered
     alternating config at d = 64 with 128-row tiles (Triton 3.6, the GPU image's, none). A
     spilled fragment of a tile would take far more: 64 registers, 256 bytes, for one of
-    S^T's."""
+    S^T's. The forward keeps nothing on the stack."""
     built = _built("-c", (
         "import json\n"
         f"from systems.attention.gluon import {module}\n"
         "print(json.dumps({str(key): "
-        f"{module}.build(key[0] if isinstance(key, tuple) else key, config)\n"
+        f"{{**{module}.build(key[0] if isinstance(key, tuple) else key, config),\n"
+        "                   'dq_first': getattr(config, 'dq_first', False)}\n"
         f"                  for key, config in {module}.CONFIGS.items()}}))\n"))
-    assert len(built) == configs, built
+    assert len(built) == {"backward": 8, "forward": 1}[module], built
     for kernel in built.values():
+        bound = (0 if module == "forward" else
+                 DQ_FIRST_STACK_BYTES if kernel["dq_first"] else SCALAR_STACK_BYTES)
         assert 0 < kernel["shared_bytes"] <= HOPPER_SHARED_BYTES, built
-        assert kernel.get("stack_bytes", 0) <= stack_bytes, built
+        assert kernel.get("stack_bytes", 0) <= bound, built
         assert {24, 240} <= set(kernel["setmaxnreg"]), built

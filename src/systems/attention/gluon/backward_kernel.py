@@ -320,8 +320,8 @@ def _tile(i, tile, grads, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k
     ds_s = ds_bufs.index(i % 2)
     if DQ_FIRST:
         # FA3's order: dS^T stored first, then dV, dQ and dK issued back to back, each
-        # waited for only once the next is in flight, and dQ handed over while dK runs:
-        # the tensor cores idle through no barrier or store.
+        # waited for only once the next is in flight, and dQ handed over while dK runs,
+        # so that no barrier or store leaves the tensor cores idle.
         if not SEED_DP:
             dp_t = dp_t - delta
         ds_t = (p_t * dp_t).to(gl.bfloat16)
