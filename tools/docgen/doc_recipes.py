@@ -100,12 +100,12 @@ def recipe_attention(repo: Path, history_name: str) -> str:
         if own not in steps or len(steps) < 2:
             continue
         for attention in sorted(steps, key=lambda name: (name != own, name)):
-            stats = steps[attention].stats
+            step = steps[attention]
             rows.append([size, seq_len, recipe, f"`{attention}`" + (" (its own)" if
                                                                    attention == own else ""),
-                         f"{stats['median'] * 1e3:.1f}",
-                         f"{stats['min'] * 1e3:.1f}–{stats['max'] * 1e3:.1f}",
-                         f"{stats['median'] / steps[own].median:.3f}"])
+                         f"{step.median * 1e3:.1f}",
+                         f"{step.stats['min'] * 1e3:.1f}–{step.stats['max'] * 1e3:.1f}",
+                         f"{step.median / steps[own].median:.3f}"])
     if not rows:
         raise ValueError(f"{history.label}: no recipe timed with attention other than its own")
     table = markdown_table(["size", "seq len", "recipe", "attention", "step ms",

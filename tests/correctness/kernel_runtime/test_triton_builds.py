@@ -102,8 +102,11 @@ SCALAR_STACK_BYTES = 64
 DQ_FIRST_STACK_BYTES = 192
 
 
-@pytest.mark.parametrize("module", ["backward", "forward"])
-def test_gluon_kernels_build_for_hopper_and_fit_their_shared_memory(module):
+@pytest.mark.parametrize(("module", "configs", "stack_bytes"),
+                         [("backward", 8, SCALAR_STACK_BYTES), ("forward", 1, 0)],
+                         ids=["backward", "forward"])
+def test_gluon_kernels_build_for_hopper_and_fit_their_shared_memory(module, configs,
+                                                                    stack_bytes):
     """The Gluon backward and forward at each config the library launches: each fits a
     block's shared memory, spills no tensor, and its warp-specialised partitions set their
     registers (the producer, and the backward's writers, give theirs to the consumers).
@@ -119,10 +122,9 @@ def test_gluon_kernels_build_for_hopper_and_fit_their_shared_memory(module):
         f"{{**{module}.build(key[0] if isinstance(key, tuple) else key, config),\n"
         "                   'dq_first': getattr(config, 'dq_first', False)}\n"
         f"                  for key, config in {module}.CONFIGS.items()}}))\n"))
-    assert len(built) == {"backward": 8, "forward": 1}[module], built
+    assert len(built) == configs, built
     for kernel in built.values():
-        bound = (0 if module == "forward" else
-                 DQ_FIRST_STACK_BYTES if kernel["dq_first"] else SCALAR_STACK_BYTES)
+        bound = DQ_FIRST_STACK_BYTES if kernel["dq_first"] else stack_bytes
         assert 0 < kernel["shared_bytes"] <= HOPPER_SHARED_BYTES, built
         assert kernel.get("stack_bytes", 0) <= bound, built
         assert {24, 240} <= set(kernel["setmaxnreg"]), built
