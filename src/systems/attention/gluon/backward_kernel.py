@@ -288,15 +288,10 @@ def _tile(i, tile, grads, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k
     else:
         q_tail_s, do_tail_s, k_tail, v_tail = None, None, None, None
     # LSE and D are rows of BLOCK_M / 4 registers a thread each. For 64 query rows both are
-    # loaded as the tile starts (the build the library's configs were timed with). For 128
-    # that spills, so D seeds dP^T's accumulator instead (the tensor cores give dP^T - D,
-    # and D's registers are free before the softmax) and LSE is loaded where the softmax
-    # takes it.
+    # loaded while S^T and dP^T run. For 128 that spills, so D seeds dP^T's accumulator
+    # instead (the tensor cores give dP^T - D, and D's registers are free before the
+    # softmax) and LSE is loaded where the softmax takes it.
     SEED_DP: gl.constexpr = BLOCK_M >= 128
-    if not SEED_DP:
-        lse2 = gl.expand_dims(lse_bufs.index(stage).load(row_layout) * LOG2E, 0)
-        delta = gl.expand_dims(delta_bufs.index(stage).load(row_layout), 0)
-
     zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     s_t = _over_head_dim(k_smem, q_s, k_tail, q_tail_s, zero_s, False, ASYNC, TAIL)
     if SEED_DP:
@@ -304,6 +299,8 @@ def _tile(i, tile, grads, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k
         dp_t = _over_head_dim(v_smem, do_s, v_tail, do_tail_s, minus_delta, True, ASYNC, TAIL)
     else:
         dp_t = _over_head_dim(v_smem, do_s, v_tail, do_tail_s, zero_s, False, ASYNC, TAIL)
+        delta = gl.expand_dims(delta_bufs.index(stage).load(row_layout), 0)
+        lse2 = gl.expand_dims(lse_bufs.index(stage).load(row_layout) * LOG2E, 0)
     if ASYNC:  # the softmax runs while dP^T is in flight
         s_t = warpgroup_mma_wait(PARTS, deps=(s_t,))
     if SEED_DP:
@@ -321,16 +318,17 @@ def _tile(i, tile, grads, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k
     if DQ_FIRST:
         # FA3's order: dS^T stored first, then dV, dQ and dK issued back to back, each
         # waited for only once the next is in flight, and dQ handed over while dK runs,
-        # so that no barrier or store leaves the tensor cores idle.
+        # so that no barrier or store leaves the tensor cores idle. dV (P^T from
+        # registers, dO) runs while the store is fenced and both halves meet.
         if not SEED_DP:
             dp_t = dp_t - delta
         ds_t = (p_t * dp_t).to(gl.bfloat16)
         ds_op = gl.convert_layout(ds_t, a_layout)
         ds_s.store(ds_t)
-        fence_async_shared()
         dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
         if TAIL > 0:
             dv_tail = warpgroup_mma(p_op, do_tail_s, grads[3], is_async=True)
+        fence_async_shared()
         _cta_barrier()  # both halves of dS^T stored
         dq, dq_tail = _dq_share(ds_s, k_smem, k_tail, TAIL, True)
         if TAIL > 0:
