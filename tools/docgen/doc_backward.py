@@ -2,8 +2,9 @@
 our two-pass backward and cuDNN's: `studies/attention_dq_reduce/study.py` (a fused Triton
 backward whose dQ is summed by TMA bulk reductions) and `studies/attention_gluon_backward/study.py`
 (the backward of 5 matmuls in Gluon with FA3's schedule, and its ablations); the forward
-in Gluon beside ours and cuDNN's (`studies/attention_gluon_forward/study.py`); and the
-forward + backward kernel by kernel (`studies/attention_kernel_breakdown/study.py`)."""
+in Gluon beside ours and cuDNN's (`studies/attention_gluon_forward/study.py`); the
+forward + backward kernel by kernel (`studies/attention_kernel_breakdown/study.py`); and the
+kernels' tile order in sections of matrices (`studies/attention_tile_order/study.py`)."""
 
 from __future__ import annotations
 
@@ -396,3 +397,39 @@ def ordered_schedules(repo: Path, *files: str) -> str:
             + "; ".join(f"`{folder}/` ({', '.join(names)}; {run})"
                         for (folder, run), names in sources.items())
             + ".\n")
+
+
+def tile_order(repo: Path, file: str) -> str:
+    """The tile-order study: per shape the rule sections, each kernel's device time in one
+    section and in the library's sections, and the median (range) of their per-round
+    ratios; then the shapes it leaves in one section."""
+    data = _experiment(repo, file)
+    rows, kept = [], []
+    for row in data["rows"]:
+        shape = "x".join(map(str, row["shape"]))
+        ms = row["ms_per_round"]
+        if not any(key.startswith("library: ") for key in ms):
+            kept.append(shape)
+            continue
+        cudnn = f"{statistics.median(ms['cudnn: forward']):.3f}"
+        for key, rounds in ms.items():
+            if not key.startswith("library: "):
+                continue
+            kernel = key.removeprefix("library: ")
+            whole = ms[f"one section: {kernel}"]
+            ratios = [a / b for a, b in zip(rounds, whole, strict=True)]
+            rows.append([shape, row["sections_of"], kernel, f"{statistics.median(whole):.3f}",
+                         f"{statistics.median(rounds):.3f}", ratio_spread(ratios), cudnn])
+    if not rows:
+        raise ValueError(f"{file}: no shape ran in sections")
+    identical = all(row["identical"] for row in data["rows"])
+    return (markdown_table(["matrices x seq x d", "matrices per section", "kernel",
+                            "one section ms", "sections ms", "sections / one section",
+                            "cuDNN forward ms"], rows)
+            + f"\n\nLeft in one section by the rule: {', '.join(kept) or 'none'}. Outputs in "
+            f"sections {'equal' if identical else 'DIFFER FROM'} one section's bit for bit "
+            "(NaN-poisoned replayed calls). Time: device time of CUDA-graph replays "
+            f"(do_bench medians), {data['rounds']} rounds taken in turn with cuDNN's forward; "
+            "a ratio is the median of the per-round ratios (lowest to highest). bf16, causal. "
+            f"From `{file}` ({data.get('device')}, torch {data.get('torch')}, Triton "
+            f"{data.get('triton')}, cuDNN {data.get('cudnn')}; commit {data.get('commit')}).\n")

@@ -142,6 +142,30 @@ def _cuda_target(index: int) -> GpuTarget:
                      props["multiprocessor_count"])
 
 
+# What the CPU (Triton's interpreter) takes for the GPU's L2 and SMs: the H100's.
+MEASURED_L2_BYTES = 50 * 2**20
+MEASURED_SM_COUNT = 132
+
+
+def l2_bytes(device: torch.device | str | None = None) -> int:
+    """The GPU's L2 cache in bytes (its own, under the small-GPU switch too)."""
+    device = torch.device(device if device is not None else
+                          "cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda":
+        return MEASURED_L2_BYTES
+    return _l2_bytes(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.cache
+def _l2_bytes(index: int) -> int:
+    return torch.cuda.get_device_properties(index).L2_cache_size
+
+
+def sm_count(device: torch.device | str | None = None) -> int:
+    """The GPU's SM count; the CPU (Triton's interpreter) takes the H100's."""
+    return device_target(device).sm_count or MEASURED_SM_COUNT
+
+
 def gpu_count() -> int:
     """CUDA devices visible to this process; 0 without CUDA."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

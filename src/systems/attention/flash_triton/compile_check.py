@@ -37,7 +37,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # A length no tile divides, so that the kernels build their masked paths.
 _SEQ = 1000
 _TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-_SIZE_ARGS = ("n_heads", "n_q", "n_k")
+_SIZE_ARGS = ("n_heads", "n_q", "n_k", "group")
 _FP32_POINTERS = ("L", "Delta")
 
 

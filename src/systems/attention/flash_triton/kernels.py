@@ -67,18 +67,26 @@ def _visible(rows, keys, n_k, IS_CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def program_tile(n_heads, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-                  LAST_TILE_FIRST: tl.constexpr):
+def program_tile(n_heads, group, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+                 LAST_TILE_FIRST: tl.constexpr):
     """(bh, b, h, start, rows, cols_d) of this program: matrix bh = (batch b, head h), its
-    rows [start, start + BLOCK) and the BLOCK_D columns. LAST_TILE_FIRST runs the tiles in
+    rows [start, start + BLOCK) and the BLOCK_D columns. Programs take the tiles in launch
+    order a section of `group` matrices at a time (`shared.tile_order`): a section's first
+    tiles of every matrix, then their second, ...; LAST_TILE_FIRST runs the tiles in
     reverse order."""
-    bh = tl.program_id(0)
+    n_bh = tl.num_programs(0)
+    n_tiles = tl.num_programs(1)
+    launched = tl.program_id(1) * n_bh + tl.program_id(0)
+    first = launched // (group * n_tiles) * group  # the section's first matrix
+    width = tl.minimum(group, n_bh - first)
+    within = launched - first * n_tiles
+    bh = first + within % width
+    tile = within // width
     b = bh // n_heads
     h = bh - b * n_heads
     if LAST_TILE_FIRST:
-        start = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK
-    else:
-        start = tl.program_id(1) * BLOCK
+        tile = n_tiles - 1 - tile
+    start = tile * BLOCK
     rows = start + tl.arange(0, BLOCK)
     cols_d = tl.arange(0, BLOCK_D)
     return bh, b, h, start, rows, cols_d
@@ -195,14 +203,14 @@ def _forward_stage(acc, acc_t, m_i, l_i, q, q_t, k_tiles, v_tiles, k_tail_tiles,
 @triton.jit
 def flash_forward_kernel(
     Q, stride_qb, stride_qh, stride_qs, k_tiles, v_tiles, k_tail_tiles, v_tail_tiles,
-    Out, stride_ob, stride_oh, stride_os, L, n_heads, n_q, n_k, SM_SCALE: tl.constexpr,
+    Out, stride_ob, stride_oh, stride_os, L, n_heads, n_q, n_k, group, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). O = softmax(Q K^T * scale) V, L = logsumexp of each row."""
     # Causal query tiles at the end of the sequence do the most work: start them first.
-    bh, b, h, q_start, rows, cols_d = program_tile(n_heads, BLOCK_M, BLOCK_D, True)
+    bh, b, h, q_start, rows, cols_d = program_tile(n_heads, group, BLOCK_M, BLOCK_D, True)
     qk_scale = SM_SCALE * LOG2E
     q_base = matrix_base(Q, b, h, stride_qb, stride_qh)
     q = load_rows(q_base, rows, cols_d, n_q, stride_qs, HEAD_DIM)
@@ -259,13 +267,14 @@ def _dq_stage(dq, dq_t, q, q_t, do, do_t, lse2, delta, k_tiles, v_tiles, k_tail_
 def flash_backward_dq_kernel(
     Q, stride_qb, stride_qh, stride_qs, k_tiles, v_tiles, k_tail_tiles, v_tail_tiles,
     Out, stride_ob, stride_oh, stride_os, dO, stride_dob, stride_doh, stride_dos,
-    L, Delta, dQ, stride_dqb, stride_dqh, stride_dqs, n_heads, n_q, n_k, SM_SCALE: tl.constexpr,
+    L, Delta, dQ, stride_dqb, stride_dqh, stride_dqs, n_heads, n_q, n_k, group,
+    SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). dQ = scale * dS K, and Delta = rowsum(O * dO) for dK/dV."""
-    bh, b, h, q_start, rows, cols_d = program_tile(n_heads, BLOCK_M, BLOCK_D, True)
+    bh, b, h, q_start, rows, cols_d = program_tile(n_heads, group, BLOCK_M, BLOCK_D, True)
     qk_scale = SM_SCALE * LOG2E
     q_base = matrix_base(Q, b, h, stride_qb, stride_qh)
     do_base = matrix_base(dO, b, h, stride_dob, stride_doh)
@@ -370,7 +379,7 @@ def _dkdv_stage(dk, dv, dk_carry, dv_carry, dk_t, dv_t, dk_t_carry, dv_t_carry, 
 def flash_backward_dkdv_kernel(
     q_tiles, K, stride_kb, stride_kh, stride_ks, V, stride_vb, stride_vh, stride_vs, do_tiles,
     q_tail_tiles, do_tail_tiles, L, Delta, dK, stride_dkb, stride_dkh, stride_dks,
-    dV, stride_dvb, stride_dvh, stride_dvs, n_heads, n_q, n_k, SM_SCALE: tl.constexpr,
+    dV, stride_dvb, stride_dvh, stride_dvs, n_heads, n_q, n_k, group, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     CHECK_Q_ROWS: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -378,7 +387,7 @@ def flash_backward_dkdv_kernel(
     """Grid (BH, key tiles). dV = P^T dO and dK = scale * dS^T Q, summed over query tiles."""
     # Causal key tiles at the start of the sequence are seen by the most queries: they are
     # already first in launch order.
-    bh, b, h, k_start, keys, cols_d = program_tile(n_heads, BLOCK_N, BLOCK_D, False)
+    bh, b, h, k_start, keys, cols_d = program_tile(n_heads, group, BLOCK_N, BLOCK_D, False)
     qk_scale = SM_SCALE * LOG2E
     k_base = matrix_base(K, b, h, stride_kb, stride_kh)
     v_base = matrix_base(V, b, h, stride_vb, stride_vh)

@@ -24,6 +24,7 @@ from systems.attention.flash_triton.kernels import (
 )
 from systems.attention.host_path import replay
 from systems.attention.shared.inputs import check_attention_inputs
+from systems.attention.shared.tile_order import section_matrices
 from systems.kernel_runtime.interpreter import INTERPRETED
 from systems.kernel_runtime.launcher import DescriptorLayout, KernelLauncher, TensorSlot
 
@@ -270,9 +271,12 @@ class _Problem:
         return head_dim_tiles(self.head_dim)[1] or MIN_HEAD_DIM
 
     @functools.cached_property
-    def sizes(self) -> tuple[int, int, int]:
-        """The kernels' trailing size arguments."""
-        return self.heads, self.n_q, self.n_k
+    def sizes(self) -> tuple[int, int, int, int]:
+        """The kernels' trailing size arguments: heads, n_q, n_k and the matrices of a
+        section (`shared.tile_order`)."""
+        group = section_matrices(self.batch * self.heads, max(self.n_q, self.n_k),
+                                 self.head_dim, self.dtype.itemsize, self.device)
+        return self.heads, self.n_q, self.n_k, group
 
     def reading(self, t: torch.Tensor, aligned: bool) -> _Reading:
         return _Reading.of(t, aligned, self.head_dim, self.dtype.itemsize)
@@ -493,6 +497,14 @@ def _plan(plan_type: type[_ForwardPlan] | type[_BackwardPlan], tensors: tuple[to
             _PLANS.clear()
         plan = _PLANS[key] = plan_type(_problem_of(q, k, is_causal, config), tensors, aligned)
     return plan
+
+
+def forget_plans() -> None:
+    """Drops every plan and problem made so far: the next calls work out their launches
+    again (after a change to `shared.tile_order`'s constants, say). Replay keeps its own
+    (`replay.forget`)."""
+    _PLANS.clear()
+    _problem.cache_clear()
 
 
 def _replayed_or_planned(kernels: int, plan_class: type[_ForwardPlan] | type[_BackwardPlan],

@@ -15,7 +15,9 @@ by one program or, PERSISTENT, a grid of one program per SM walking the tiles in
   schedule, on two named barriers), so that one's softmax runs while the other's
   matmuls hold the tensor cores.
 
-Persistent, program p of P takes the tiles p, 2P - 1 - p, 2P + p, ... of that order (each
+The order runs a section of matrices at a time (`shared.tile_order`), so that many short
+matrices do not each stream their K and V from HBM. Persistent, program p of P takes the
+tiles p, 2P - 1 - p, 2P + p, ... of that order (each
 round of P tiles walked the other way than the one before, so that a program's long and
 short tiles even out), and the producer loads the next tile's Q and first K/V tiles while
 the consumers finish the last one's P V and store it (FA3's persistent forward).
@@ -59,6 +61,7 @@ from systems.attention.gluon.backward import (
 from systems.attention.gluon.backward_kernel import LOG2E, mma_layout, named_arrive, named_sync
 from systems.attention.host_path import replay
 from systems.attention.shared import causal
+from systems.attention.shared.tile_order import section_matrices
 from systems.kernel_runtime.launcher import KernelLauncher, TensorSlot
 from systems.kernel_runtime.triton_build import build_for_hopper
 
@@ -98,11 +101,16 @@ def _tile_count(n_matrices, n_q, BLOCK: gl.constexpr):
 
 
 @gluon.jit
-def _tile(t, n_matrices, n_q, BLOCK: gl.constexpr):
-    """(matrix, first query row) of this program's t-th tile: tiles in order of length,
-    longest first and matrices fastest, walked in rounds of a tile per program."""
+def _tile(t, n_matrices, n_q, group, BLOCK: gl.constexpr):
+    """(matrix, first query row) of this program's t-th tile, walked in rounds of a tile
+    per program: a section of `group` matrices at a time (`shared.tile_order`), its tiles
+    in order of length, longest first and matrices fastest."""
+    n_tiles = n_q // BLOCK
     index = t * gl.num_programs(0) + _place_in_round(t)
-    return index % n_matrices, (n_q // BLOCK - 1 - index // n_matrices) * BLOCK
+    first = index // (group * n_tiles) * group  # the section's first matrix
+    width = gl.minimum(group, n_matrices - first)
+    within = index - first * n_tiles
+    return first + within % width, (n_tiles - 1 - within // width) * BLOCK
 
 
 @gluon.jit
@@ -114,7 +122,7 @@ def _ring(count, NUM_STAGES: gl.constexpr):
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready,
-                    v_ready, kv_empty, n_q, n_matrices):
+                    v_ready, kv_empty, n_q, n_matrices, group):
     """Producer: per query tile, its Q once the consumers are done with the last one's,
     then every key tile up to its diagonal."""
     BLOCK: gl.constexpr = q_smem.type.shape[0]
@@ -122,7 +130,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_emp
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
     loaded = 0  # key tiles through the ring before this query tile
     for t in range(_tile_count(n_matrices, n_q, BLOCK)):
-        bh, q_start = _tile(t, n_matrices, n_q, BLOCK)
+        bh, q_start = _tile(t, n_matrices, n_q, group, BLOCK)
         row0 = bh * n_q
         # Barriers start as if phase 1 completed: the first wait on each passes at once.
         mbarrier.wait(q_empty, (t & 1) ^ 1)
@@ -213,8 +221,8 @@ def _step(j, loaded, acc, m_i, l_i, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready,
 
 @gluon.jit
 def _compute_partition(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready, kv_empty,
-                       Out, L, n_q, n_matrices, SM_SCALE: gl.constexpr, ASYNC: gl.constexpr,
-                       WG: gl.constexpr, PINGPONG: gl.constexpr):
+                       Out, L, n_q, n_matrices, group, SM_SCALE: gl.constexpr,
+                       ASYNC: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr):
     """Consumer warpgroup WG (rows [64 WG, 64 WG + 64) of each query tile): per query
     tile, every key tile up to the diagonal, then its rows of O and L."""
     BLOCK: gl.constexpr = q_smem.type.shape[0]
@@ -225,7 +233,7 @@ def _compute_partition(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready,
     tiles = _tile_count(n_matrices, n_q, BLOCK)
     loaded = 0  # key tiles through the ring before this query tile
     for t in range(tiles):
-        bh, q_start = _tile(t, n_matrices, n_q, BLOCK)
+        bh, q_start = _tile(t, n_matrices, n_q, group, BLOCK)
         n_kv = (q_start + BLOCK) // BLOCK_N
         mbarrier.wait(q_bar, t & 1)
         _query_tile(bh, q_start, n_kv, loaded, t + 1 == tiles, q_s, k_bufs, v_bufs, q_empty,
@@ -291,7 +299,7 @@ def _query_tile(bh, q_start, n_kv, loaded, last_tile, q_s, k_bufs, v_bufs, q_emp
 
 
 @gluon.jit
-def gluon_forward_kernel(q_desc, k_desc, v_desc, Out, L, n_q, n_matrices,
+def gluon_forward_kernel(q_desc, k_desc, v_desc, Out, L, n_q, n_matrices, group,
                          SM_SCALE: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                          PRODUCER_REGS: gl.constexpr, ASYNC: gl.constexpr,
@@ -323,13 +331,13 @@ def gluon_forward_kernel(q_desc, k_desc, v_desc, Out, L, n_q, n_matrices,
     # Gluon's partition arguments are flat tuples (no unpacking).
     gl.warp_specialize([
         (_compute_partition, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready,
-                              kv_empty, Out, L, n_q, n_matrices, SM_SCALE, ASYNC, 0,
+                              kv_empty, Out, L, n_q, n_matrices, group, SM_SCALE, ASYNC, 0,
                               PINGPONG)),
         (_compute_partition, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, v_ready,
-                              kv_empty, Out, L, n_q, n_matrices, SM_SCALE, ASYNC, 1,
+                              kv_empty, Out, L, n_q, n_matrices, group, SM_SCALE, ASYNC, 1,
                               PINGPONG)),
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty,
-                           k_ready, v_ready, kv_empty, n_q, n_matrices)),
+                           k_ready, v_ready, kv_empty, n_q, n_matrices, group)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -417,6 +425,7 @@ class _ForwardPlan:
     launch: KernelLauncher
     seq: int
     n_matrices: int
+    group: int  # matrices per section (`shared.tile_order`)
     d: int
     head_dim: int
     in_place: bool
@@ -433,14 +442,15 @@ class _ForwardPlan:
         if config.persistent:
             tiles = min(tiles, programs or _sm_count(q.device))
         launch = _forward_launch(rows, seq, head_dim, d, config, tiles, q.get_device())
-        return cls(launch, seq, n_matrices, d, head_dim, read_in_place((q, k, v), head_dim),
-                   poison)
+        group = section_matrices(n_matrices, seq, head_dim, q.dtype.itemsize, q.device)
+        return cls(launch, seq, n_matrices, group, d, head_dim,
+                   read_in_place((q, k, v), head_dim), poison)
 
     def _launch_args(self, q: object, k: object, v: object, o: object, lse: object
                      ) -> tuple[object, ...]:
         """The kernel's arguments, given the tensors it reads and writes (or the
         TensorSlots that stand for them)."""
-        return q, k, v, o, lse, self.seq, self.n_matrices
+        return q, k, v, o, lse, self.seq, self.n_matrices, self.group
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -478,7 +488,8 @@ def build(head_dim: int, config: GluonForwardConfig) -> dict[str, int | list[int
     (TRITON_INTERPRET=0): shared bytes per block, registers and stack bytes per thread,
     and the register counts its partitions set (`systems.kernel_runtime.triton_build`)."""
     values = constexprs(head_dim, config)
-    signature = {"Out": "*bf16", "L": "*fp32", "n_q": "i32", "n_matrices": "i32"}
+    signature = {"Out": "*bf16", "L": "*fp32", "n_q": "i32", "n_matrices": "i32",
+                 "group": "i32"}
     signature |= {name: "constexpr" for name in values}
     signature |= descriptor_signature(descriptor_specs(config, head_dim))
     return build_for_hopper(gluon_forward_kernel, signature, values, num_warps=4,
