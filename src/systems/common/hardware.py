@@ -151,7 +151,7 @@ def l2_bytes(device: torch.device | str | None = None) -> int:
     """The GPU's L2 cache in bytes (its own, under the small-GPU switch too)."""
     device = torch.device(device if device is not None else
                           "cuda" if torch.cuda.is_available() else "cpu")
-    if device.type != "cuda":
+    if device.type != "cuda" or not torch.cuda.is_available():  # building for a GPU on a CPU
         return MEASURED_L2_BYTES
     return _l2_bytes(torch.cuda.current_device() if device.index is None else device.index)
 
@@ -162,7 +162,10 @@ def _l2_bytes(index: int) -> int:
 
 
 def sm_count(device: torch.device | str | None = None) -> int:
-    """The GPU's SM count; the CPU (Triton's interpreter) takes the H100's."""
+    """The GPU's SM count; the CPU (Triton's interpreter, or a build for a GPU) takes the
+    H100's."""
+    if not torch.cuda.is_available():
+        return MEASURED_SM_COUNT
     return device_target(device).sm_count or MEASURED_SM_COUNT
 
 

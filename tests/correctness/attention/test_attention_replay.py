@@ -489,7 +489,7 @@ def test_gluon_backward_program_describes_the_launches_it_makes(ordered, head_di
 
 def test_gluon_forward_program_describes_the_launch_it_makes():
     launch = _Recorder()
-    plan = gluon_forward_module._ForwardPlan(launch, seq=256, n_matrices=2, d=128,
+    plan = gluon_forward_module._ForwardPlan(launch, seq=256, n_matrices=2, group=1, d=128,
                                              head_dim=128, in_place=True, poison=False)
     inputs = [_bf16(2, 256, 128) for _ in range(3)]
     _assert_program_matches_launches(plan, [launch], inputs, plan(*inputs))

@@ -68,20 +68,26 @@ def _visible(rows, keys, n_k, IS_CAUSAL: tl.constexpr):
 
 @triton.jit
 def program_tile(n_heads, group, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-                 LAST_TILE_FIRST: tl.constexpr):
+                 LAST_TILE_FIRST: tl.constexpr, SECTIONS: tl.constexpr):
     """(bh, b, h, start, rows, cols_d) of this program: matrix bh = (batch b, head h), its
-    rows [start, start + BLOCK) and the BLOCK_D columns. Programs take the tiles in launch
-    order a section of `group` matrices at a time (`shared.tile_order`): a section's first
-    tiles of every matrix, then their second, ...; LAST_TILE_FIRST runs the tiles in
-    reverse order."""
-    n_bh = tl.num_programs(0)
+    rows [start, start + BLOCK) and the BLOCK_D columns. In launch order programs take
+    every matrix's first tile, then every matrix's second, ...; with SECTIONS, a section
+    of `group` matrices at a time (`shared.tile_order`). LAST_TILE_FIRST runs the tiles
+    in reverse order."""
     n_tiles = tl.num_programs(1)
-    launched = tl.program_id(1) * n_bh + tl.program_id(0)
-    first = launched // (group * n_tiles) * group  # the section's first matrix
-    width = tl.minimum(group, n_bh - first)
-    within = launched - first * n_tiles
-    bh = first + within % width
-    tile = within // width
+    if SECTIONS:
+        # Compiled only where the matrices split: the index math costs the one-section
+        # kernels registers they spill.
+        n_bh = tl.num_programs(0)
+        launched = tl.program_id(1) * n_bh + tl.program_id(0)
+        first = launched // (group * n_tiles) * group  # the section's first matrix
+        width = tl.minimum(group, n_bh - first)
+        within = launched - first * n_tiles
+        bh = first + within % width
+        tile = within // width
+    else:
+        bh = tl.program_id(0)
+        tile = tl.program_id(1)
     b = bh // n_heads
     h = bh - b * n_heads
     if LAST_TILE_FIRST:
@@ -206,11 +212,12 @@ def flash_forward_kernel(
     Out, stride_ob, stride_oh, stride_os, L, n_heads, n_q, n_k, group, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    SECTIONS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). O = softmax(Q K^T * scale) V, L = logsumexp of each row."""
     # Causal query tiles at the end of the sequence do the most work: start them first.
-    bh, b, h, q_start, rows, cols_d = program_tile(n_heads, group, BLOCK_M, BLOCK_D, True)
+    bh, b, h, q_start, rows, cols_d = program_tile(n_heads, group, BLOCK_M, BLOCK_D, True,
+                                                   SECTIONS)
     qk_scale = SM_SCALE * LOG2E
     q_base = matrix_base(Q, b, h, stride_qb, stride_qh)
     q = load_rows(q_base, rows, cols_d, n_q, stride_qs, HEAD_DIM)
@@ -271,10 +278,11 @@ def flash_backward_dq_kernel(
     SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    SECTIONS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). dQ = scale * dS K, and Delta = rowsum(O * dO) for dK/dV."""
-    bh, b, h, q_start, rows, cols_d = program_tile(n_heads, group, BLOCK_M, BLOCK_D, True)
+    bh, b, h, q_start, rows, cols_d = program_tile(n_heads, group, BLOCK_M, BLOCK_D, True,
+                                                   SECTIONS)
     qk_scale = SM_SCALE * LOG2E
     q_base = matrix_base(Q, b, h, stride_qb, stride_qh)
     do_base = matrix_base(dO, b, h, stride_dob, stride_doh)
@@ -382,12 +390,13 @@ def flash_backward_dkdv_kernel(
     dV, stride_dvb, stride_dvh, stride_dvs, n_heads, n_q, n_k, group, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    CHECK_Q_ROWS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CHECK_Q_ROWS: tl.constexpr, SECTIONS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, key tiles). dV = P^T dO and dK = scale * dS^T Q, summed over query tiles."""
     # Causal key tiles at the start of the sequence are seen by the most queries: they are
     # already first in launch order.
-    bh, b, h, k_start, keys, cols_d = program_tile(n_heads, group, BLOCK_N, BLOCK_D, False)
+    bh, b, h, k_start, keys, cols_d = program_tile(n_heads, group, BLOCK_N, BLOCK_D, False,
+                                                   SECTIONS)
     qk_scale = SM_SCALE * LOG2E
     k_base = matrix_base(K, b, h, stride_kb, stride_kh)
     v_base = matrix_base(V, b, h, stride_vb, stride_vh)

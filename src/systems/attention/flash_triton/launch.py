@@ -271,12 +271,15 @@ class _Problem:
         return head_dim_tiles(self.head_dim)[1] or MIN_HEAD_DIM
 
     @functools.cached_property
+    def group(self) -> int:
+        """Matrices per section of the kernels' tile order (`shared.tile_order`)."""
+        return section_matrices(self.batch * self.heads, max(self.n_q, self.n_k),
+                                self.head_dim, self.dtype.itemsize, self.device)
+
+    @functools.cached_property
     def sizes(self) -> tuple[int, int, int, int]:
-        """The kernels' trailing size arguments: heads, n_q, n_k and the matrices of a
-        section (`shared.tile_order`)."""
-        group = section_matrices(self.batch * self.heads, max(self.n_q, self.n_k),
-                                 self.head_dim, self.dtype.itemsize, self.device)
-        return self.heads, self.n_q, self.n_k, group
+        """The kernels' trailing size arguments."""
+        return self.heads, self.n_q, self.n_k, self.group
 
     def reading(self, t: torch.Tensor, aligned: bool) -> _Reading:
         return _Reading.of(t, aligned, self.head_dim, self.dtype.itemsize)
@@ -317,7 +320,8 @@ class _Problem:
         tiles; `extra` are the kernel's own (`dkdv_constexprs`)."""
         return {"SM_SCALE": self.d ** -0.5, "HEAD_DIM": self.head_dim, "BLOCK_D": self.block_d,
                 "BLOCK_T": self.block_t, "SPLIT": self.split, "BLOCK_M": tiles.block_m,
-                "BLOCK_N": tiles.block_n, "IS_CAUSAL": self.is_causal, **extra,
+                "BLOCK_N": tiles.block_n, "IS_CAUSAL": self.is_causal,
+                "SECTIONS": self.group < self.batch * self.heads, **extra,
                 "DOT_PRECISION": dot_precision(self.dtype)}
 
     def dkdv_constexprs(self, tiles: TileConfig) -> dict[str, object]:
