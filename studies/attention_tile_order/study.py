@@ -1,9 +1,9 @@
-"""Whether taking the tiles a section of matrices at a time (`shared.tile_order`) beats
-every matrix at once, per kernel and shape (one GPU, bf16, causal).
+"""Whether taking the query tiles a section of matrices at a time (`shared.tile_order`)
+beats every matrix at once, per forward and shape (one GPU, bf16, causal).
 
-For each (matrices, seq, d) it runs the kernels whose tile order the sections change (the
-Gluon forward where it takes the head dim, the Triton forward, the two Triton backward
-passes) with the library's order and with one section of every matrix
+For each (matrices, seq, d) it runs the forwards whose tile order the sections change (the
+Gluon forward where it takes the head dim, the Triton forward) with the library's order
+and with one section of every matrix
 (`tile_order.SPREAD_TILES` = 0), checks that both give the same outputs bit for bit
 (replayed calls, NaN-poisoned first), and times CUDA-graph replays of each in rounds taken
 in turn with cuDNN's forward (device time, do_bench medians). Shapes the rule leaves in one
@@ -27,7 +27,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from studies.harness import bench_ms
-from systems.attention.flash_triton.launch import flash_backward, flash_forward, forget_plans
+from systems.attention.flash_triton.launch import flash_forward, forget_plans
 from systems.attention.gluon.forward import CONFIGS, forward_head_dim, gluon_forward
 from systems.attention.host_path import replay
 from systems.attention.shared import tile_order
@@ -50,11 +50,8 @@ def use_order(order: str) -> None:
     replay.forget()
 
 
-def kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor
-            ) -> dict[str, Kernel]:
-    o, lse = flash_forward(q, k, v, True)
-    timed = {"triton forward": lambda: flash_forward(q, k, v, True),
-             "two-pass backward": lambda: flash_backward(q, k, v, o, lse, do, True)}
+def kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, Kernel]:
+    timed = {"triton forward": lambda: flash_forward(q, k, v, True)}
     if forward_head_dim(q.shape[-1]) == q.shape[-1] and q.shape[-1] in CONFIGS:
         timed["gluon forward"] = lambda: gluon_forward(q, k, v, True)
     return timed
@@ -91,8 +88,8 @@ def poisoned_outputs(timed: dict[str, Kernel]) -> dict[str, list[torch.Tensor]]:
 def measure(shape: tuple[int, int, int]) -> dict[str, object]:
     matrices, seq, d = shape
     generator = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(1, matrices, seq, d, device="cuda", dtype=torch.bfloat16,
-                               generator=generator) for _ in range(4))
+    q, k, v = (torch.randn(1, matrices, seq, d, device="cuda", dtype=torch.bfloat16,
+                           generator=generator) for _ in range(3))
     sections = {}
     for order in ORDERS:
         use_order(order)
@@ -102,7 +99,7 @@ def measure(shape: tuple[int, int, int]) -> dict[str, object]:
     outputs = {}
     for order in orders:
         use_order(order)
-        timed = kernels(q, k, v, do)
+        timed = kernels(q, k, v)
         outputs[order] = poisoned_outputs(timed)
         graphs |= {(order, name): graphed(fn) for name, fn in timed.items()}
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

@@ -92,7 +92,7 @@ def build(head_dim: int, dtype: torch.dtype, config: launch.FlashConfig,
     problem = launch._Problem(1, 1, _SEQ, _SEQ, head_dim, dtype, torch.device("cuda"), True,
                               config)
     kernels = (
-        ("forward", flash_forward_kernel, config.forward, {}),
+        ("forward", flash_forward_kernel, config.forward, problem.forward_constexprs()),
         ("dq", flash_backward_dq_kernel, config.backward_dq, {}),
         ("dkdv", flash_backward_dkdv_kernel, config.backward_dkdv,
          problem.dkdv_constexprs(config.backward_dkdv)),

@@ -274,15 +274,15 @@ def _dq_stage(dq, dq_t, q, q_t, do, do_t, lse2, delta, k_tiles, v_tiles, k_tail_
 def flash_backward_dq_kernel(
     Q, stride_qb, stride_qh, stride_qs, k_tiles, v_tiles, k_tail_tiles, v_tail_tiles,
     Out, stride_ob, stride_oh, stride_os, dO, stride_dob, stride_doh, stride_dos,
-    L, Delta, dQ, stride_dqb, stride_dqh, stride_dqs, n_heads, n_q, n_k, group,
-    SM_SCALE: tl.constexpr,
+    L, Delta, dQ, stride_dqb, stride_dqh, stride_dqs, n_heads, n_q, n_k, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    SECTIONS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, query tiles). dQ = scale * dS K, and Delta = rowsum(O * dO) for dK/dV."""
-    bh, b, h, q_start, rows, cols_d = program_tile(n_heads, group, BLOCK_M, BLOCK_D, True,
-                                                   SECTIONS)
+    # The backward passes keep one section: in sections they lost at d = 64
+    # (studies/attention_tile_order).
+    bh, b, h, q_start, rows, cols_d = program_tile(n_heads, 0, BLOCK_M, BLOCK_D, True, False)
     qk_scale = SM_SCALE * LOG2E
     q_base = matrix_base(Q, b, h, stride_qb, stride_qh)
     do_base = matrix_base(dO, b, h, stride_dob, stride_doh)
@@ -387,16 +387,15 @@ def _dkdv_stage(dk, dv, dk_carry, dv_carry, dk_t, dv_t, dk_t_carry, dv_t_carry, 
 def flash_backward_dkdv_kernel(
     q_tiles, K, stride_kb, stride_kh, stride_ks, V, stride_vb, stride_vh, stride_vs, do_tiles,
     q_tail_tiles, do_tail_tiles, L, Delta, dK, stride_dkb, stride_dkh, stride_dks,
-    dV, stride_dvb, stride_dvh, stride_dvs, n_heads, n_q, n_k, group, SM_SCALE: tl.constexpr,
+    dV, stride_dvb, stride_dvh, stride_dvs, n_heads, n_q, n_k, SM_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    CHECK_Q_ROWS: tl.constexpr, SECTIONS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CHECK_Q_ROWS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid (BH, key tiles). dV = P^T dO and dK = scale * dS^T Q, summed over query tiles."""
     # Causal key tiles at the start of the sequence are seen by the most queries: they are
     # already first in launch order.
-    bh, b, h, k_start, keys, cols_d = program_tile(n_heads, group, BLOCK_N, BLOCK_D, False,
-                                                   SECTIONS)
+    bh, b, h, k_start, keys, cols_d = program_tile(n_heads, 0, BLOCK_N, BLOCK_D, False, False)
     qk_scale = SM_SCALE * LOG2E
     k_base = matrix_base(K, b, h, stride_kb, stride_kh)
     v_base = matrix_base(V, b, h, stride_vb, stride_vh)

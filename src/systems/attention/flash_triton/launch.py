@@ -272,14 +272,14 @@ class _Problem:
 
     @functools.cached_property
     def group(self) -> int:
-        """Matrices per section of the kernels' tile order (`shared.tile_order`)."""
-        return section_matrices(self.batch * self.heads, max(self.n_q, self.n_k),
-                                self.head_dim, self.dtype.itemsize, self.device)
+        """Matrices per section of the forward's tile order (`shared.tile_order`)."""
+        return section_matrices(self.batch * self.heads, self.n_k, self.head_dim,
+                                self.dtype.itemsize, self.device)
 
     @functools.cached_property
-    def sizes(self) -> tuple[int, int, int, int]:
+    def sizes(self) -> tuple[int, int, int]:
         """The kernels' trailing size arguments."""
-        return self.heads, self.n_q, self.n_k, self.group
+        return self.heads, self.n_q, self.n_k
 
     def reading(self, t: torch.Tensor, aligned: bool) -> _Reading:
         return _Reading.of(t, aligned, self.head_dim, self.dtype.itemsize)
@@ -320,9 +320,12 @@ class _Problem:
         tiles; `extra` are the kernel's own (`dkdv_constexprs`)."""
         return {"SM_SCALE": self.d ** -0.5, "HEAD_DIM": self.head_dim, "BLOCK_D": self.block_d,
                 "BLOCK_T": self.block_t, "SPLIT": self.split, "BLOCK_M": tiles.block_m,
-                "BLOCK_N": tiles.block_n, "IS_CAUSAL": self.is_causal,
-                "SECTIONS": self.group < self.batch * self.heads, **extra,
+                "BLOCK_N": tiles.block_n, "IS_CAUSAL": self.is_causal, **extra,
                 "DOT_PRECISION": dot_precision(self.dtype)}
+
+    def forward_constexprs(self) -> dict[str, object]:
+        """The forward kernel's own: whether its tiles run in sections of matrices."""
+        return {"SECTIONS": self.group < self.batch * self.heads}
 
     def dkdv_constexprs(self, tiles: TileConfig) -> dict[str, object]:
         """The dK/dV kernel's own: its programs walk key tiles, and the last query tile is
@@ -359,9 +362,10 @@ class _ForwardPlan:
             flash_forward_kernel, tiles, problem.n_q, tiles.block_m,
             (self.q.strides, self.k.strides, self.v.strides, self.o.strides),
             {**problem.tiles("k_tiles", self.k.strides, problem.n_k, tiles.block_n),
-             **problem.tiles("v_tiles", self.v.strides, problem.n_k, tiles.block_n)})
+             **problem.tiles("v_tiles", self.v.strides, problem.n_k, tiles.block_n)},
+            **problem.forward_constexprs())
         self.lse_shape = tensors[0].shape[:-1]
-        self.sizes = problem.sizes
+        self.sizes = (*problem.sizes, problem.group)
         # A tail descriptor's argument: its operand under a split, None otherwise (the
         # kernels then compile the tails away).
         self.split = problem.split
