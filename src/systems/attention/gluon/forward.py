@@ -17,10 +17,10 @@ by one program or, PERSISTENT, a grid of one program per SM walking the tiles in
 
 The order runs a section of matrices at a time (`shared.tile_order`), so that many short
 matrices do not each stream their K and V from HBM. Persistent, program p of P takes the
-tiles p, 2P - 1 - p, 2P + p, ... of that order (each
-round of P tiles walked the other way than the one before, so that a program's long and
-short tiles even out), and the producer loads the next tile's Q and first K/V tiles while
-the consumers finish the last one's P V and store it (FA3's persistent forward).
+tiles p, 2P - 1 - p, 2P + p, ... of that order (each round of P tiles walked the other way
+than the one before, so that a program's long and short tiles even out), and the producer
+loads the next tile's Q and first K/V tiles while the consumers finish the last one's P V
+and store it (FA3's persistent forward).
 
 Key tiles below the query tile's diagonal run unmasked; the BLOCK_M / BLOCK_N tiles the
 diagonal cuts are masked (`causal.MASKED_SCORE`, as the Triton forward). O = acc / l is
