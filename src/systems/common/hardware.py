@@ -62,12 +62,13 @@ def gpu_model(name: str) -> GpuModel | None:
 class GpuTarget:
     """What kernel configs are chosen by: a GPU's compute capability, the most shared
     memory one block may use (the opt-in maximum), its 32-bit registers per block, and its
-    SM count (None for a target, which has no fixed count)."""
+    SM count and L2 bytes (None for a target, which has no fixed count or size)."""
 
     capability: tuple[int, int]
     shared_bytes: int
     registers: int = 65536
     sm_count: int | None = None
+    l2_bytes: int | None = None
 
     @property
     def arch(self) -> str:
@@ -107,7 +108,7 @@ def emulated_target() -> GpuTarget | None:
 def device_target(device: torch.device | str | None = None) -> GpuTarget:
     """The limits kernel configs are chosen for on `device` (default: the current GPU): the
     GPU's own, or under the small-GPU switch its target's, smaller of the two, with the
-    GPU's SM count. The CPU (Triton's interpreter) takes the switch's target, else the
+    GPU's SM count and L2. The CPU (Triton's interpreter) takes the switch's target, else the
     measured one."""
     emulated = emulated_target()
     device = torch.device(device if device is not None else
@@ -118,7 +119,7 @@ def device_target(device: torch.device | str | None = None) -> GpuTarget:
     if emulated is None:
         return own
     return GpuTarget(emulated.capability, min(emulated.shared_bytes, own.shared_bytes),
-                     min(emulated.registers, own.registers), own.sm_count)
+                     min(emulated.registers, own.registers), own.sm_count, own.l2_bytes)
 
 
 def capability(device: torch.device | str | None = None) -> tuple[int, int]:
@@ -139,34 +140,28 @@ def _cuda_target(index: int) -> GpuTarget:
     props = triton.runtime.driver.active.utils.get_device_properties(index)
     capability = torch.cuda.get_device_capability(index)
     return GpuTarget(capability, props["max_shared_mem"], props["max_num_regs"],
-                     props["multiprocessor_count"])
+                     props["multiprocessor_count"],
+                     torch.cuda.get_device_properties(index).L2_cache_size)
 
 
-# What the CPU (Triton's interpreter) takes for the GPU's L2 and SMs: the H100's.
-MEASURED_L2_BYTES = 50 * 2**20
+# What the CPU (Triton's interpreter, or a build for a GPU) takes for the GPU's SMs and L2:
+# the H100's.
 MEASURED_SM_COUNT = 132
-
-
-def l2_bytes(device: torch.device | str | None = None) -> int:
-    """The GPU's L2 cache in bytes (its own, under the small-GPU switch too)."""
-    device = torch.device(device if device is not None else
-                          "cuda" if torch.cuda.is_available() else "cpu")
-    if device.type != "cuda" or not torch.cuda.is_available():  # building for a GPU on a CPU
-        return MEASURED_L2_BYTES
-    return _l2_bytes(torch.cuda.current_device() if device.index is None else device.index)
-
-
-@functools.cache
-def _l2_bytes(index: int) -> int:
-    return torch.cuda.get_device_properties(index).L2_cache_size
+MEASURED_L2_BYTES = 50 * 2**20
 
 
 def sm_count(device: torch.device | str | None = None) -> int:
-    """The GPU's SM count; the CPU (Triton's interpreter, or a build for a GPU) takes the
-    H100's."""
+    """The GPU's SM count (`device_target`); the CPU takes the H100's."""
     if not torch.cuda.is_available():
         return MEASURED_SM_COUNT
     return device_target(device).sm_count or MEASURED_SM_COUNT
+
+
+def l2_bytes(device: torch.device | str | None = None) -> int:
+    """The GPU's L2 cache in bytes (`device_target`); the CPU takes the H100's."""
+    if not torch.cuda.is_available():
+        return MEASURED_L2_BYTES
+    return device_target(device).l2_bytes or MEASURED_L2_BYTES
 
 
 def gpu_count() -> int:

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from test_flash_attention import DTYPES, Problem, _skip_unsupported
+from test_flash_attention_gluon import hopper
 
 from systems.attention.flash_triton import flash_backward, flash_forward
 from systems.attention.flash_triton.launch import forget_plans
@@ -44,6 +45,12 @@ def test_sections_hold_what_a_share_of_the_l2_holds(n_matrices, streamed, l2, sm
 SPLITS = [((3, 7), 96, 32, 2), ((5, 5), 200, 16, 3)]
 
 
+def _forget_plans() -> None:
+    """Plans made after this work out their tile order again."""
+    forget_plans()
+    replay.forget()
+
+
 @pytest.fixture
 def sections(monkeypatch):
     """Sets the GPU's L2 and SMs seen by the rule so that `shape` runs in sections of
@@ -56,12 +63,10 @@ def sections(monkeypatch):
         monkeypatch.setattr(hardware, "sm_count", lambda device=None: 1)
         got = tile_order.section_matrices(n_matrices, seq, d, itemsize, torch.device("cpu"))
         assert got == group and n_matrices % group, "the shape must split unevenly"
-        forget_plans()
-        replay.forget()
+        _forget_plans()
 
     yield split
-    forget_plans()
-    replay.forget()
+    _forget_plans()
 
 
 @pytest.mark.parametrize("dtype_name", ["fp32", "fp16", "bf16"])
@@ -80,21 +85,18 @@ def test_triton_sections_give_one_sections_outputs(lead, seq, d, group, dtype_na
     sections(lead, seq, d, dtype.itemsize, group)
     sectioned = outputs()
     monkeypatch.setattr(tile_order, "SPREAD_TILES", 0)
-    forget_plans()
-    replay.forget()
+    _forget_plans()
     whole = outputs()
     for name, a, b in zip(("o", "L", "dq", "dk", "dv"), sectioned, whole, strict=True):
         assert not a.isnan().any(), f"{name}: an element was not written"
         assert torch.equal(a, b), f"{name} differs from one section's"
 
 
-@pytest.mark.gpu
+@hopper
 @pytest.mark.parametrize("programs", [None, 5])
 def test_gluon_forward_sections_give_one_sections_outputs(programs, sections, monkeypatch):
     """Persistent, every program on its own tiles (None: one per SM, more than the
     tiles) or several each (5)."""
-    if hardware.capability() != (9, 0):
-        pytest.skip("needs an sm_90 GPU (H100, H200)")
     lead = (3, 7)
     problem = Problem.random((lead, 256, 256, 128), torch.bfloat16, torch.device("cuda"),
                              True, seed=1)
