@@ -57,6 +57,29 @@ def bench_ms(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(fn, return_mode="median")
 
 
+def run_record(commit: str, rounds: int, rows: list[dict[str, object]]) -> dict[str, object]:
+    """The JSON record of a study's run: commit, command line, device and versions, its
+    rounds and (filled as they come) its rows."""
+    return {"commit": commit, "argv": sys.argv[1:], "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "triton": triton.__version__,
+            "cudnn": torch.backends.cudnn.version(), "rounds": rounds, "rows": rows}
+
+
+def graphed(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """fn captured in a CUDA graph, after two calls on a side stream (which plan, compile
+    and keep the replay program of our attention calls)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def attempt(row: dict[str, object], work: Callable[[], dict[str, object]]) -> dict[str, object]:
     """row with work()'s fields, or with the error that stopped it."""
     try:

@@ -3,19 +3,20 @@
 
 Over a grid of lengths (512 to 16384), head dims (64, 80, 96, 128) and two numbers of
 tokens (batch x heads x seq: a few query tiles per SM, and enough to fill the GPU several
-times), every pair the dispatch could pick (the Triton or Gluon forward, the two-pass or
-ordered Gluon backward, where they take the shape) is first checked against SDPA's flash
-backend (o and the three gradients within twice the distance of SDPA's cuDNN backend from
-it, plus a few bf16 ulps), then timed with SDPA cuDNN and flash in do_bench rounds taken
-in turn (device time; calls whose host path is longer than their kernels show that time,
-as an eager caller sees it). The default pair runs as FlashAttentionTriton runs it (with
-launches replayed from C++); the others through FlashAttentionTritonKernels. A pair wins
-a shape where its median per-round ratio to the default is below WIN; the table holds,
-per head dim, regions of (seq >= s, tokens >= t) in which one pair beats the default at
-every grid point (`table`). `--rows FILE.json` forms the table again from a saved run.
+times), and one matrix of 8192 to 32768 rows (a batch-1 call), every pair the dispatch
+could pick (the Triton or Gluon forward, the two-pass or ordered Gluon backward, where they
+take the shape) is first checked against SDPA's flash backend (o and the three gradients
+within twice the distance of SDPA's cuDNN backend from it, plus a few bf16 ulps), then
+timed with SDPA cuDNN and flash in do_bench rounds taken in turn (device time; calls whose
+host path is longer than their kernels show that time, as an eager caller sees it). The
+default pair runs as FlashAttentionTriton runs it (with launches replayed from C++); the
+others through FlashAttentionTritonKernels. A pair wins a shape where its median per-round
+ratio to the default is below WIN; the table holds, per head dim, regions of (seq >= s,
+tokens >= t) in which one pair beats the default at every grid point (`table`).
+`--rows FILE.json` (repeatable) forms the table again from saved runs.
 
 Usage: PYTHONPATH=src python studies/attention_dispatch/study.py [--out FILE.json]
-[--head-dim D ...] (about 4 to 5 minutes on one H100 for all four head dims).
+[--head-dim D ...] (about 6 minutes on one H100 for all four head dims).
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 HEAD_DIMS = (64, 80, 96, 128)
 # batch x heads x seq: at 128-row tiles, about 2 tiles per SM of an H100 (132 SMs), and 16.
 TOKENS = (32768, 262144)
+ONE_MATRIX_SEQS = (8192, 16384, 32768)  # and one matrix of each of these lengths
+# (seq, tokens) points of the grid
+POINTS = ([(seq, tokens) for seq in SEQS for tokens in TOKENS]
+          + [(seq, seq) for seq in ONE_MATRIX_SEQS])
 ROUNDS = 3
 SPANS_MS = {"warmup_ms": 25, "rep_ms": 100}
 RIVALS = ("sdpa_cudnn", "sdpa_flash")
@@ -154,9 +159,10 @@ def table(rows: list[dict[str, object]], capability: tuple[int, int],
         wins = {(r["seq"], r["tokens"]): beaters(r) for r in rows if r["head_dim"] == head_dim}
         names = sorted({name for won in wins.values() for name in won})
         covered: set[tuple[int, int]] = set()
+        seqs, tokens = sorted({seq for seq, _ in wins}), sorted({t for _, t in wins})
         while True:
             best: tuple[int, float, str, int, int] | None = None
-            for name, s, t in itertools.product(names, SEQS, TOKENS):
+            for name, s, t in itertools.product(names, seqs, tokens):
                 region = [point for point in wins if point[0] >= s and point[1] >= t]
                 if not region or not all(name in wins[point] for point in region):
                     continue
@@ -196,16 +202,20 @@ def print_table(rules: list[Rule]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="write every row as JSON here")
-    parser.add_argument("--rows", type=Path, help="form the table from this saved run instead")
+    parser.add_argument("--rows", type=Path, action="append",
+                        help="form the table from this saved run instead (repeatable: the "
+                             "runs' rows together, e.g. of different head dims)")
     parser.add_argument("--head-dim", type=int, action="append", choices=HEAD_DIMS,
                         help="time only this head dim (repeatable; all by default)")
     args = parser.parse_args()
     head_dims = tuple(args.head_dim or HEAD_DIMS)
     if args.rows:
-        saved = json.loads(args.rows.read_text())
-        print(f"{saved['device']}, torch {saved['torch']}: the table its rounds give:\n")
-        print_table(table(saved["rows"], HOPPER,
-                          tuple(sorted({row["head_dim"] for row in saved["rows"]}))))
+        runs = [json.loads(path.read_text()) for path in args.rows]
+        rows = [row for run in runs for row in run["rows"]]
+        for run in runs:
+            print(f"{run['device']}, torch {run['torch']}")
+        print("The table these rounds give:\n")
+        print_table(table(rows, HOPPER, tuple(sorted({row["head_dim"] for row in rows}))))
         return 0
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -217,7 +227,7 @@ def main() -> int:
     dispatch.TABLE = ()  # FlashAttentionTriton runs the default pair whatever the table says
     started = time.perf_counter()
     rows = []
-    for seq, head_dim, tokens in itertools.product(SEQS, head_dims, TOKENS):
+    for (seq, tokens), head_dim in itertools.product(POINTS, head_dims):
         rows.append(measure(seq, head_dim, tokens, capability))
         _print_row(rows[-1])
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, "

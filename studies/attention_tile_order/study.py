@@ -17,16 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from studies.harness import bench_ms
+from studies.harness import bench_ms, graphed, run_record
 from systems.attention.flash_triton.launch import flash_forward, forget_plans
 from systems.attention.gluon.forward import CONFIGS, forward_head_dim, gluon_forward
 from systems.attention.host_path import replay
@@ -55,19 +53,6 @@ def kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, Kern
     if forward_head_dim(q.shape[-1]) == q.shape[-1] and q.shape[-1] in CONFIGS:
         timed["gluon forward"] = lambda: gluon_forward(q, k, v, True)
     return timed
-
-
-def graphed(fn: Kernel) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):  # plans, compiles and keeps the replay program
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
 
 
 def poisoned_outputs(timed: dict[str, Kernel]) -> dict[str, list[torch.Tensor]]:
@@ -138,10 +123,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
     rows: list[dict[str, object]] = []
-    result = {"commit": args.commit, "argv": sys.argv[1:],
-              "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "triton": triton.__version__, "cudnn": torch.backends.cudnn.version(),
-              "rounds": ROUNDS, "rows": rows}
+    result = run_record(args.commit, ROUNDS, rows)
     args.out.mkdir(parents=True, exist_ok=True)
     for number, shape in enumerate(SHAPES, start=1):
         rows.append(measure(shape))

@@ -432,8 +432,9 @@ def _allocated(allocation: replay.Allocation, table: list[torch.Tensor]
         return torch.int32, allocation.elements
     if allocation.kind == replay.ROW_STATISTICS:
         return torch.float32, like.numel() // like.shape[-1]
-    dtype = torch.float32 if allocation.kind == replay.FLOAT32_LIKE else like.dtype
-    return dtype, like.numel()
+    if allocation.kind == replay.FLOAT32_LIKE:
+        return torch.float32, like.numel() * max(1, allocation.elements)
+    return like.dtype, like.numel()
 
 
 def _assert_program_matches_launches(plan, launchers: list[_Recorder],
@@ -469,15 +470,17 @@ def _bf16(*shape: int) -> torch.Tensor:
     return torch.randn(shape, dtype=torch.bfloat16)
 
 
+@pytest.mark.parametrize("chains", [1, 3])
 @pytest.mark.parametrize("head_dim", [64, 80])
 @pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
-def test_gluon_backward_program_describes_the_launches_it_makes(ordered, head_dim):
+def test_gluon_backward_program_describes_the_launches_it_makes(ordered, head_dim, chains):
     """The Gluon backward's Program against its Python call, with recording launchers
-    (no kernel runs): D, the dQ accumulator, dq, dk, dv and the ordered dQ's zeroed
-    semaphores, each at its place in every launch (at d = 80 the tail descriptors' tensors
-    too)."""
+    (no kernel runs): D, the dQ accumulators (one per chain), dq, dk, dv and the ordered
+    dQ's zeroed semaphores, each at its place in every launch (at d = 80 the tail
+    descriptors' tensors too)."""
     launch = gluon_backward_module._BackwardLaunch(_Recorder(), _Recorder(), _Recorder(),
-                                                   semaphores=8 if ordered else 1)
+                                                   semaphores=8 * chains if ordered else 1,
+                                                   chains=chains)
     plan = gluon_backward_module._BackwardPlan(launch, seq=256, d=head_dim,
                                                head_dim=head_dim, in_place=True, poison=False)
     q, k, v, o, do = (_bf16(2, 256, head_dim) for _ in range(5))

@@ -27,6 +27,7 @@ from systems.attention.gluon import backward as gluon_backward_module
 from systems.attention.gluon.backward import (
     CONFIGS,
     HEAD_DIMS,
+    ONE_MATRIX_ORDERED_CONFIGS,
     SCHEDULES,
     SHORT_ORDERED_CONFIGS,
     GluonConfig,
@@ -255,15 +256,46 @@ def test_resident_sms_are_the_mps_share_of_the_gpus(monkeypatch, share, expected
 
 
 def test_library_config_by_key_blocks_per_sm():
-    """Ordered, matrices whose key blocks fit in half the SMs launch the longest first;
-    longer ones alternate (no length deadlocks them). Unordered takes one config."""
+    """Ordered, matrices whose key blocks fit in half the SMs, or all of whose key blocks
+    fit in the SMs, launch the longest first; one longer matrix descends on chains of
+    accumulators, and more of them alternate (no length deadlocks either). Unordered takes
+    one config."""
     for head_dim in HEAD_DIMS:
-        assert library_config(head_dim, True, 66, 132) == SHORT_ORDERED_CONFIGS[head_dim]
+        for matrices in (1, 2, 16):
+            assert (library_config(head_dim, True, 66, matrices, 132)
+                    == SHORT_ORDERED_CONFIGS[head_dim])
         assert SHORT_ORDERED_CONFIGS[head_dim].schedule == "longest_first"
-        assert library_config(head_dim, True, 67, 132) == CONFIGS[head_dim, True]
+        assert library_config(head_dim, True, 132, 1, 132) == SHORT_ORDERED_CONFIGS[head_dim]
+        assert library_config(head_dim, True, 67, 2, 132) == CONFIGS[head_dim, True]
+        assert library_config(head_dim, True, 133, 1, 132) == ONE_MATRIX_ORDERED_CONFIGS[head_dim]
+        assert ONE_MATRIX_ORDERED_CONFIGS[head_dim].schedule == "descending"
+        assert ONE_MATRIX_ORDERED_CONFIGS[head_dim].chains > 1
         assert CONFIGS[head_dim, True].schedule == "alternating"
-        for key_blocks in (1, 67, 200):
-            assert library_config(head_dim, False, key_blocks, 132) == CONFIGS[head_dim, False]
+        for key_blocks, matrices in ((1, 1), (67, 2), (200, 1), (200, 16)):
+            assert (library_config(head_dim, False, key_blocks, matrices, 132)
+                    == CONFIGS[head_dim, False])
+
+
+@hopper
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize(("head_dim", "chains"), [(64, 2), (80, 3), (128, 4)])
+def test_chains_of_accumulators_write_every_buffer_the_same_each_run(head_dim, chains,
+                                                                     schedule):
+    """dQ added on several chains of accumulators (3 leaves them uneven; 5 matrices of 6
+    key blocks, 2 x 3 of 5), ordered and in every launch order: every buffer poisoned,
+    against float64, the gradients bit-identical between calls."""
+    for shape in (((5,), 768, 768, head_dim), ((2, 3), 640, 640, head_dim)):
+        problem = Problem.random(shape, torch.bfloat16, torch.device("cuda"), True, seed=11)
+        config = replace(CONFIGS[head_dim, True], schedule=schedule, chains=chains)
+        first = _check_poisoned(problem, config)
+        again = _check_poisoned(problem, config)
+        for name, a, b in zip(GRADS, first, again, strict=True):
+            assert torch.equal(a, b), name
+
+
+def test_chains_are_at_least_one():
+    with pytest.raises(ValueError, match="chains must be at least 1"):
+        replace(CONFIGS[64, True], chains=0)
 
 
 @hopper
@@ -425,21 +457,26 @@ def test_model_with_it_compiles_to_one_graph_and_trains_as_with_ours():
 @hopper
 @pytest.mark.parametrize("head_dim", [64, 80, 128])
 def test_more_key_blocks_than_sms(head_dim):
-    """A matrix of more key blocks than the GPU has SMs: ordered, the library's schedule
-    has every program wait only on programs launched before it, so every wait for a turn
-    ends; the longest first would leave the waiting programs holding every SM, and is
-    refused."""
+    """Matrices of more key blocks than the GPU has SMs: ordered, the library's schedule
+    (one matrix descending on chains, two alternating) has every program wait only on
+    programs launched before it, so every wait for a turn ends, and the call replayed from
+    C++ gives the same gradients; the longest first would leave the waiting programs
+    holding every SM, and is refused. One problem at a time: the float64 reference of
+    two takes about 30 GiB."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     seq = 128 * (sms + 4)
-    problem = Problem.random(((2,), seq, seq, head_dim), torch.bfloat16,
-                             torch.device("cuda"), True, seed=7)
-    ours = _check(problem, deterministic=True)
-    assert torch.equal(ours["dq"], problem.run(_attention(deterministic=True))["dq"])
-    o, lse = flash_forward(problem.q, problem.k, problem.v, True)
-    longest_first = replace(CONFIGS[head_dim, True], schedule="longest_first")
-    with pytest.raises(ValueError, match="would deadlock"):
-        gluon_backward(problem.q, problem.k, problem.v, o, lse, problem.do, True,
-                       config=longest_first)
+    for matrices in (1, 2):
+        problem = Problem.random(((matrices,), seq, seq, head_dim), torch.bfloat16,
+                                 torch.device("cuda"), True, seed=7)
+        ours = _check(problem, deterministic=True)
+        assert torch.equal(ours["dq"], problem.run(_attention(deterministic=True))["dq"])
+        o, lse = flash_forward(problem.q, problem.k, problem.v, True)
+        longest_first = replace(CONFIGS[head_dim, True], schedule="longest_first")
+        with pytest.raises(ValueError, match="would deadlock"):
+            gluon_backward(problem.q, problem.k, problem.v, o, lse, problem.do, True,
+                           config=longest_first)
+        del problem, ours, o, lse
+        torch.cuda.empty_cache()
 
 
 @pytest.mark.parametrize("specs", [

@@ -62,10 +62,15 @@ class GluonConfig:
     # FA3's order of a tile's last matmuls (with async_mma): dV, dQ, dK back to back, dQ
     # handed to the writers while dK runs; else dV, dK, then dQ after a barrier.
     dq_first: bool = False
+    # dQ accumulators, key block b adding into b % chains, summed in order at the end:
+    # ordered, a tile's shares wait on chains this many times shorter.
+    chains: int = 1
 
     def __post_init__(self) -> None:
         if self.dq_first and not self.async_mma:
             raise ValueError("dq_first issues the matmuls asynchronously: it needs async_mma")
+        if self.chains < 1:
+            raise ValueError(f"chains must be at least 1, got {self.chains}")
 
     @property
     def max_regs(self) -> int:
@@ -82,7 +87,7 @@ def register_cap(warps: int) -> int:
 
 
 # backward_kernel.py's docstring says what each does.
-SCHEDULES = ("longest_first", "shortest_first", "alternating")
+SCHEDULES = ("longest_first", "shortest_first", "alternating", "descending")
 
 
 def _config(block_m: int, async_mma: bool, ordered: bool, schedule: str,
@@ -118,14 +123,26 @@ CONFIGS |= {(split, ordered): CONFIGS[128, ordered] for split in (80, 96)
 # tile a step apart, and pack the SMs best (same study, "A schedule per length").
 SHORT_ORDERED_CONFIGS: dict[int, GluonConfig] = {
     d: replace(CONFIGS[d, True], schedule="longest_first", writers=1) for d in HEAD_DIMS}
+# Ordered, one matrix of more key blocks than SMs: alternating, it would launch the
+# shortest programs first and leave the longest to the last wave. Descending launches the
+# longest first, but its resident key blocks reach each tile together and queue on it;
+# chains of accumulators shorten the queues. 4 chains at d = 64; 2 at d = 128, whose
+# accumulators (twice as wide) outgrow the L2 sooner, and at 80 and 96, which take d = 128's
+# config (studies/attention_one_matrix/).
+ONE_MATRIX_ORDERED_CONFIGS: dict[int, GluonConfig] = {
+    d: replace(CONFIGS[d, True], schedule="descending", chains=4 if d == 64 else 2)
+    for d in HEAD_DIMS}
 
 
-def library_config(head_dim: int, deterministic: bool, key_blocks: int, sms: int
-                   ) -> GluonConfig:
-    """The backward's config for the kernels' head dim `head_dim` and matrices of
-    `key_blocks` key blocks, where `sms` SMs can hold its programs at once (`resident_sms`)."""
-    if deterministic and 2 * key_blocks <= sms:
+def library_config(head_dim: int, deterministic: bool, key_blocks: int, matrices: int,
+                   sms: int) -> GluonConfig:
+    """The backward's config for the kernels' head dim `head_dim` and `matrices` matrices
+    of `key_blocks` key blocks, where `sms` SMs can hold its programs at once
+    (`resident_sms`)."""
+    if deterministic and (2 * key_blocks <= sms or matrices * key_blocks <= sms):
         return SHORT_ORDERED_CONFIGS[head_dim]
+    if deterministic and matrices == 1:
+        return ONE_MATRIX_ORDERED_CONFIGS[head_dim]
     return CONFIGS[head_dim, deterministic]
 
 
@@ -230,7 +247,7 @@ def constexprs(head_dim: int, config: GluonConfig, sm_scale: float | None = None
             "PRODUCER_WARPS": config.producer_warps, "WORKER_REGS": config.worker_regs,
             "ASYNC_MMA": config.async_mma, "DQ_FIRST": config.dq_first,
             "ORDERED": config.ordered,
-            "SCHEDULE": config.schedule, "WRITERS": config.writers,
+            "SCHEDULE": config.schedule, "CHAINS": config.chains, "WRITERS": config.writers,
             "TAIL": head_dim_tiles(head_dim)[1]}
 
 
@@ -254,7 +271,8 @@ def gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
 
     def plan() -> _BackwardPlan:
         chosen = config or library_config(gluon_head_dim(q.shape[-1]), deterministic,
-                                          q.shape[-2] // BLOCK_N, resident_sms(q.device))
+                                          q.shape[-2] // BLOCK_N, math.prod(q.shape[:-2]),
+                                          resident_sms(q.device))
         return _BackwardPlan.of(q, k, v, o, lse, do, chosen, poison)
 
     kernels = replay.GLUON_ORDERED_BACKWARD if deterministic else replay.GLUON_UNORDERED_BACKWARD
@@ -270,7 +288,8 @@ class _BackwardLaunch:
     prepare: KernelLauncher
     backward: KernelLauncher
     finish: KernelLauncher
-    semaphores: int  # how many the ordered dQ needs (one per query tile), else 1
+    semaphores: int  # how many the ordered dQ needs (one per query tile and chain), else 1
+    chains: int  # dQ accumulators
 
 
 @functools.lru_cache(maxsize=256)
@@ -279,10 +298,12 @@ def _backward_launch(rows: int, seq: int, head_dim: int, d: int, config: GluonCo
     """The launches for `rows` stacked rows of `seq`-long matrices at the padded `head_dim`
     (the problem's own head dim `d` sets the softmax scale)."""
     _check_launch_order(config, seq // BLOCK_N, torch.device("cuda", device_index))
-    matrices = {"lse_desc": (rows,), "delta_desc": (rows,)}
-    shapes = {name: matrices.get(name, (rows, head_dim)) for name in
+    accumulators = (config.chains * rows, head_dim)
+    special = {"lse_desc": (rows,), "delta_desc": (rows,), "dq_desc": accumulators,
+               "dq_tail_desc": accumulators}
+    shapes = {name: special.get(name, (rows, head_dim)) for name in
               descriptor_specs(config, head_dim)}
-    rows_kernel = {"HEAD_DIM": head_dim, "ROWS": PREPARE_ROWS}
+    rows_kernel = {"HEAD_DIM": head_dim, "ROWS": PREPARE_ROWS, "CHAINS": config.chains}
 
     def row_kernel(kernel: triton.JITFunction) -> KernelLauncher:
         return KernelLauncher(kernel, (rows // PREPARE_ROWS,), rows_kernel, num_warps=4,
@@ -294,8 +315,9 @@ def _backward_launch(rows: int, seq: int, head_dim: int, d: int, config: GluonCo
         device_index=device_index, maxnreg=config.max_regs,
         descriptors=descriptor_layouts(descriptor_specs(config, head_dim), shapes),
         descriptor_type=TensorDescriptor)
+    semaphores = config.chains * rows // config.block_m if config.ordered else 1
     return _BackwardLaunch(row_kernel(prepare_kernel), backward, row_kernel(finish_kernel),
-                           rows // config.block_m if config.ordered else 1)
+                           semaphores, config.chains)
 
 
 @dataclass(frozen=True)
@@ -345,7 +367,9 @@ class _BackwardPlan:
         def new(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
             return output_buffer(like.shape, dtype, like.device, self.poison)
 
-        delta, acc = new(lse, torch.float32).view(-1), new(q2, torch.float32)
+        delta = new(lse, torch.float32).view(-1)
+        acc = output_buffer((self.launch.chains, *q2.shape), torch.float32, q2.device,
+                            self.poison)
         dq, dk, dv = new(q2, q.dtype), new(k2, k.dtype), new(v2, v.dtype)
         semaphores = torch.zeros(self.launch.semaphores, dtype=torch.int32, device=q.device)
         for launcher, args in self._launches(q2, k2, v2, o2,
@@ -364,7 +388,7 @@ class _BackwardPlan:
         launches = [launcher.replay_launch(args) for launcher, args in self._launches(*slots)]
         allocation = replay.Allocation
         allocations = [allocation(4, replay.LIKE),  # D like L
-                       allocation(0, replay.FLOAT32_LIKE),  # the dQ accumulator
+                       allocation(0, replay.FLOAT32_LIKE, self.launch.chains),  # dQ's
                        *(allocation(like, replay.LIKE) for like in (0, 1, 2)),  # dq, dk, dv
                        allocation(0, replay.ZEROS, self.launch.semaphores)]
         return replay.program(allocations, launches, [8, 9, 10])

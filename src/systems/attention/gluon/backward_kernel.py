@@ -29,6 +29,10 @@ starts them, those reach each query tile about a step ahead of it (little wait):
 - "longest_first": key blocks first to last, tiles up, shares last to first: a wait ends
   only if every key block of the matrix is resident at once, which the launch code checks
   (`backward._check_launch_order`). Unordered, it is the best packing.
+- "descending": every matrix as the odd ones alternating. Its resident key blocks reach
+  each tile together, so a tile's shares queue one behind the other; with CHAINS > 1 key
+  block b adds into accumulator b % CHAINS, on chains of its own, which the finish adds
+  in order: the queues are CHAINS times shorter.
 
 `prepare` (D = rowsum(O * dO) and the zeroed accumulator) and `finish` (dQ = acc * scale,
 cast) are plain Triton kernels launched before and after.
@@ -128,7 +132,7 @@ def _program(BLOCK: gl.constexpr, SCHEDULE: gl.constexpr):
     under "longest_first", launch key blocks first to last. Each partition asks for
     itself rather than taking them as arguments."""
     bh = gl.program_id(1)
-    descending = (bh % 2) * (SCHEDULE == "alternating")
+    descending = (bh % 2) * (SCHEDULE == "alternating") + (SCHEDULE == "descending")
     longest = descending + (SCHEDULE == "longest_first")
     pid = gl.program_id(0)
     key_block = pid + (1 - longest) * (gl.num_programs(0) - 1 - 2 * pid)
@@ -387,26 +391,29 @@ def _reduce_half(desc, share, row, col, half: gl.constexpr):
 
 @gluon.jit
 def _dq_partition(dq_desc, dq_bufs, dq_tail_desc, dq_tails, semaphores, n_q,
-                  SCHEDULE: gl.constexpr, ORDERED: gl.constexpr, WRITER: gl.constexpr,
-                  WRITERS: gl.constexpr, TAIL: gl.constexpr):
+                  SCHEDULE: gl.constexpr, ORDERED: gl.constexpr, CHAINS: gl.constexpr,
+                  WRITER: gl.constexpr, WRITERS: gl.constexpr, TAIL: gl.constexpr):
     """dQ writer WRITER of WRITERS (steps WRITER, WRITER + WRITERS, ...): each tile's two
-    halves reduced into the accumulator as their warpgroups hand them over (with TAIL,
-    each half's tail columns too); ORDERED first waits for the key blocks before this one
-    in the tile's order to have added theirs (`semaphores`: one per query tile of every
-    matrix, counting the key blocks done)."""
+    halves reduced into the key block's accumulator (of CHAINS) as their warpgroups hand
+    them over (with TAIL, each half's tail columns too); ORDERED first waits for the key
+    blocks before this one in the tile's order on its chain to have added theirs
+    (`semaphores`: one per query tile of every matrix and chain, counting the key blocks
+    done)."""
     BLOCK_M: gl.constexpr = dq_bufs.type.shape[1]
     HEAD_DIM: gl.constexpr = dq_bufs.type.shape[2]
     bh, k_start, descending = _program(KEY_BLOCK, SCHEDULE)
-    row0 = bh * n_q + k_start
-    n_tiles = (n_q - k_start) // BLOCK_M
-    semaphores = semaphores + bh * (n_q // BLOCK_M)
     key_block = k_start // KEY_BLOCK
+    matrix = (key_block % CHAINS) * gl.num_programs(1) + bh  # in the stacked accumulators
+    row0 = matrix * n_q + k_start
+    n_tiles = (n_q - k_start) // BLOCK_M
+    semaphores = semaphores + matrix * (n_q // BLOCK_M)
     for i in range(WRITER, n_tiles, WRITERS):
         tile = _tile_of(i, n_tiles, descending)
         q_start = k_start + tile * BLOCK_M
         if ORDERED:  # walking down, key blocks add first to last; up, the diagonal's first
             last_key_block = (q_start + BLOCK_M - 1) // KEY_BLOCK
-            turn = last_key_block - key_block + descending * (2 * key_block - last_key_block)
+            turn = (last_key_block - key_block
+                    + descending * (2 * key_block - last_key_block)) // CHAINS
             _wait_turn(semaphores + q_start // BLOCK_M, turn)
         for half in gl.static_range(2):
             named_sync(FULL_BARRIER + (i % 2) * 2 + half, HANDOFF_THREADS)
@@ -508,14 +515,14 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                           NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
                           WORKER_REGS: gl.constexpr, ASYNC_MMA: gl.constexpr,
                           DQ_FIRST: gl.constexpr, ORDERED: gl.constexpr, SCHEDULE: gl.constexpr,
-                          WRITERS: gl.constexpr, TAIL: gl.constexpr):
+                          CHAINS: gl.constexpr, WRITERS: gl.constexpr, TAIL: gl.constexpr):
     """Grid (key blocks, matrices); causal; rows of all matrices stacked ((bh * n_q, d)
-    descriptors, n_q a multiple of BLOCK_N). SCHEDULE ("longest_first", "shortest_first"
-    or "alternating", above) sets the order key blocks launch in, the order each walks
-    its query tiles, and, ORDERED, the order of a tile's shares. dq_desc covers an fp32
-    (bh * n_q, d) accumulator, zeroed, in boxes of the block of a query tile's share that
-    a warpgroup holds (`warpgroup_block`); dK, dV are bf16; semaphores int32
-    (bh, n_q / BLOCK_M), zero (read only if ORDERED). A head dim d that is not a power of
+    descriptors, n_q a multiple of BLOCK_N). SCHEDULE (one of those above) sets the order
+    key blocks launch in, the order each walks its query tiles, and, ORDERED, the order of
+    a tile's shares. dq_desc covers CHAINS fp32 (bh * n_q, d) accumulators stacked, zeroed,
+    in boxes of the block of a query tile's share that a warpgroup holds
+    (`warpgroup_block`); dK, dV are bf16; semaphores int32 (CHAINS, bh, n_q / BLOCK_M),
+    zero (read only if ORDERED). A head dim d that is not a power of
     two runs as its first HEAD_DIM columns (the descriptors' boxes) and a tail of TAIL
     (80 = 64 + 16, 96 = 64 + 32): the `*_tail_desc`s read the same rows from column
     HEAD_DIM, and each matmul over or along the head dim is two. TAIL = 0: no tail, and
@@ -574,7 +581,7 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                                   TAIL)),
             (_load_partition, (descs, tail_descs, bufs, tails, bars, n_q, SCHEDULE, TAIL)),
             (_dq_partition, (dq_desc, dq_bufs, tail_descs[4], dq_tails, semaphores, n_q,
-                             SCHEDULE, ORDERED, 0, 1, TAIL)),
+                             SCHEDULE, ORDERED, CHAINS, 0, 1, TAIL)),
         ], [PRODUCER_WARPS, 1], [WORKER_REGS, WORKER_REGS])
     else:  # two writers, each on its slot
         gl.warp_specialize([
@@ -583,9 +590,9 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                                   TAIL)),
             (_load_partition, (descs, tail_descs, bufs, tails, bars, n_q, SCHEDULE, TAIL)),
             (_dq_partition, (dq_desc, dq_bufs, tail_descs[4], dq_tails, semaphores, n_q,
-                             SCHEDULE, ORDERED, 0, 2, TAIL)),
+                             SCHEDULE, ORDERED, CHAINS, 0, 2, TAIL)),
             (_dq_partition, (dq_desc, dq_bufs, tail_descs[4], dq_tails, semaphores, n_q,
-                             SCHEDULE, ORDERED, 1, 2, TAIL)),
+                             SCHEDULE, ORDERED, CHAINS, 1, 2, TAIL)),
         ], [PRODUCER_WARPS, 1, 1], [WORKER_REGS] * 3)
 
 
@@ -600,18 +607,32 @@ def _row_block(ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def prepare_kernel(Out, dOut, Delta, Acc, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
-    """D = rowsum(O * dO) in fp32, and the rows' dQ accumulator zeroed, in one pass."""
+def _chain_stride(ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Elements from one of the stacked dQ accumulators to the next (the grid covers one)."""
+    return tl.num_programs(0).to(tl.int64) * ROWS * HEAD_DIM
+
+
+@triton.jit
+def prepare_kernel(Out, dOut, Delta, Acc, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
+                   CHAINS: tl.constexpr):
+    """D = rowsum(O * dO) in fp32, and the rows of each of the CHAINS dQ accumulators
+    zeroed, in one pass."""
     rows, offsets, mask = _row_block(ROWS, HEAD_DIM)
     o = tl.load(Out + offsets, mask=mask, other=0.0).to(tl.float32)
     do = tl.load(dOut + offsets, mask=mask, other=0.0).to(tl.float32)
     tl.store(Delta + rows, tl.sum(o * do, axis=1))
-    tl.store(Acc + offsets, tl.zeros(offsets.shape, tl.float32), mask=mask)
+    for chain in tl.static_range(CHAINS):
+        tl.store(Acc + chain * _chain_stride(ROWS, HEAD_DIM) + offsets,
+                 tl.zeros(offsets.shape, tl.float32), mask=mask)
 
 
 @triton.jit
-def finish_kernel(Acc, dQ, scale, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
-    """dQ = accumulator * scale, cast to dQ's type, in one pass."""
+def finish_kernel(Acc, dQ, scale, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
+                  CHAINS: tl.constexpr):
+    """dQ = the CHAINS accumulators added in order, times scale, cast to dQ's type, in one
+    pass."""
     rows, offsets, mask = _row_block(ROWS, HEAD_DIM)
-    dq = tl.load(Acc + offsets, mask=mask) * scale
-    tl.store(dQ + offsets, dq.to(dQ.dtype.element_ty), mask=mask)
+    dq = tl.load(Acc + offsets, mask=mask)
+    for chain in tl.static_range(1, CHAINS):
+        dq += tl.load(Acc + chain * _chain_stride(ROWS, HEAD_DIM) + offsets, mask=mask)
+    tl.store(dQ + offsets, (dq * scale).to(dQ.dtype.element_ty), mask=mask)

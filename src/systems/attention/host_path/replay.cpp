@@ -228,8 +228,9 @@ struct Launch {
 enum AllocationKind : int64_t { kLike = 0, kRowStatistics = 1, kFloat32Like = 2, kZeros = 3 };
 
 // A tensor a call allocates: empty_like(tensors[like]); (kRowStatistics) an fp32 tensor of
-// its shape without the last dim, packed; (kFloat32Like) empty_like it in fp32; or (kZeros)
-// `elements` int32 zeros on its device.
+// its shape without the last dim, packed; (kFloat32Like) empty_like it in fp32, or where
+// `elements` > 1 that many packed copies of its shape stacked; or (kZeros) `elements`
+// int32 zeros on its device.
 struct Allocation {
   int64_t like;
   AllocationKind kind;
@@ -309,7 +310,13 @@ at::Tensor allocate(const at::Tensor& like, const Allocation& allocation, bool p
       break;
     }
     case kFloat32Like:
-      out = at::empty_like(like, like.options().dtype(at::kFloat));
+      if (allocation.elements > 1) {
+        std::vector<int64_t> sizes{allocation.elements};
+        sizes.insert(sizes.end(), like.sizes().begin(), like.sizes().end());
+        out = at::empty(sizes, like.options().dtype(at::kFloat));
+      } else {
+        out = at::empty_like(like, like.options().dtype(at::kFloat));
+      }
       break;
     case kZeros:  // counters the kernels read before writing: never poisoned
       return at::zeros({allocation.elements}, like.options().dtype(at::kInt));

@@ -43,8 +43,9 @@ from systems.kernel_runtime.native_build import NativeBuildError, load_extension
 (TRITON_FORWARD, TWO_PASS_BACKWARD, GLUON_FORWARD, GLUON_ORDERED_BACKWARD,
  GLUON_UNORDERED_BACKWARD) = range(5)
 # How replay.cpp allocates a tensor (`Allocation.kind`): like a tensor of the table; as its
-# row statistics (fp32, its shape without the last dim, packed); like it in fp32; or as
-# `elements` int32 zeros on its device (counters a kernel expects zeroed: never poisoned).
+# row statistics (fp32, its shape without the last dim, packed); like it in fp32 (where
+# `elements` > 1, that many packed copies stacked); or as `elements` int32 zeros on its
+# device (counters a kernel expects zeroed: never poisoned).
 LIKE, ROW_STATISTICS, FLOAT32_LIKE, ZEROS = range(4)
 
 
@@ -53,7 +54,7 @@ class Allocation(NamedTuple):
 
     like: int  # the index of the table's tensor it is laid out like, or on the device of
     kind: int
-    elements: int = 0  # ZEROS only
+    elements: int = 0  # ZEROS: how many; FLOAT32_LIKE: copies (0 or 1: one)
 
 
 # (allocations, launches, output indices); the call's table is its inputs, then its

@@ -1,0 +1,131 @@
+"""How the ordered Gluon backward should walk one long matrix: the launch order and tile
+order of its key blocks (`gluon.backward.SCHEDULES`) and the number of dQ accumulator
+chains (`GluonConfig.chains`), one GPU, bf16, causal.
+
+For each (matrices, seq, d) it runs the ordered backward with the multi-matrix schedule
+(alternating), descending on 1, 2, 4 and 8 chains, and the library's pick, beside the
+unordered backward (the floor an order costs against) and SDPA cuDNN's backward. Each
+ordered variant's gradients must match the unordered one's within bf16 rounding and repeat
+bit for bit; then CUDA-graph replays of each are timed in rounds taken in turn (device
+time, do_bench medians). Writes DIR/one_matrix.json and DIR/one_matrix.md.
+
+Usage: PYTHONPATH=src python -m studies.attention_one_matrix.study --out DIR --commit HASH
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from studies.harness import bench_ms, graphed, run_record
+from systems.attention.flash_triton import flash_forward
+from systems.attention.gluon.backward import CONFIGS, GluonConfig, gluon_backward
+from systems.common.formatting import markdown_table
+
+ROUNDS = 5
+# One matrix at the lengths where its key blocks outnumber an H100's SMs, and a few
+# matrices of the same sizes as controls.
+SHAPES = ((1, 16384, 64), (1, 32768, 64), (1, 65536, 64), (1, 16384, 128), (1, 32768, 128),
+          (1, 65536, 128), (2, 32768, 64), (4, 16384, 64), (2, 16384, 128))
+CHAINS = (1, 2, 4, 8)
+# Largest distance from the unordered gradients allowed, in units of bf16's epsilon
+# times the gradient's largest magnitude: both add the same fp32 shares in other orders.
+SLACK_EPS = 4
+Step = Callable[[], object]
+
+
+def variants(head_dim: int) -> dict[str, GluonConfig | None]:
+    """Each ordered config timed, by name; None is the library's pick."""
+    alternating = CONFIGS[head_dim, True]
+    found: dict[str, GluonConfig | None] = {"library": None, "alternating": alternating}
+    found |= {f"descending, {n} chain{'s' * (n > 1)}":
+              replace(alternating, schedule="descending", chains=n) for n in CHAINS}
+    return found
+
+
+def agrees(grads: tuple[torch.Tensor, ...], floor: tuple[torch.Tensor, ...]) -> bool:
+    eps = torch.finfo(torch.bfloat16).eps
+    return all((a.float() - b.float()).abs().max().item()
+               <= SLACK_EPS * eps * b.abs().max().item()
+               for a, b in zip(grads, floor, strict=True))
+
+
+def measure(shape: tuple[int, int, int]) -> dict[str, object]:
+    matrices, seq, d = shape
+    generator = torch.Generator(device="cuda").manual_seed(seq + d)
+    q, k, v, do = (torch.randn(1, matrices, seq, d, device="cuda", dtype=torch.bfloat16,
+                               generator=generator) for _ in range(4))
+    o, lse = flash_forward(q, k, v, True)
+    unordered = gluon_backward(q, k, v, o, lse, do, True, deterministic=False)
+    steps: dict[str, Step] = {
+        "unordered": lambda: gluon_backward(q, k, v, o, lse, do, True, deterministic=False)}
+    wrong = []
+    for name, config in variants(d).items():
+        step = functools.partial(gluon_backward, q, k, v, o, lse, do, True, config=config)
+        first, again = step(), step()
+        if not (agrees(first, unordered) and all(map(torch.equal, first, again))):
+            wrong.append(name)
+        steps[name] = step
+    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out = F.scaled_dot_product_attention(*leaves, is_causal=True)
+    steps["SDPA cuDNN"] = lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
+    graphs = {name: graphed(step) for name, step in steps.items()}
+    ms: dict[str, list[float]] = {name: [] for name in graphs}
+    for index in range(ROUNDS):
+        for name in graphs if index % 2 == 0 else reversed(graphs):
+            ms[name].append(bench_ms(graphs[name].replay))
+    return {"shape": list(shape), "wrong": wrong, "ms_per_round": ms}
+
+
+def markdown(result: dict[str, object]) -> str:
+    """Per shape and variant: median ms, and the median of per-round ratios to cuDNN."""
+    rows = []
+    for row in result["rows"]:
+        ms = row["ms_per_round"]
+        cudnn = ms["SDPA cuDNN"]
+        for name, rounds in ms.items():
+            ratio = statistics.median(a / b for a, b in zip(rounds, cudnn, strict=True))
+            rows.append(["x".join(map(str, row["shape"])), name,
+                         f"{statistics.median(rounds):.3f}", f"{ratio:.2f}"])
+    return ("# The ordered backward on one long matrix\n\n"
+            + markdown_table(["matrices x seq x d", "backward", "ms", "/ SDPA cuDNN"], rows)
+            + f"\n\nDevice time of CUDA-graph replays (do_bench medians), {result['rounds']} "
+            "rounds taken in turn; a ratio is the median of the per-round ratios. bf16, "
+            f"causal, backward only. {result['device']}, torch {result['torch']}, Triton "
+            f"{result['triton']}, cuDNN {result['cudnn']}; commit {result['commit']}.\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="write DIR/one_matrix.json")
+    parser.add_argument("--commit", default="unknown", help="recorded in the output")
+    args = parser.parse_args()
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        parser.error("needs an sm_90 GPU (H100, H200)")
+    rows: list[dict[str, object]] = []
+    result = run_record(args.commit, ROUNDS, rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for number, shape in enumerate(SHAPES, start=1):
+        rows.append(measure(shape))
+        (args.out / "one_matrix.json").write_text(json.dumps(result, indent=1))
+        medians = {n: statistics.median(t) for n, t in rows[-1]["ms_per_round"].items()}
+        print(f"[{number}/{len(SHAPES)}] {'x'.join(map(str, shape))}: "
+              + ", ".join(f"{n} {m:.3f}" for n, m in medians.items())
+              + (f"; WRONG {rows[-1]['wrong']}" if rows[-1]["wrong"] else ""), flush=True)
+        torch.cuda.empty_cache()
+    (args.out / "one_matrix.md").write_text(markdown(result))
+    return 0 if not any(row["wrong"] for row in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
