@@ -7,8 +7,8 @@ For each (matrices, seq, d) it runs the ordered backward with the multi-matrix s
 unordered backward (the floor an order costs against) and SDPA cuDNN's backward. Each
 ordered variant's gradients must match the unordered one's within bf16 rounding and repeat
 bit for bit; then each is timed in rounds taken in turn (device time, do_bench medians;
-the backward's host work is hidden behind kernels this long). Writes DIR/one_matrix.json
-and DIR/one_matrix.md.
+the backward's host work is hidden behind kernels this long). Writes DIR/one_matrix.json,
+which `make report` tabulates in the study's README.
 
 Usage: PYTHONPATH=src python -m studies.attention_one_matrix.study --out DIR --commit HASH
 """
@@ -30,7 +30,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from studies.harness import bench_ms, run_record
 from systems.attention.flash_triton import flash_forward
 from systems.attention.gluon.backward import CONFIGS, GluonConfig, gluon_backward
-from systems.common.formatting import markdown_table
 
 ROUNDS = 5
 # One matrix at the lengths where its key blocks outnumber an H100's SMs, and a few
@@ -87,24 +86,6 @@ def measure(shape: tuple[int, int, int]) -> dict[str, object]:
     return {"shape": list(shape), "wrong": wrong, "ms_per_round": ms}
 
 
-def markdown(result: dict[str, object]) -> str:
-    """Per shape and variant: median ms, and the median of per-round ratios to cuDNN."""
-    rows = []
-    for row in result["rows"]:
-        ms = row["ms_per_round"]
-        cudnn = ms["SDPA cuDNN"]
-        for name, rounds in ms.items():
-            ratio = statistics.median(a / b for a, b in zip(rounds, cudnn, strict=True))
-            rows.append(["x".join(map(str, row["shape"])), name,
-                         f"{statistics.median(rounds):.3f}", f"{ratio:.2f}"])
-    return ("# The ordered backward on one long matrix\n\n"
-            + markdown_table(["matrices x seq x d", "backward", "ms", "/ SDPA cuDNN"], rows)
-            + f"\n\nDevice time (do_bench medians), {result['rounds']} rounds taken in "
-            "turn; a ratio is the median of the per-round ratios. bf16, "
-            f"causal, backward only. {result['device']}, torch {result['torch']}, Triton "
-            f"{result['triton']}, cuDNN {result['cudnn']}; commit {result['commit']}.\n")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="write DIR/one_matrix.json")
@@ -123,7 +104,6 @@ def main() -> int:
               + ", ".join(f"{n} {m:.3f}" for n, m in medians.items())
               + (f"; WRONG {rows[-1]['wrong']}" if rows[-1]["wrong"] else ""), flush=True)
         torch.cuda.empty_cache()
-    (args.out / "one_matrix.md").write_text(markdown(result))
     return 0 if not any(row["wrong"] for row in rows) else 1
 
 

@@ -433,3 +433,31 @@ def tile_order(repo: Path, file: str) -> str:
             "a ratio is the median of the per-round ratios (lowest to highest). bf16, causal. "
             f"From `{file}` ({data.get('device')}, torch {data.get('torch')}, Triton "
             f"{data.get('triton')}, cuDNN {data.get('cudnn')}; commit {data.get('commit')}).\n")
+
+
+def one_matrix(repo: Path, file: str) -> str:
+    """The one-matrix study: per shape each backward's device time and the median (range)
+    of its per-round ratios to SDPA cuDNN's backward."""
+    data = _experiment(repo, file)
+    rows = []
+    for row in data["rows"]:
+        ms = row["ms_per_round"]
+        cudnn = ms["SDPA cuDNN"]
+        for name, rounds in ms.items():
+            if name == "SDPA cuDNN":
+                continue
+            ratios = [a / b for a, b in zip(rounds, cudnn, strict=True)]
+            rows.append(["x".join(map(str, row["shape"])), name,
+                         f"{statistics.median(rounds):.3f}", f"{statistics.median(cudnn):.3f}",
+                         ratio_spread(ratios)])
+    wrong = sorted({name for row in data["rows"] for name in row["wrong"]})
+    return (markdown_table(["matrices x seq x d", "backward", "ms", "SDPA cuDNN ms",
+                            "/ SDPA cuDNN"], rows)
+            + "\n\nEvery ordered variant's gradients "
+            + (f"DIFFERED for {', '.join(wrong)}" if wrong else
+               "matched the unordered backward's within bf16 rounding and repeated bit for bit")
+            + ". \"library\" is `library_config`'s pick. Time: device time (do_bench "
+            f"medians), backward only, {data['rounds']} rounds taken in turn; a ratio is the "
+            "median of the per-round ratios (lowest to highest). bf16, causal. From "
+            f"`{file}` ({data.get('device')}, torch {data.get('torch')}, Triton "
+            f"{data.get('triton')}, cuDNN {data.get('cudnn')}; commit {data.get('commit')}).\n")

@@ -37,13 +37,17 @@ def dispatch_table() -> str:
 
 
 def dispatch_study(repo: Path, run_file: str, tokens: str | None = None) -> str:
-    """Per shape of a saved study run (those of `tokens` tokens, if given): the default
-    pair's and cuDNN's times, the pair that beat the default by most where one beat it by
-    `dispatch.WIN` (else the default), and its ratios to both."""
+    """Per shape of a saved study run (those of `tokens` tokens, or of one matrix where it
+    is "one-matrix", if given): the default pair's and cuDNN's times, the pair that beat
+    the default by most where one beat it by `dispatch.WIN` (else the default), and its
+    ratios to both."""
     run = json.loads((repo / run_file).read_text())
     lines = ["| d | seq | tokens | default ms | SDPA cuDNN ms | fastest pair | its ms | "
              "/ default | / SDPA cuDNN |", "|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
-    rows = [r for r in run["rows"] if tokens is None or r["tokens"] == int(tokens)]
+    if tokens == "one-matrix":
+        rows = [r for r in run["rows"] if r["matrices"] == 1]
+    else:
+        rows = [r for r in run["rows"] if tokens is None or r["tokens"] == int(tokens)]
     if not rows:
         raise ValueError(f"{run_file}: no shape of {tokens} tokens")
     for row in sorted(rows, key=lambda r: (r["head_dim"], r["seq"], r["tokens"])):

@@ -39,6 +39,7 @@ def generators(repo: Path) -> dict[str, Generator]:
         "attention-gluon-schedules": partial(doc_backward.ordered_schedules, repo),
         "attention-kernel-breakdown": partial(doc_backward.kernel_breakdown, repo),
         "attention-tile-order": partial(doc_backward.tile_order, repo),
+        "attention-one-matrix": partial(doc_backward.one_matrix, repo),
         "attention-dispatch-table": doc_dispatch.dispatch_table,
         "attention-dispatch-study": partial(doc_dispatch.dispatch_study, repo),
         "gate-constants": doc_gate.gate_constants,

@@ -70,33 +70,33 @@ class Rule:
 
 # Measured on one H100 (sm_90, as the H200; torch 2.11, Triton 3.6), bf16, causal,
 # forward+backward, three do_bench rounds taken in turn per shape, by
-# `PYTHONPATH=src python -m studies.attention_dispatch.study` (its run is saved as
-# studies/attention_dispatch/runs/2026-11-28_h100_short_ordered.json, commit 0b488ed;
-# `--rows` forms the table again from it). A pair beats the default at a shape where its
-# median per-round ratio to the default is below WIN; each rule names a pair that beats it
-# at every measured shape of its region. The ordered Gluon backward wins once the GPU is
-# filled (262144 tokens) from 2048 tokens per sequence at d = 64 and 80, from 512 at d = 96
-# and from 1024 at d = 128 (there behind the Gluon forward), and with fewer tokens from
-# 8192 (d = 64), 4096 (d = 80) and 16384 (d = 96, 128). It runs matrices of few key blocks
-# with the longest programs first (`gluon.backward.library_config`), which moved the
-# regions at d = 64 and 80 down from 8192 and 4096 tokens per sequence (earlier runs in
-# runs/). Every other shape runs DEFAULT.
+# `PYTHONPATH=src python -m studies.attention_dispatch.study --head-dim D ...` (its runs are
+# saved as studies/attention_dispatch/runs/2026-11-28_h100_one_matrix_d64_d128.json and
+# _d80_d96.json, commits 479ccba and 9ed4c42; `--rows A --rows B` forms the table again from
+# them). A pair beats the default at a shape where its median per-round ratio to the default
+# is below WIN; each rule names a pair that beats it at every measured shape of its region.
+# The ordered Gluon backward wins once the GPU is filled (262144 tokens) from 2048 tokens
+# per sequence at d = 64 and 80 and from 512 at d = 96 and 128 (there behind the Gluon
+# forward), and with fewer tokens, one matrix included, from 8192 (d = 64), 4096 (d = 80)
+# and 16384 (d = 96, 128). One matrix of more key blocks than SMs runs descending on chains
+# of dQ accumulators (`gluon.backward.library_config`), which brought the regions down to a
+# single matrix. Every other shape runs DEFAULT.
 TABLE: tuple[Rule, ...] = (
-    Rule(HOPPER, torch.bfloat16, 64, min_seq=8192, min_tokens=32768,
+    Rule(HOPPER, torch.bfloat16, 64, min_seq=8192, min_tokens=16384,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
     Rule(HOPPER, torch.bfloat16, 64, min_seq=2048, min_tokens=262144,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
-    Rule(HOPPER, torch.bfloat16, 80, min_seq=4096, min_tokens=32768,
+    Rule(HOPPER, torch.bfloat16, 80, min_seq=4096, min_tokens=8192,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
     Rule(HOPPER, torch.bfloat16, 80, min_seq=2048, min_tokens=262144,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
     Rule(HOPPER, torch.bfloat16, 96, min_seq=512, min_tokens=262144,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
-    Rule(HOPPER, torch.bfloat16, 96, min_seq=16384, min_tokens=32768,
+    Rule(HOPPER, torch.bfloat16, 96, min_seq=16384, min_tokens=8192,
          kernels=Kernels(TRITON, GLUON_ORDERED)),
-    Rule(HOPPER, torch.bfloat16, 128, min_seq=1024, min_tokens=262144,
+    Rule(HOPPER, torch.bfloat16, 128, min_seq=512, min_tokens=262144,
          kernels=Kernels(GLUON, GLUON_ORDERED)),
-    Rule(HOPPER, torch.bfloat16, 128, min_seq=16384, min_tokens=32768,
+    Rule(HOPPER, torch.bfloat16, 128, min_seq=16384, min_tokens=8192,
          kernels=Kernels(GLUON, GLUON_ORDERED)),
 )
 
