@@ -276,6 +276,22 @@ def test_library_config_by_key_blocks_per_sm():
                     == CONFIGS[head_dim, False])
 
 
+@settings(max_examples=300, deadline=None)
+@given(head_dim=st.sampled_from(HEAD_DIMS), deterministic=st.booleans(),
+       key_blocks=st.integers(1, 1024), matrices=st.integers(1, 64), sms=st.integers(1, 264))
+def test_library_config_never_picks_an_order_that_deadlocks(head_dim, deterministic,
+                                                            key_blocks, matrices, sms):
+    """Whatever the problem and however many SMs hold programs (an MPS share included), the
+    library's pick passes the launch-order check, and only an ordered one adds on chains."""
+    config = library_config(head_dim, deterministic, key_blocks, matrices, sms)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gluon_backward_module, "resident_sms", lambda device: sms)
+        gluon_backward_module._check_launch_order(config, key_blocks,
+                                                  torch.device("cuda", 0))
+    assert config.ordered == deterministic
+    assert config.chains == 1 or config.ordered
+
+
 @hopper
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize(("head_dim", "chains"), [(64, 2), (80, 3), (128, 4)])
