@@ -34,8 +34,8 @@ starts them, those reach each query tile about a step ahead of it (little wait):
   block b adds into accumulator b % CHAINS, on chains of its own, which the finish adds
   in order: the queues are CHAINS times shorter.
 
-`prepare` (D = rowsum(O * dO) and the zeroed accumulator) and `finish` (dQ = acc * scale,
-cast) are plain Triton kernels launched before and after.
+`prepare` (D = rowsum(O * dO) and the zeroed accumulators) and `finish` (dQ = the
+accumulators' sum * scale, cast) are plain Triton kernels launched before and after.
 """
 
 from __future__ import annotations
@@ -522,10 +522,10 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
     a tile's shares. dq_desc covers CHAINS fp32 (bh * n_q, d) accumulators stacked, zeroed,
     in boxes of the block of a query tile's share that a warpgroup holds
     (`warpgroup_block`); dK, dV are bf16; semaphores int32 (CHAINS, bh, n_q / BLOCK_M),
-    zero (read only if ORDERED). A head dim d that is not a power of
-    two runs as its first HEAD_DIM columns (the descriptors' boxes) and a tail of TAIL
-    (80 = 64 + 16, 96 = 64 + 32): the `*_tail_desc`s read the same rows from column
-    HEAD_DIM, and each matmul over or along the head dim is two. TAIL = 0: no tail, and
+    zero (read only if ORDERED). A head dim d that is not a power of two runs as its first
+    HEAD_DIM columns (the descriptors' boxes) and a tail of TAIL (80 = 64 + 16,
+    96 = 64 + 32): the `*_tail_desc`s read the same rows from column HEAD_DIM, and each
+    matmul over or along the head dim is two. TAIL = 0: no tail, and
     the tail descriptors are None."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
