@@ -65,6 +65,22 @@ def run_record(commit: str, rounds: int, rows: list[dict[str, object]]) -> dict[
             "cudnn": torch.backends.cudnn.version(), "rounds": rounds, "rows": rows}
 
 
+def measure_shapes(shapes: Sequence[tuple[int, ...]],
+                   measure: Callable[[tuple[int, ...]], dict[str, object]],
+                   record: dict[str, object], path: Path,
+                   summary: Callable[[dict[str, object]], str]) -> list[dict[str, object]]:
+    """`measure`'s row for each shape in turn, appended to `record["rows"]`, the record
+    rewritten to `path` after each (a run cut short keeps its rows) and a progress line
+    printed (`summary`); returns the rows."""
+    rows = record["rows"]
+    for number, shape in enumerate(shapes, start=1):
+        rows.append(measure(shape))
+        path.write_text(json.dumps(record, indent=1))
+        print(f"[{number}/{len(shapes)}] {summary(rows[-1])}", flush=True)
+        torch.cuda.empty_cache()
+    return rows
+
+
 def graphed(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
     """fn captured in a CUDA graph, after two calls on a side stream (which plan, compile
     and keep the replay program of our attention calls)."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,9 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from studies.harness import bench_ms, run_record
+from studies.harness import max_abs, measure_shapes, run_record
 from systems.attention.flash_triton import flash_forward
 from systems.attention.gluon.backward import CONFIGS, GluonConfig, gluon_backward
+from systems.bench.timing import interleaved_device_time
 
 ROUNDS = 5
 # One matrix at the lengths where its key blocks outnumber an H100's SMs, and a few
@@ -54,8 +54,7 @@ def variants(head_dim: int) -> dict[str, GluonConfig | None]:
 
 def agrees(grads: tuple[torch.Tensor, ...], floor: tuple[torch.Tensor, ...]) -> bool:
     eps = torch.finfo(torch.bfloat16).eps
-    return all((a.float() - b.float()).abs().max().item()
-               <= SLACK_EPS * eps * b.abs().max().item()
+    return all(max_abs(a, b) <= SLACK_EPS * eps * b.abs().max().item()
                for a, b in zip(grads, floor, strict=True))
 
 
@@ -65,9 +64,9 @@ def measure(shape: tuple[int, int, int]) -> dict[str, object]:
     q, k, v, do = (torch.randn(1, matrices, seq, d, device="cuda", dtype=torch.bfloat16,
                                generator=generator) for _ in range(4))
     o, lse = flash_forward(q, k, v, True)
-    unordered = gluon_backward(q, k, v, o, lse, do, True, deterministic=False)
-    steps: dict[str, Step] = {
-        "unordered": lambda: gluon_backward(q, k, v, o, lse, do, True, deterministic=False)}
+    steps: dict[str, Step] = {"unordered": functools.partial(
+        gluon_backward, q, k, v, o, lse, do, True, deterministic=False)}
+    unordered = steps["unordered"]()
     wrong = []
     for name, config in variants(d).items():
         step = functools.partial(gluon_backward, q, k, v, o, lse, do, True, config=config)
@@ -79,11 +78,16 @@ def measure(shape: tuple[int, int, int]) -> dict[str, object]:
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         out = F.scaled_dot_product_attention(*leaves, is_causal=True)
     steps["SDPA cuDNN"] = lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
-    ms: dict[str, list[float]] = {name: [] for name in steps}
-    for index in range(ROUNDS):
-        for name in steps if index % 2 == 0 else reversed(steps):
-            ms[name].append(bench_ms(steps[name]))
+    seconds = interleaved_device_time(steps, rounds=ROUNDS)
+    ms = {name: [s * 1e3 for s in rounds] for name, rounds in seconds.items()}
     return {"shape": list(shape), "wrong": wrong, "ms_per_round": ms}
+
+
+def summary(row: dict[str, object]) -> str:
+    medians = {n: statistics.median(t) for n, t in row["ms_per_round"].items()}
+    return (f"{'x'.join(map(str, row['shape']))}: "
+            + ", ".join(f"{n} {m:.3f}" for n, m in medians.items())
+            + (f"; WRONG {row['wrong']}" if row["wrong"] else ""))
 
 
 def main() -> int:
@@ -93,17 +97,9 @@ def main() -> int:
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         parser.error("needs an sm_90 GPU (H100, H200)")
-    rows: list[dict[str, object]] = []
-    result = run_record(args.commit, ROUNDS, rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    for number, shape in enumerate(SHAPES, start=1):
-        rows.append(measure(shape))
-        (args.out / "one_matrix.json").write_text(json.dumps(result, indent=1))
-        medians = {n: statistics.median(t) for n, t in rows[-1]["ms_per_round"].items()}
-        print(f"[{number}/{len(SHAPES)}] {'x'.join(map(str, shape))}: "
-              + ", ".join(f"{n} {m:.3f}" for n, m in medians.items())
-              + (f"; WRONG {rows[-1]['wrong']}" if rows[-1]["wrong"] else ""), flush=True)
-        torch.cuda.empty_cache()
+    rows = measure_shapes(SHAPES, measure, run_record(args.commit, ROUNDS, []),
+                          args.out / "one_matrix.json", summary)
     return 0 if not any(row["wrong"] for row in rows) else 1
 
 

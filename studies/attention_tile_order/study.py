@@ -15,7 +15,6 @@ Usage: PYTHONPATH=src python -m studies.attention_tile_order.study --out DIR --c
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from studies.harness import bench_ms, graphed, run_record
+from studies.harness import bench_ms, graphed, measure_shapes, run_record
 from systems.attention.flash_triton.launch import flash_forward, forget_plans
 from systems.attention.gluon.forward import CONFIGS, forward_head_dim, gluon_forward
 from systems.attention.host_path import replay
@@ -122,14 +121,9 @@ def main() -> int:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
-    rows: list[dict[str, object]] = []
-    result = run_record(args.commit, ROUNDS, rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    for number, shape in enumerate(SHAPES, start=1):
-        rows.append(measure(shape))
-        (args.out / "tile_order.json").write_text(json.dumps(result, indent=1))
-        print(f"[{number}/{len(SHAPES)}] {summary(rows[-1])}", flush=True)
-        torch.cuda.empty_cache()
+    rows = measure_shapes(SHAPES, measure, run_record(args.commit, ROUNDS, []),
+                          args.out / "tile_order.json", summary)
     return 0 if all(row["identical"] for row in rows) else 1
 
 
