@@ -3,7 +3,8 @@ order of its key blocks (`gluon.backward.SCHEDULES`) and the number of dQ accumu
 chains (`GluonConfig.chains`), one GPU, bf16, causal.
 
 For each (matrices, seq, d) it runs the ordered backward with the multi-matrix schedule
-(alternating), descending on 1, 2, 4 and 8 chains, and the library's pick, beside the
+(alternating) on 1, 2 and 4 chains, descending on 1, 2, 4 and 8, and the library's pick,
+beside the
 unordered backward (the floor an order costs against) and SDPA cuDNN's backward. Each
 ordered variant's gradients must match the unordered one's within bf16 rounding and repeat
 bit for bit; then each is timed in rounds taken in turn (device time, do_bench medians;
@@ -11,6 +12,7 @@ the backward's host work is hidden behind kernels this long). Writes DIR/one_mat
 which `make report` tabulates in the study's README.
 
 Usage: PYTHONPATH=src python -m studies.attention_one_matrix.study --out DIR --commit HASH
+       [--shape MATRICES,SEQ,D ...]
 """
 
 from __future__ import annotations
@@ -28,15 +30,18 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from studies.harness import max_abs, measure_shapes, run_record
 from systems.attention.flash_triton import flash_forward
-from systems.attention.gluon.backward import CONFIGS, GluonConfig, gluon_backward
+from systems.attention.gluon.backward import CONFIGS, HEAD_DIMS, GluonConfig, gluon_backward
 from systems.bench.timing import interleaved_device_time
 
 ROUNDS = 5
 # One matrix at the lengths where its key blocks outnumber an H100's SMs, and a few
 # matrices of the same sizes as controls.
 SHAPES = ((1, 16384, 64), (1, 32768, 64), (1, 65536, 64), (1, 16384, 128), (1, 32768, 128),
-          (1, 65536, 128), (2, 32768, 64), (4, 16384, 64), (2, 16384, 128))
+          (1, 65536, 128), (2, 32768, 64), (4, 16384, 64), (2, 16384, 128),
+          # and the attention table's long shapes, many matrices filling the GPU
+          (16, 16384, 64), (16, 16384, 128), (64, 4096, 64), (64, 4096, 128))
 CHAINS = (1, 2, 4, 8)
+ALTERNATING_CHAINS = (2, 4)
 # Largest distance from the unordered gradients allowed, in units of bf16's epsilon
 # times the gradient's largest magnitude: both add the same fp32 shares in other orders.
 SLACK_EPS = 4
@@ -47,6 +52,8 @@ def variants(head_dim: int) -> dict[str, GluonConfig | None]:
     """Each ordered config timed, by name; None is the library's pick."""
     alternating = CONFIGS[head_dim, True]
     found: dict[str, GluonConfig | None] = {"library": None, "alternating": alternating}
+    found |= {f"alternating, {n} chains": replace(alternating, chains=n)
+              for n in ALTERNATING_CHAINS}
     found |= {f"descending, {n} chain{'s' * (n > 1)}":
               replace(alternating, schedule="descending", chains=n) for n in CHAINS}
     return found
@@ -90,15 +97,29 @@ def summary(row: dict[str, object]) -> str:
             + (f"; WRONG {row['wrong']}" if row["wrong"] else ""))
 
 
+def shape_arg(text: str) -> tuple[int, int, int]:
+    try:
+        matrices, seq, d = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected MATRICES,SEQ,D") from None
+    if min(matrices, seq) < 1 or d not in HEAD_DIMS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: matrices and seq must be positive and d one of {HEAD_DIMS}")
+    return matrices, seq, d
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="write DIR/one_matrix.json")
     parser.add_argument("--commit", default="unknown", help="recorded in the output")
+    parser.add_argument("--shape", action="append", type=shape_arg,
+                        help="time only this MATRICES,SEQ,D (repeatable; all of SHAPES by "
+                             "default)")
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         parser.error("needs an sm_90 GPU (H100, H200)")
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = measure_shapes(SHAPES, measure, run_record(args.commit, ROUNDS, []),
+    rows = measure_shapes(args.shape or SHAPES, measure, run_record(args.commit, ROUNDS, []),
                           args.out / "one_matrix.json", summary)
     return 0 if not any(row["wrong"] for row in rows) else 1
 
