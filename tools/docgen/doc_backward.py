@@ -436,24 +436,24 @@ def tile_order(repo: Path, file: str) -> str:
 
 
 def one_matrix(repo: Path, file: str) -> str:
-    """The one-matrix study: per shape each backward's device time and the median (range)
-    of its per-round ratios to SDPA cuDNN's backward."""
+    """The one-matrix study: a row per shape with SDPA cuDNN's backward time and, per
+    backward of ours, the median (range) of its per-round ratios to it; "–" where a run did
+    not time that backward."""
     data = _experiment(repo, file)
+    names = list(dict.fromkeys(name for row in data["rows"] for name in row["ms_per_round"]
+                               if name != "SDPA cuDNN"))
     rows = []
     for row in data["rows"]:
         ms = row["ms_per_round"]
         cudnn = ms["SDPA cuDNN"]
-        for name, rounds in ms.items():
-            if name == "SDPA cuDNN":
-                continue
-            ratios = [a / b for a, b in zip(rounds, cudnn, strict=True)]
-            rows.append(["x".join(map(str, row["shape"])), name,
-                         f"{statistics.median(rounds):.3f}", f"{statistics.median(cudnn):.3f}",
-                         ratio_spread(ratios)])
+        cells = [ratio_spread([a / b for a, b in zip(ms[name], cudnn, strict=True)])
+                 if name in ms else "–" for name in names]
+        rows.append(["x".join(map(str, row["shape"])), f"{statistics.median(cudnn):.3f}",
+                     *cells])
     wrong = sorted({name for row in data["rows"] for name in row["wrong"]})
-    return (markdown_table(["matrices x seq x d", "backward", "ms", "SDPA cuDNN ms",
-                            "/ SDPA cuDNN"], rows)
-            + "\n\nEvery ordered variant's gradients "
+    return (markdown_table(["matrices x seq x d", "SDPA cuDNN ms", *names], rows)
+            + "\n\nEach backward's time over SDPA cuDNN's backward. Every ordered variant's "
+            + "gradients "
             + (f"DIFFERED for {', '.join(wrong)}" if wrong else
                "matched the unordered backward's within bf16 rounding and repeated bit for bit")
             + ". \"library\" is `library_config`'s pick. Time: device time (do_bench "
