@@ -3,8 +3,8 @@
     PYTHONPATH=src python -m studies.attention_kernel_breakdown.study --out DIR [--commit HASH]
 
 For each head dim (64 and 128 by default) at 16 x 16384, bf16, causal, and each
-implementation (ours with the default two-pass backward, with the Gluon backward ordered and
-unordered, and SDPA's cuDNN backend): the `test_attention` step (`torch.autograd.grad` of
+implementation (ours as the dispatch picks, with the Gluon backward ordered and unordered,
+and SDPA's cuDNN backend): the `test_attention` step (`torch.autograd.grad` of
 the output against a random dO) warmed up, timed by CUDA events over a few steps, then
 profiled for as many with torch.profiler. Every kernel's device time is summed per step
 and grouped by name; the events' time beside the kernels' sum shows time outside kernels
