@@ -247,7 +247,7 @@ def test_resident_sms_are_the_mps_share_of_the_gpus(monkeypatch, share, expected
     """Under an MPS server's thread share, fewer SMs than the device reports hold programs
     at once: the ordered backward picks its launch order (and refuses longest first) by
     those, so that no wait is left on a program that cannot start."""
-    monkeypatch.setattr(gluon_backward_module, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(gluon_backward_module.hardware, "sm_count", lambda device: 132)
     if share is None:
         monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
     else:

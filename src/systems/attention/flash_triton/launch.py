@@ -37,11 +37,6 @@ def _cdiv(n: int, block: int) -> int:
     return -(-n // block)
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Everything `check_attention_inputs` asks, plus what these kernels need. The checks
     that shapes, dtypes and devices decide run once per such signature."""

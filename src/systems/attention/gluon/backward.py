@@ -23,7 +23,7 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from systems.attention.flash_triton.launch import _sm_count, head_dim_tiles
+from systems.attention.flash_triton.launch import head_dim_tiles
 from systems.attention.gluon.backward_kernel import (
     BLOCK_N,
     CONSUMER_WARPS,
@@ -439,7 +439,7 @@ def descriptor_signature(specs: dict[str, tuple[str, list[int], object]]) -> dic
 def resident_sms(device: torch.device) -> int:
     """The SMs this process's programs may hold at once: the GPU's, or under an MPS server
     the share CUDA_MPS_ACTIVE_THREAD_PERCENTAGE leaves it (the device reports them all)."""
-    sms = _sm_count(device)
+    sms = hardware.sm_count(device)
     share = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip()
     try:
         percent = float(share) if share else 100.0

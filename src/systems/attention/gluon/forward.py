@@ -45,7 +45,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from systems.attention.flash_triton.launch import _sm_count
 from systems.attention.gluon.backward import (
     aligned_rows,
     cut_to,
@@ -62,6 +61,7 @@ from systems.attention.gluon.backward_kernel import LOG2E, mma_layout, named_arr
 from systems.attention.host_path import replay
 from systems.attention.shared import causal
 from systems.attention.shared.tile_order import section_matrices
+from systems.common import hardware
 from systems.kernel_runtime.launcher import KernelLauncher, TensorSlot
 from systems.kernel_runtime.triton_build import build_for_hopper
 
@@ -440,7 +440,7 @@ class _ForwardPlan:
         n_matrices = rows // seq
         tiles = n_matrices * (seq // BLOCK_M)  # one program per query tile
         if config.persistent:
-            tiles = min(tiles, programs or _sm_count(q.device))
+            tiles = min(tiles, programs or hardware.sm_count(q.device))
         launch = _forward_launch(rows, seq, head_dim, d, config, tiles, q.get_device())
         group = section_matrices(n_matrices, seq, head_dim, q.dtype.itemsize, q.device)
         return cls(launch, seq, n_matrices, group, d, head_dim,
