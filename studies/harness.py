@@ -57,12 +57,19 @@ def bench_ms(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(fn, return_mode="median")
 
 
-def run_record(commit: str, rounds: int, rows: list[dict[str, object]]) -> dict[str, object]:
-    """The JSON record of a study's run: commit, command line, device and versions, its
-    rounds and (filled as they come) its rows."""
-    return {"commit": commit, "argv": sys.argv[1:], "device": torch.cuda.get_device_name(),
+def _run_header(commit: str, on_gpu: bool = True) -> dict[str, object]:
+    """What every study's run record opens with: commit, command line, device, versions."""
+    return {"commit": commit, "argv": sys.argv[1:],
+            "device": torch.cuda.get_device_name() if on_gpu else "none (built for sm_90)",
             "torch": torch.__version__, "triton": triton.__version__,
-            "cudnn": torch.backends.cudnn.version(), "rounds": rounds, "rows": rows}
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if on_gpu else None}
+
+
+def run_record(commit: str, rounds: int, rows: list[dict[str, object]]) -> dict[str, object]:
+    """The JSON record of a study's run: `_run_header`, its rounds and (filled as they
+    come) its rows."""
+    return {**_run_header(commit), "rounds": rounds, "rows": rows}
 
 
 def measure_shapes(shapes: Sequence[tuple[int, ...]],
@@ -159,11 +166,7 @@ def run_study(name: str, description: str, head_dims: Sequence[int],
         parser.error(f"--seq-len must be a multiple of {seq_multiple}")
     cuda = not args.build_only
     rows: list[dict[str, object]] = []
-    result = {"commit": args.commit, "argv": sys.argv[1:],
-              "device": torch.cuda.get_device_name() if cuda else "none (built for sm_90)",
-              "torch": torch.__version__, "triton": triton.__version__,
-              "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if cuda
-              else None, "rows": rows}
+    result = {**_run_header(args.commit, on_gpu=cuda), "rows": rows}
     path = args.out / f"{name}.json" if args.out else None
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
