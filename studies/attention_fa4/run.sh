@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # FlashAttention-4 beside ours, SDPA cuDNN and SDPA flash at the attention table's long
-# shapes, on one Hopper GPU: install the wheels in WHEELS (flash-attn-4 and its needs; split
-# files PART* are joined first, for wheels carried in pieces), check its outputs against an
-# fp32 reference (check.py), then run the table's perf cases at those shapes.
+# shapes, on one Hopper GPU: install the wheels in WHEELS (flash-attn-4 and its needs; a
+# wheel may also come unpacked, as NAME.tar.xz or in pieces NAME.tar.xz.part*, which is
+# smaller to carry), check its outputs against an fp32 reference (check.py), then run the
+# table's perf cases at those shapes.
 #   SYSTEMS_COMMIT=<sha> WHEELS=<dir> OUT=<dir> bash studies/attention_fa4/run.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -11,10 +12,9 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:?set OUT to the folder that collects the results}
 export SYSTEMS_COMMIT PYTHONUNBUFFERED=1
 site=$(mktemp -d)
-if compgen -G "$WHEELS/part*" > /dev/null; then
-    cat "$WHEELS"/part* > "$WHEELS/nvidia_cutlass_dsl_libs_base-4.5.3-cp312-cp312-manylinux_2_28_x86_64.whl"
-    rm "$WHEELS"/part*
-fi
+for tarball in $(ls "$WHEELS" | sed -n 's/\(\.tar\.xz\)\(\.part.*\)\?$/\1/p' | sort -u); do
+    cat "$WHEELS/$tarball"* | tar -xJ -C "$site" || { echo "cannot unpack $tarball"; exit 1; }
+done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
     "$WHEELS"/*.whl > "$OUT/pip.log" 2>&1 || { echo "pip failed"; tail "$OUT/pip.log"; exit 1; }
 # --target installs leave .pth files unread: put the folders they name on the path
