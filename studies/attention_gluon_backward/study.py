@@ -165,12 +165,13 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
 
 
 def prepare_and_finish(o: torch.Tensor, do: torch.Tensor) -> None:
-    """The kernels before and after the backward, on buffers allocated as it allocates."""
+    """The kernels before and after the backward, on buffers allocated as it allocates
+    with one dQ accumulator (the configs of many matrices)."""
     rows = o.reshape(-1, o.shape[-1])
     delta = torch.empty(rows.shape[0], dtype=torch.float32, device=o.device)
     acc = torch.empty(rows.shape, dtype=torch.float32, device=o.device)
     grid = (rows.shape[0] // PREPARE_ROWS,)
-    sizes = {"HEAD_DIM": rows.shape[1], "ROWS": PREPARE_ROWS}
+    sizes = {"HEAD_DIM": rows.shape[1], "ROWS": PREPARE_ROWS, "CHAINS": 1}
     prepare_kernel[grid](rows, do.reshape(rows.shape), delta, acc, **sizes)
     finish_kernel[grid](acc, torch.empty_like(rows), rows.shape[1] ** -0.5, **sizes)
 
