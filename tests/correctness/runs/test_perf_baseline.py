@@ -27,11 +27,13 @@ from systems.runs.baseline import (
 
 ROOT = Path(__file__).resolve().parents[3]
 
-# Which committed baseline gates which perf modules: single-GPU suites on one H100, the
-# distributed suite on two H200 (its case list depends on the GPU count).
+# Which committed baseline gates which perf modules: single-GPU suites on one H100 and on
+# one H200, the distributed suite on two and four H200 (its case list depends on the GPU
+# count).
+SINGLE_GPU_MODULES = ("test_end_to_end.py", "test_training_recipes.py", "test_attention.py")
 BASELINES = {
-    "H100 (1 GPU)": ("NVIDIA_H100_80GB_HBM3", 1, ("test_end_to_end.py", "test_training_recipes.py",
-                                                  "test_attention.py")),
+    "H100 (1 GPU)": ("NVIDIA_H100_80GB_HBM3", 1, SINGLE_GPU_MODULES),
+    "H200 (1 GPU)": ("NVIDIA_H200", 1, SINGLE_GPU_MODULES),
     "2 x H200": ("NVIDIA_H200", 2, ("test_distributed.py",)),
     "4 x H200": ("NVIDIA_H200", 4, ("test_distributed.py",)),
 }
