@@ -103,10 +103,10 @@ def _config(block_m: int, async_mma: bool, ordered: bool, schedule: str,
 # tiles per key block; at d = 128 their buffers outgrow shared memory. Ordered configs
 # alternate, which no length can deadlock (`_check_launch_order`); at d = 128 both issue a
 # tile's last matmuls in FA3's order (`dq_first`), so that the dQ hand-off (where an ordered
-# writer's waits reach the consumers) runs under dK: unordered, that took 4 to 5% off the
-# synchronous order at 16 x 16384 and 64 x 4096 on an H200 (the study's "The unordered
-# backward in FA3's order"). d = 80 and 96 (64 columns and a tail) take d = 128's: 128-row
-# tiles outgrow shared memory there too.
+# writer's waits reach the consumers) runs under dK; unordered, it was the faster order at
+# 16 x 16384 and 64 x 4096 on an H200 (the study's "The unordered backward in FA3's
+# order"). d = 80 and 96 (64 columns and a tail) take d = 128's: 128-row tiles outgrow
+# shared memory there too.
 CONFIGS: dict[tuple[int, bool], GluonConfig] = {
     (64, False): _config(128, async_mma=True, ordered=False, schedule="longest_first",
                          writers=2),
