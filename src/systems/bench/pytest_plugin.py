@@ -50,13 +50,16 @@ from systems.kernel_runtime import interpreter
 from systems.runs import keys
 from systems.runs.baseline import (
     RECORD_COMMAND,
+    GateSource,
     JsonDestination,
     add_repeat,
     baseline_path,
     baseline_suite,
-    host_loop_ms_runs,
+    describe_sources,
+    gate_baseline,
+    gating_baselines,
+    host_speed_lines,
     json_destination_path,
-    run_timings,
     study_path,
 )
 from systems.runs.gate import (
@@ -64,7 +67,6 @@ from systems.runs.gate import (
     Timing,
     compare,
     gate_table,
-    host_speed_line,
     regressions,
 )
 from systems.runs.history import read_run
@@ -81,10 +83,10 @@ class PerfRun:
     storage: Path | None = None  # .benchmarks/<GPU>; None when not a folder storage
     baseline: Path | None = None  # this GPU's baseline, whether or not it exists yet
     baseline_draft: Path | None = None  # --perf-baseline writes here; moved once all passed
-    gate_target: Path | None = None
-    gate_baseline: dict[str, Timing] = field(default_factory=dict)  # read once, up front
-    gate_baseline_host_loop_ms: list[float] = field(default_factory=list)  # one per its run
-    gate_baseline_commit: str | None = None
+    # What --perf-gate compares with, read once, up front: each case's timings, and the
+    # saved runs they come from (none: no gate).
+    gate_baseline: dict[str, Timing] = field(default_factory=dict)
+    gate_sources: list[GateSource] = field(default_factory=list)
     study: Path | None = None  # reserved (created empty) at configure time
     host_loop_ms: float | None = None  # systems.common.host_speed, when this run is kept
     slowdowns: dict[str, float] = field(default_factory=dict)  # host time (SLOWDOWN_ENV)
@@ -150,7 +152,7 @@ def pytest_configure(config: pytest.Config) -> None:
     option = config.option
     timed = not (option.benchmark_disable or option.benchmark_skip)
     if timed and (option.benchmark_json or option.benchmark_save or option.benchmark_autosave
-                  or run.gate_target is not None):
+                  or run.gate_sources):
         # Measured once, here, rather than when pytest-benchmark saves at the end: the gate
         # prints it even when nothing is saved, the saved file and the printed line hold
         # the same value, and nothing of the suite's own (compile workers, rank processes)
@@ -160,34 +162,33 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _resolve_compare_target(config: pytest.Config, run: PerfRun) -> None:
     """`--benchmark-compare` with no argument means this GPU's baseline, never the newest
-    saved file (which may be a study or a partial run)."""
-    has_baseline = run.baseline is not None and run.baseline.is_file()
+    saved file (which may be a study or a partial run); the gate's default is every
+    baseline that gates this GPU count (on several GPUs the one-GPU baseline too, for the
+    single-GPU suites)."""
+    candidates = gating_baselines(run.storage, gpu_count()) if run.storage else []
+    baselines = [path for path in candidates if path.is_file()]
     gate = config.getoption("perf_gate")
     default_asked = config.option.benchmark_compare is True
     if default_asked:
-        config.option.benchmark_compare = str(run.baseline) if has_baseline else []
+        config.option.benchmark_compare = str(baselines[0]) if baselines else []
     compare = config.option.benchmark_compare
-    if gate and isinstance(compare, str):
-        run.gate_target = Path(compare)
-        if not run.gate_target.is_file():
-            raise pytest.UsageError(f"--perf-gate compares with one saved run: "
-                                    f"--benchmark-compare={compare} is not a file")
-    elif gate and has_baseline:
-        run.gate_target = run.baseline
-    if isinstance(compare, str) and Path(compare).is_file() and run.gate_target is None:
+    named = isinstance(compare, str) and not default_asked
+    if gate and named and not Path(compare).is_file():
+        raise pytest.UsageError(f"--perf-gate compares with one saved run: "
+                                f"--benchmark-compare={compare} is not a file")
+    if not gate and isinstance(compare, str) and Path(compare).is_file():
         _read_compare_target(Path(compare), "--benchmark-compare")  # refused now, not later
-    if run.gate_target is not None:  # a bad target fails now, not after the run
-        saved = _read_compare_target(run.gate_target, "--perf-gate")
-        run.gate_baseline = run_timings(saved)
-        run.gate_baseline_commit = str(saved["commit_info"]["id"])
-        try:
-            run.gate_baseline_host_loop_ms = host_loop_ms_runs(saved)
-        except ValueError as error:
-            raise pytest.UsageError(f"--perf-gate: {run.gate_target}: {error}") from None
-    if (default_asked or gate) and run.gate_target is None and not has_baseline:
+    targets = ([Path(compare)] if named else baselines) if gate else []
+    # A bad target fails now, not after the run.
+    saved = [(target, _read_compare_target(target, "--perf-gate")) for target in targets]
+    try:
+        run.gate_baseline, run.gate_sources = gate_baseline(saved)
+    except ValueError as error:
+        raise pytest.UsageError(f"--perf-gate: {error}") from None
+    if (default_asked or gate) and not targets and not baselines:
         run.notes.append(f"nothing compared: no baseline for {device_slug()} with "
-                         f"{gpu_count()} GPU(s) ({run.baseline}); record one with "
-                         f"`{RECORD_COMMAND}`")
+                         f"{gpu_count()} GPU(s) ({', '.join(map(str, candidates))}); "
+                         f"record one with `{RECORD_COMMAND}`")
 
 
 def _read_compare_target(path: Path, option: str) -> dict:
@@ -517,15 +518,16 @@ def _keep_or_drop_baseline(session: pytest.Session, run: PerfRun) -> None:
 
 
 def _evaluate_gate(session: pytest.Session, run: PerfRun) -> None:
-    if run.gate_target is None:
+    if not run.gate_sources:
         return
     current = {r.fullname: r.timing for r in run.results}
     if not current:
         run.notes.append("the gate compared nothing: no case was timed")
         return
     if not current.keys() & run.gate_baseline.keys():
+        targets = ", ".join(str(source.path) for source in run.gate_sources)
         run.notes.append(f"the gate compared nothing: no case of this run is in "
-                         f"{run.gate_target} ({len(current)} new, {len(run.gate_baseline)} "
+                         f"{targets} ({len(current)} new, {len(run.gate_baseline)} "
                          "not run); unusable as a comparison")
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
         return
@@ -548,12 +550,10 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
                 terminalreporter.write_line(f"{report.nodeid}: {outcome} (recorded as skip)")
     if run.gate is not None:
         failed = regressions(run.gate)
-        terminalreporter.write_sep("-", f"perf gate: vs {run.gate_target} (commit "
-                                   f"{run.gate_baseline_commit})",
+        terminalreporter.write_sep("-", f"perf gate: vs {describe_sources(run.gate_sources)}",
                                    red=bool(failed), green=not failed)
-        host_speed = host_speed_line(run.host_loop_ms, run.gate_baseline_host_loop_ms)
-        if host_speed is not None:
-            terminalreporter.write_line(host_speed)
+        for line in host_speed_lines(run.host_loop_ms, run.gate_sources):
+            terminalreporter.write_line(line)
         terminalreporter.write_line(gate_table(run.gate))
         if failed:
             terminalreporter.write_line(f"PERF GATE FAILED: {len(failed)} case(s) slower than "

@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -110,6 +111,49 @@ def run_part(part: str, extra: list[str]) -> int:
 
 def baseline_path(storage: Path, gpus: int) -> Path:
     return storage / f"baseline_{gpus}gpu.json"
+
+
+def gating_baselines(storage: Path, gpus: int) -> list[Path]:
+    """The baselines that gate a run on `gpus` GPUs of one model, whether or not they exist
+    yet: that count's and, on several GPUs, the one-GPU baseline too, which holds the
+    single-GPU suites (their cases run on one GPU whatever the host has)."""
+    return [baseline_path(storage, count) for count in ((gpus, 1) if gpus >= 2 else (gpus,))]
+
+
+@dataclass(frozen=True)
+class GateSource:
+    """A saved run the gate compares with: its path, commit and host speed probes."""
+
+    path: Path
+    commit: str
+    host_loop_ms: tuple[float, ...]
+
+
+def gate_baseline(runs: list[tuple[Path, dict]]) -> tuple[dict[str, Timing], list[GateSource]]:
+    """The cases of these saved runs (read and validated) by full name, a case that several
+    hold taken from the first, and what each run is."""
+    timings: dict[str, Timing] = {}
+    sources = []
+    for path, run in reversed(runs):
+        try:
+            timings |= run_timings(run)
+            probes = tuple(host_loop_ms_runs(run))
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
+        sources.insert(0, GateSource(path, str(run["commit_info"]["id"]), probes))
+    return timings, sources
+
+
+def describe_sources(sources: list[GateSource]) -> str:
+    return ", ".join(f"{source.path} (commit {source.commit})" for source in sources)
+
+
+def host_speed_lines(this_run_ms: float | None, sources: list[GateSource]) -> list[str]:
+    """`host_speed_line` against each source that has probes (named when there are several)."""
+    lines = [(source, host_speed_line(this_run_ms, list(source.host_loop_ms)))
+             for source in sources]
+    return [line if len(sources) == 1 else f"{source.path.name}: {line}"
+            for source, line in lines if line is not None]
 
 
 def study_path(storage: Path, name: str) -> Path:
@@ -330,34 +374,38 @@ def judge_runs(runs: list[Path], against: Path | None, benchmarks_root: Path) ->
     (a regression), 2 when an input is unusable (a file the validator refuses, runs of
     another GPU model, or a run with no case in its baseline): then nothing is judged."""
     try:
-        pairs = [_judged_pair(path, against, benchmarks_root) for path in runs]
+        judged = [_judged(path, against, benchmarks_root) for path in runs]
     except ValueError as error:  # MalformedRunError is one
         print(f"error: {error}", file=sys.stderr)
         return 2
     failed = False
-    for path, run, target, baseline in pairs:
-        results = compare(run_timings(baseline), run_timings(run))
-        print(f"- perf gate: {path} vs {target} (commit {baseline['commit_info']['id']}) -")
-        host_speed = host_speed_line(host_loop_ms(run), host_loop_ms_runs(baseline))
-        if host_speed is not None:
-            print(host_speed)
+    for path, run, baselines in judged:
+        timings, sources = gate_baseline(baselines)
+        results = compare(timings, run_timings(run))
+        print(f"- perf gate: {path} vs {describe_sources(sources)} -")
+        for line in host_speed_lines(host_loop_ms(run), sources):
+            print(line)
         print(gate_table(results))
         failed = failed or bool(regressions(results))
     return 1 if failed else 0
 
 
-def _judged_pair(path: Path, against: Path | None,
-                 benchmarks_root: Path) -> tuple[Path, dict, Path, dict]:
-    """(run's path, run, baseline's path, baseline), both validated, of one GPU model and
-    with at least one case in common; ValueError otherwise."""
+def _judged(path: Path, against: Path | None,
+            benchmarks_root: Path) -> tuple[Path, dict, list[tuple[Path, dict]]]:
+    """(run's path, run, [(baseline's path, baseline)]): `against`, else the baselines that
+    gate the run's GPU count (`gating_baselines`, those that exist), all validated, of one
+    GPU model and with at least one case in common; ValueError otherwise."""
     run = read_run(path)
-    target = against or baseline_path(storage_of(run, benchmarks_root),
-                                      int(run["machine_info"].get("gpu_count") or 0))
-    baseline = read_run(target)
-    check_same_gpu(baseline, gpu_model(run), str(target))
-    if not case_names(run) & case_names(baseline):
-        raise ValueError(f"{path} has no case in common with {target}: nothing to judge")
-    return path, run, target, baseline
+    targets = [against] if against else gating_baselines(
+        storage_of(run, benchmarks_root), int(run["machine_info"].get("gpu_count") or 0))
+    targets = [target for target in targets if target.is_file()] or targets[:1]
+    baselines = [(target, read_run(target)) for target in targets]
+    for target, baseline in baselines:
+        check_same_gpu(baseline, gpu_model(run), str(target))
+    if not case_names(run) & set().union(*(case_names(b) for _, b in baselines)):
+        raise ValueError(f"{path} has no case in common with "
+                         f"{', '.join(map(str, targets))}: nothing to judge")
+    return path, run, baselines
 
 
 def main(argv: list[str] | None = None) -> int:

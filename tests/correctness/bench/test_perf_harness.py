@@ -300,6 +300,34 @@ def test_repeats_pool_into_the_baseline_of_the_same_commit(timed_project, monkey
     assert json.loads(baseline.read_text())["benchmarks"][0]["extra_info"]["run_medians"]
 
 
+def test_on_several_gpus_the_one_gpu_baseline_gates_the_single_gpu_suites(timed_project,
+                                                                         monkeypatch):
+    import systems.bench.pytest_plugin as plugin
+
+    monkeypatch.setattr(plugin, "gpu_count", lambda: 1)
+    timed_project.runpytest("tests/perf", "--perf-profile=quick",
+                            "--perf-baseline").assert_outcomes(passed=3)
+    one_gpu = baseline_path(storage(timed_project), 1)
+    monkeypatch.setattr(plugin, "gpu_count", lambda: 2)
+    alone = timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-gate")
+    alone.stdout.fnmatch_lines([f"*perf gate: vs {one_gpu} (commit 0123abc)*"])
+    assert "not run" not in alone.stdout.str() and "new (no baseline)" not in alone.stdout.str()
+
+    # With a two-GPU baseline (the distributed suite's cases) both gate, that one first.
+    two_gpu = baseline_path(storage(timed_project), 2)
+    distributed = json.loads(one_gpu.read_text())
+    for bench in distributed["benchmarks"]:
+        bench["fullname"] = bench["fullname"].replace("test_step", "test_ranks")
+    two_gpu.write_text(json.dumps(distributed))
+    both = timed_project.runpytest("tests/perf", "--perf-profile=quick", "--perf-gate")
+    both.stdout.fnmatch_lines([f"*perf gate: vs {two_gpu} (commit 0123abc), {one_gpu} "
+                               "(commit 0123abc)*",
+                               f"{two_gpu.name}: host speed: *", f"{one_gpu.name}: host speed: *"])
+    assert "new (no baseline)" not in both.stdout.str()  # every case run has a baseline
+    assert both.stdout.str().count("not run") >= 2  # the two-GPU baseline's own cases
+    assert both.ret == pytest.ExitCode.OK
+
+
 def test_a_malformed_gate_target_fails_before_any_case_runs(timed_project) -> None:
     baseline = baseline_path(storage(timed_project), 0)
     baseline.parent.mkdir(parents=True, exist_ok=True)

@@ -306,6 +306,34 @@ def test_saved_runs_can_be_judged_again_from_the_command_line(tmp_path, capsys) 
     assert "host speed" not in capsys.readouterr().out
 
 
+def test_a_run_on_several_gpus_is_judged_against_both_of_its_baselines(tmp_path,
+                                                                       capsys) -> None:
+    """The single-GPU suites' cases against the one-GPU baseline, the distributed suite's
+    against the baseline of the run's GPU count."""
+    def saved(path: Path, gpus: int, medians: dict[str, float]) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({
+            "machine_info": {"device_name": "GPU", "gpu_count": gpus},
+            "commit_info": {"id": f"c{gpus}"}, "datetime": "2026-01-01T00:00:00",
+            "benchmarks": [{"name": name, "fullname": f"t.py::{name}", "extra_info": {},
+                            "params": {}, "stats": {"median": median, "iqr": 0.0,
+                                                    "mean": median, "rounds": 5}}
+                           for name, median in medians.items()]}))
+        return path
+
+    root = tmp_path / "benchmarks"
+    run = saved(tmp_path / "run.json", 2, {"one_gpu": 0.0101, "ranks": 0.0202})
+    saved(root / "GPU" / "baseline_1gpu.json", 1, {"one_gpu": 0.010})
+    assert baseline_main(["judge", str(run), "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "baseline_1gpu.json (commit c1)" in out and "1 ok" in out and "1 new" in out
+    saved(root / "GPU" / "baseline_2gpu.json", 2, {"ranks": 0.015})
+    assert baseline_main(["judge", str(run), "--root", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "baseline_2gpu.json (commit c2), " in out and "baseline_1gpu.json (commit c1)" in out
+    assert "1 ok" in out and "1 SLOWER" in out
+
+
 def test_parts_of_runs_combine_into_a_baseline_and_pool_as_repeats(tmp_path, capsys) -> None:
     """Parts of a run too long for one go: the first run's parts become the baseline, a
     later run's parts pool into it as one more run; parts of two commits are refused."""
