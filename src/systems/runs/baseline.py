@@ -134,13 +134,13 @@ def gate_baseline(runs: list[tuple[Path, dict]]) -> tuple[dict[str, Timing], lis
     hold taken from the first, and what each run is."""
     timings: dict[str, Timing] = {}
     sources = []
-    for path, run in reversed(runs):
+    for path, run in runs:
         try:
-            timings |= run_timings(run)
+            timings = run_timings(run) | timings  # a case taken already keeps its run's
             probes = tuple(host_loop_ms_runs(run))
         except ValueError as error:
             raise ValueError(f"{path}: {error}") from None
-        sources.insert(0, GateSource(path, str(run["commit_info"]["id"]), probes))
+        sources.append(GateSource(path, str(run["commit_info"]["id"]), probes))
     return timings, sources
 
 
