@@ -62,8 +62,9 @@ from systems.kernel_runtime.triton_build import HOPPER_SHARED_BYTES
 
 def _variants(head_dim: int) -> list[GluonConfig]:
     """The library's two configs, then the other schedules and writer counts, the unordered
-    one with the ordered one's settings, then each in both orders of a tile's last matmuls
-    (dQ last, synchronous; dQ first, FA3's), then at d = 64 the two with the other tile
+    one with the ordered one's settings, then each library config (the short-matrix ordered
+    one too) in the three orders of a tile's last matmuls (synchronous; overlapped with dQ
+    last; overlapped in FA3's order, dQ first), then at d = 64 the two with the other tile
     height (64 or 128 query rows), overlapped MMAs or not (both fit the consumers'
     registers)."""
     chosen = [LIBRARY_CONFIGS[head_dim, False], LIBRARY_CONFIGS[head_dim, True]]
@@ -71,9 +72,11 @@ def _variants(head_dim: int) -> list[GluonConfig]:
                       writers=writers)
               for ordered in (0, 1) for schedule in SCHEDULES for writers in (1, 2)]
     others.append(replace(chosen[1], ordered=False, schedule=chosen[0].schedule))
-    orders = [replace(config, async_mma=dq_first, dq_first=dq_first)
-              for config in chosen for dq_first in (False, True)]
-    heights = [replace(config, block_m={64: 128, 128: 64}[config.block_m], async_mma=overlap)
+    orders = [replace(config, async_mma=overlap, dq_first=dq_first)
+              for config in chosen + [SHORT_ORDERED_CONFIGS[head_dim]]
+              for overlap, dq_first in ((False, False), (True, False), (True, True))]
+    heights = [replace(config, block_m={64: 128, 128: 64}[config.block_m], async_mma=overlap,
+                       dq_first=config.dq_first and overlap)
                for config in chosen for overlap in (True, False)] if head_dim == 64 else []
     variants = chosen + [c for c in others + orders + heights if c not in chosen]
     return list(dict.fromkeys(variants))
