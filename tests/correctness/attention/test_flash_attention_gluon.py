@@ -315,19 +315,22 @@ def test_chains_are_at_least_one():
 
 
 @hopper
-@pytest.mark.parametrize("async_mma", [True, False], ids=["async", "sync"])
+@pytest.mark.parametrize(("async_mma", "dq_first"), [(True, True), (True, False),
+                                                   (False, False)],
+                         ids=["dq_first", "async", "sync"])
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
 @pytest.mark.parametrize("shape", [((1,), 128), ((3,), 256), ((2, 3), 768), ((2,), 1664)],
                          ids=lambda s: f"{'x'.join(map(str, s[0]))}-seq{s[1]}")
-def test_query_tiles_of_128_rows(shape, ordered, schedule, async_mma):
+def test_query_tiles_of_128_rows(shape, ordered, schedule, async_mma, dq_first):
     """Tiles of 128 query rows at d = 64 (the library's configs there) in every schedule,
-    overlapped MMAs or not: one diagonal tile per key block, dQ handed over by row halves.
-    Every buffer poisoned, for 1 to 13 key blocks and 1 to 6 matrices; ordered, the
-    gradients are bit-identical between calls."""
+    in each order of a tile's last matmuls (FA3's, overlapped with dQ last, synchronous):
+    one diagonal tile per key block, dQ handed over by row halves. Every buffer poisoned,
+    for 1 to 13 key blocks and 1 to 6 matrices; ordered, the gradients are bit-identical
+    between calls."""
     lead, seq = shape
     config = replace(CONFIGS[64, ordered], block_m=128, schedule=schedule,
-                     async_mma=async_mma)
+                     async_mma=async_mma, dq_first=dq_first)
     problem = Problem.random((lead, seq, seq, 64), torch.bfloat16, torch.device("cuda"),
                              True, seed=seq)
     first = _check_poisoned(problem, config)

@@ -101,15 +101,16 @@ def _config(block_m: int, async_mma: bool, ordered: bool, schedule: str,
 # (studies/attention_gluon_backward/, its README: "The backward in Gluon", "Query tiles of
 # 128 rows" and "A schedule per length"). At d = 64 FA3's tiles of 128 query rows halve the
 # tiles per key block; at d = 128 their buffers outgrow shared memory. Ordered configs
-# alternate, which no length can deadlock (`_check_launch_order`); at d = 128 both issue a
-# tile's last matmuls in FA3's order (`dq_first`), so that the dQ hand-off (where an ordered
-# writer's waits reach the consumers) runs under dK; unordered, it was the faster order at
-# 16 x 16384 and 64 x 4096 on an H200 (the study's "The unordered backward in FA3's
-# order"). d = 80 and 96 (64 columns and a tail) take d = 128's: 128-row tiles outgrow
-# shared memory there too.
+# alternate, which no length can deadlock (`_check_launch_order`). A tile's last matmuls
+# run in FA3's order (`dq_first`), so that the dQ hand-off (where an ordered writer's waits
+# reach the consumers) runs under dK: ordered at d = 128, and unordered at both head dims
+# (faster at 16 x 16384 and 64 x 4096 on an H200: the study's "The unordered backward in
+# FA3's order" and "FA3's order at d = 64"). Ordered at d = 64 the synchronous order stays:
+# alternating over many matrices, FA3's order was the slower there. d = 80 and 96 (64
+# columns and a tail) take d = 128's: 128-row tiles outgrow shared memory there too.
 CONFIGS: dict[tuple[int, bool], GluonConfig] = {
     (64, False): _config(128, async_mma=True, ordered=False, schedule="longest_first",
-                         writers=2),
+                         writers=2, dq_first=True),
     (64, True): _config(128, async_mma=False, ordered=True, schedule="alternating", writers=2),
     (128, False): _config(64, async_mma=True, ordered=False, schedule="longest_first",
                           writers=1, dq_first=True),
@@ -119,12 +120,15 @@ CONFIGS: dict[tuple[int, bool], GluonConfig] = {
 CONFIGS |= {(split, ordered): CONFIGS[128, ordered] for split in (80, 96)
             for ordered in (False, True)}
 # Ordered, where a matrix's key blocks fit in half the SMs (up to 8192 tokens per sequence
-# on 132 SMs): the longest programs first, one writer. Alternating, the odd matrices'
-# programs start together there and each waits on the one before it on every tile; longest
-# first, all of a matrix's key blocks are resident at once (so every wait ends), reach each
-# tile a step apart, and pack the SMs best (same study, "A schedule per length").
+# on 132 SMs): the longest programs first, one writer, in FA3's order (at d = 64 too: there
+# it took 0.93 of the synchronous order's time at 64 x 4096 on an H200, "FA3's order at
+# d = 64"). Alternating, the odd matrices' programs start together there and each waits on
+# the one before it on every tile; longest first, all of a matrix's key blocks are resident
+# at once (so every wait ends), reach each tile a step apart, and pack the SMs best (same
+# study, "A schedule per length").
 SHORT_ORDERED_CONFIGS: dict[int, GluonConfig] = {
-    d: replace(CONFIGS[d, True], schedule="longest_first", writers=1) for d in HEAD_DIMS}
+    d: replace(CONFIGS[d, True], schedule="longest_first", writers=1, async_mma=True,
+               dq_first=True) for d in HEAD_DIMS}
 # Ordered, one matrix of more key blocks than SMs: alternating, it would launch the
 # shortest programs first and leave the longest to the last wave. Descending launches the
 # longest first, but its resident key blocks reach each tile together and queue on it;
