@@ -49,6 +49,7 @@ from systems.attention.flash_triton import launch, tune
 from systems.attention.gluon.backward import CONFIGS as LIBRARY_CONFIGS
 from systems.attention.gluon.backward import (
     HEAD_DIMS,
+    ONE_MATRIX_ORDERED_CONFIGS,
     PREPARE_ROWS,
     SCHEDULES,
     SHORT_ORDERED_CONFIGS,
@@ -62,18 +63,20 @@ from systems.kernel_runtime.triton_build import HOPPER_SHARED_BYTES
 
 def _variants(head_dim: int) -> list[GluonConfig]:
     """The library's two configs, then the other schedules and writer counts, the unordered
-    one with the ordered one's settings, then each library config (the short-matrix ordered
-    one too) in the three orders of a tile's last matmuls (synchronous; overlapped with dQ
-    last; overlapped in FA3's order, dQ first), then at d = 64 the two with the other tile
-    height (64 or 128 query rows), overlapped MMAs or not (both fit the consumers'
-    registers)."""
+    one with the ordered one's settings, then each library config (the short-matrix and
+    one-matrix ordered ones too, and the ordered one descending) in the three orders of a
+    tile's last matmuls (synchronous; overlapped with dQ last; overlapped in FA3's order,
+    dQ first), then at d = 64 the two with the other tile height (64 or 128 query rows),
+    overlapped MMAs or not (both fit the consumers' registers)."""
     chosen = [LIBRARY_CONFIGS[head_dim, False], LIBRARY_CONFIGS[head_dim, True]]
     others = [replace(chosen[ordered], ordered=bool(ordered), schedule=schedule,
                       writers=writers)
               for ordered in (0, 1) for schedule in SCHEDULES for writers in (1, 2)]
     others.append(replace(chosen[1], ordered=False, schedule=chosen[0].schedule))
     orders = [replace(config, async_mma=overlap, dq_first=dq_first)
-              for config in chosen + [SHORT_ORDERED_CONFIGS[head_dim]]
+              for config in chosen + [SHORT_ORDERED_CONFIGS[head_dim],
+                                      replace(chosen[1], schedule="descending"),
+                                      ONE_MATRIX_ORDERED_CONFIGS[head_dim]]
               for overlap, dq_first in ((False, False), (True, False), (True, True))]
     heights = [replace(config, block_m={64: 128, 128: 64}[config.block_m], async_mma=overlap,
                        dq_first=config.dq_first and overlap)

@@ -29,10 +29,13 @@ starts them, those reach each query tile about a step ahead of it (little wait):
 - "longest_first": key blocks first to last, tiles up, shares last to first: a wait ends
   only if every key block of the matrix is resident at once, which the launch code checks
   (`backward._check_launch_order`). Unordered, it is the best packing.
-- "descending": every matrix as the odd ones alternating. Its resident key blocks reach
-  each tile together, so a tile's shares queue one behind the other; with CHAINS > 1 key
-  block b adds into accumulator b % CHAINS, on chains of its own, which the finish adds
-  in order: the queues are CHAINS times shorter.
+- "descending": every matrix as the odd ones alternating, the matrices' programs started
+  in turn (key block 0 of every matrix, then key block 1, ...), so that the longest start
+  first across matrices and a wave holds a few key blocks of each. A matrix's resident
+  key blocks reach each tile together, so a tile's shares queue one behind the other
+  (once: then they keep a step apart); with CHAINS > 1 key block b adds into accumulator
+  b % CHAINS, on chains of its own, which the finish adds in order: the queues are CHAINS
+  times shorter.
 
 `prepare` (D = rowsum(O * dO) and the zeroed accumulators) and `finish` (dQ = the
 accumulators' sum * scale, cast) are plain Triton kernels launched before and after.
@@ -131,8 +134,14 @@ def _program(BLOCK: gl.constexpr, SCHEDULE: gl.constexpr):
     its query tiles down to the diagonal: odd matrices when alternating. Those, and all
     under "longest_first", launch key blocks first to last. Each partition asks for
     itself rather than taking them as arguments."""
+    if SCHEDULE == "descending":
+        # Programs start in grid order (x fastest): read that order as key blocks slowest,
+        # matrices fastest, so that every matrix starts its longest programs first and a
+        # wave holds a few key blocks of each matrix, not all of one.
+        start = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
+        return start % gl.num_programs(1), start // gl.num_programs(1) * BLOCK, 1
     bh = gl.program_id(1)
-    descending = (bh % 2) * (SCHEDULE == "alternating") + (SCHEDULE == "descending")
+    descending = (bh % 2) * (SCHEDULE == "alternating")
     longest = descending + (SCHEDULE == "longest_first")
     pid = gl.program_id(0)
     key_block = pid + (1 - longest) * (gl.num_programs(0) - 1 - 2 * pid)
