@@ -399,6 +399,61 @@ def ordered_schedules(repo: Path, *files: str) -> str:
             + ".\n")
 
 
+_TILE_END_ORDERS = ((False, False), (True, False), (True, True))  # (async_mma, dq_first)
+
+
+def _config_label(config: dict) -> str:
+    chains = config.get("chains", 1)
+    return (f"{'ordered' if config['ordered'] else 'unordered'}, "
+            f"{config['schedule'].replace('_', ' ')}, {config['writers']} writer"
+            f"{'s' if config['writers'] > 1 else ''}"
+            f"{f', {chains} chains' if chains > 1 else ''}")
+
+
+def tile_end_orders(repo: Path, *files: str) -> str:
+    """Per shape (one study run each), every config the study timed in all three orders of
+    a tile's last matmuls (synchronous; overlapped, dQ last; FA3's, dQ first), at the
+    library's tile height: which order each config should take."""
+    if not files:
+        raise ValueError("attention-gluon-orders needs at least one run file")
+    table = []
+    sources: dict[tuple[str, str], list[str]] = {}
+    for name in files:
+        data = _experiment(repo, name)
+        tried = [r for r in data["rows"] if r.get("kind") == "gluon" and "backward_ms" in r]
+        if not tried:
+            raise ValueError(f"{name}: no timed Gluon configs")
+        height = tried[0]["config"]["block_m"]  # the study times the library's first
+        groups: dict[tuple, dict[tuple[bool, bool], dict]] = {}
+        for row in tried:
+            config = row["config"]
+            if config["block_m"] != height:
+                continue
+            key = (config["ordered"], config["schedule"], config["writers"],
+                   config.get("chains", 1))
+            order = (config["async_mma"], config.get("dq_first", False))
+            groups.setdefault(key, {})[order] = row
+        for orders in groups.values():
+            if len(orders) < len(_TILE_END_ORDERS):
+                continue
+            sync, overlapped, fa3 = (orders[o] for o in _TILE_END_ORDERS)
+            table.append([_shape(sync), _config_label(sync["config"]),
+                          _ms(sync, "backward_ms"), _ms(overlapped, "backward_ms"),
+                          _ms(fa3, "backward_ms"), _ratio(fa3, sync)])
+        run = f"{data.get('device')}, commit {data.get('commit')}"
+        sources.setdefault((str(Path(name).parent), run), []).append(Path(name).name)
+    return (markdown_table(["b x seq x d", "config", "synchronous ms", "overlapped, dQ last ms",
+                            "FA3's order ms", "FA3's / synchronous"], table)
+            + "\n\nTime: device time (`triton.testing.do_bench` medians, each config once) "
+            "of the backward alone, bf16, causal; b = batch x heads; at the library's tile "
+            "height. Orders of a tile's last matmuls: synchronous (dV, dK, then dQ after a "
+            "barrier), overlapped with dQ last, and FA3's (dV, dQ, dK back to back, dQ "
+            "handed over under dK). From "
+            + "; ".join(f"`{folder}/` ({', '.join(names)}; {run})"
+                        for (folder, run), names in sources.items())
+            + ".\n")
+
+
 def tile_order(repo: Path, file: str) -> str:
     """The tile-order study: per shape the rule sections, each kernel's device time in one
     section and in the library's sections, and the median (range) of their per-round

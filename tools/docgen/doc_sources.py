@@ -37,6 +37,7 @@ def generators(repo: Path) -> dict[str, Generator]:
         "attention-gluon-backward": partial(doc_backward.gluon_backward, repo),
         "attention-gluon-forward": partial(doc_backward.gluon_forward, repo),
         "attention-gluon-schedules": partial(doc_backward.ordered_schedules, repo),
+        "attention-gluon-orders": partial(doc_backward.tile_end_orders, repo),
         "attention-kernel-breakdown": partial(doc_backward.kernel_breakdown, repo),
         "attention-tile-order": partial(doc_backward.tile_order, repo),
         "attention-one-matrix": partial(doc_backward.one_matrix, repo),

@@ -813,6 +813,39 @@ def test_claims_summary_block_gathers_one_files_claims_and_names_it(tmp_path: Pa
                generators(tmp_path))
 
 
+def test_orders_block_lists_each_config_timed_in_all_three_tile_end_orders(
+        tmp_path: Path) -> None:
+    shape = {"batch": 64, "seq": 4096, "head_dim": 64, "dtype": "bf16", "causal": True}
+
+    def config(ms: float, overlap: bool, dq_first: bool, schedule: str = "longest_first",
+               block_m: int = 128, chains: int = 1) -> dict:
+        return {**shape, "kind": "gluon", "backward_ms": ms,
+                "config": {"block_m": block_m, "ordered": True, "schedule": schedule,
+                           "writers": 1, "async_mma": overlap, "dq_first": dq_first,
+                           "chains": chains}}
+
+    rows = [config(0.90, False, False), config(0.87, True, False), config(0.84, True, True),
+            # only two orders timed: left out
+            config(1.10, False, False, "alternating"), config(1.11, True, True, "alternating"),
+            # chains set a config apart
+            config(1.20, False, False, "descending", chains=4),
+            config(1.30, True, False, "descending", chains=4),
+            config(1.25, True, True, "descending", chains=4),
+            # another tile height: not the library's
+            config(0.50, True, True, block_m=64),
+            {**shape, "kind": "gluon", "config": {"block_m": 128}, "error": "hang"}]
+    _write_experiment(tmp_path / "run.json", rows)
+    block = doc_backward.tile_end_orders(tmp_path, "run.json")
+    assert ("| 64x4096x64 | ordered, longest first, 1 writer | 0.900 | 0.870 | 0.840 | 0.93 |"
+            in block)
+    assert ("| 64x4096x64 | ordered, descending, 1 writer, 4 chains | 1.200 | 1.300 | 1.250 "
+            "| 1.04 |") in block
+    assert "alternating" not in block and "0.500" not in block
+    assert "`./` (run.json; GPU X, commit abc1234)" in block
+    with pytest.raises(ValueError, match="at least one run file"):
+        doc_backward.tile_end_orders(tmp_path)
+
+
 def test_schedules_block_compares_the_ordered_launch_orders_at_the_librarys_tile_height(
         tmp_path: Path) -> None:
     shape = {"batch": 64, "seq": 4096, "head_dim": 64, "dtype": "bf16", "causal": True}
