@@ -456,10 +456,10 @@ def resident_sms(device: torch.device) -> int:
 
 def _check_launch_order(config: GluonConfig, key_blocks: int, device: torch.device) -> None:
     """Ordered, a key block waits for the key blocks before it in its query tiles' order.
-    Shortest first or alternating, those started before it: it always waits on programs
-    that run. Longest first, they start after it, which needs every key block of a matrix
-    resident at once (one program per SM: its shared memory is over half an SM's), or the
-    waiting programs fill the GPU and the ones they wait for never start."""
+    Shortest first, alternating or descending, those started before it: it always waits
+    on programs that run. Longest first, they start after it, which needs every key block
+    of a matrix resident at once (one program per SM: its shared memory is over half an
+    SM's), or the waiting programs fill the GPU and the ones they wait for never start."""
     sms = resident_sms(device)
     if config.ordered and config.schedule == "longest_first" and key_blocks > sms:
         raise ValueError(f"ordered with the longest programs first needs at most one key "
