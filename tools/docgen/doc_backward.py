@@ -352,6 +352,23 @@ def _ratio_to_cudnn(row: dict) -> str:
     return f"{row['over_cudnn_median']:.3f} ({low:.3f}–{high:.3f})"
 
 
+def _at_library_height(rows: list[dict]) -> list[dict]:
+    """A study run's Gluon rows at the library's tile height: the study times the library's
+    configs first."""
+    tried = [r for r in rows if r.get("kind") == "gluon"]
+    return [r for r in tried if r["config"]["block_m"] == tried[0]["config"]["block_m"]]
+
+
+def _from_runs(files: tuple[str, ...], runs: list[dict]) -> str:
+    """"From ..." naming the study runs' files, grouped by folder, GPU and commit."""
+    sources: dict[tuple[str, str], list[str]] = {}  # (folder, GPU and commit): files
+    for name, data in zip(files, runs, strict=True):
+        run = f"{data.get('device')}, commit {data.get('commit')}"
+        sources.setdefault((str(Path(name).parent), run), []).append(Path(name).name)
+    return "From " + "; ".join(f"`{folder}/` ({', '.join(names)}; {run})"
+                               for (folder, run), names in sources.items()) + ".\n"
+
+
 def _ordered(rows: list[dict], schedule: str, writers: tuple[int, ...]) -> dict:
     """The fastest ordered config of this schedule with one of these writer counts."""
     return _fastest([r for r in rows if r["config"].get("ordered")
@@ -365,16 +382,13 @@ def ordered_schedules(repo: Path, *files: str) -> str:
     a fixed dQ order needs at each length."""
     if not files:
         raise ValueError("attention-gluon-schedules needs at least one run file")
+    runs = [_experiment(repo, name) for name in files]
     table = []
-    sources: dict[tuple[str, str], list[str]] = {}  # (folder, GPU and commit): files
-    for name in files:
-        data = _experiment(repo, name)
+    for data in runs:
         rows = data["rows"]
         two_pass = next(r for r in rows if r.get("kind") == "two_pass")
         cudnn = next((r for r in rows if r.get("kind") == "cudnn"), {})
-        # the library's tile height: the study times the library's configs first
-        tried = [r for r in rows if r.get("kind") == "gluon"]
-        gluon = [r for r in tried if r["config"]["block_m"] == tried[0]["config"]["block_m"]]
+        gluon = _at_library_height(rows)
         unordered = _fastest([r for r in gluon if not r["config"]["ordered"]])
         alternating = _ordered(gluon, "alternating", (2,))
         longest = _ordered(gluon, "longest_first", (1,))
@@ -384,8 +398,6 @@ def ordered_schedules(repo: Path, *files: str) -> str:
                       _ms(alternating, "backward_ms"), _ms(longest, "backward_ms"),
                       _ms(shortest, "backward_ms"), _ratio(longest, alternating),
                       _ratio(longest, cudnn)])
-        run = f"{data.get('device')}, commit {data.get('commit')}"
-        sources.setdefault((str(Path(name).parent), run), []).append(Path(name).name)
     return (markdown_table(["b x seq x d", "two passes ms", "cuDNN ms", "unordered ms",
                             "ordered, alternating ms", "ordered, longest first ms",
                             "ordered, shortest first ms", "longest first / alternating",
@@ -393,10 +405,8 @@ def ordered_schedules(repo: Path, *files: str) -> str:
             + "\n\nTime: device time (`triton.testing.do_bench` medians) of the backward "
             "alone, bf16, causal; b = batch x heads. Ordered columns: dQ added in a fixed "
             "order; alternating with two dQ writers, longest first with one, shortest first "
-            "the faster of one or two; unordered: the fastest config. From "
-            + "; ".join(f"`{folder}/` ({', '.join(names)}; {run})"
-                        for (folder, run), names in sources.items())
-            + ".\n")
+            "the faster of one or two; unordered: the fastest config. "
+            + _from_runs(files, runs))
 
 
 _TILE_END_ORDERS = ((False, False), (True, False), (True, True))  # (async_mma, dq_first)
@@ -416,19 +426,15 @@ def tile_end_orders(repo: Path, *files: str) -> str:
     library's tile height: which order each config should take."""
     if not files:
         raise ValueError("attention-gluon-orders needs at least one run file")
+    runs = [_experiment(repo, name) for name in files]
     table = []
-    sources: dict[tuple[str, str], list[str]] = {}
-    for name in files:
-        data = _experiment(repo, name)
-        tried = [r for r in data["rows"] if r.get("kind") == "gluon" and "backward_ms" in r]
-        if not tried:
+    for name, data in zip(files, runs, strict=True):
+        timed = [r for r in _at_library_height(data["rows"]) if "backward_ms" in r]
+        if not timed:
             raise ValueError(f"{name}: no timed Gluon configs")
-        height = tried[0]["config"]["block_m"]  # the study times the library's first
         groups: dict[tuple, dict[tuple[bool, bool], dict]] = {}
-        for row in tried:
+        for row in timed:
             config = row["config"]
-            if config["block_m"] != height:
-                continue
             key = (config["ordered"], config["schedule"], config["writers"],
                    config.get("chains", 1))
             order = (config["async_mma"], config.get("dq_first", False))
@@ -440,18 +446,13 @@ def tile_end_orders(repo: Path, *files: str) -> str:
             table.append([_shape(sync), _config_label(sync["config"]),
                           _ms(sync, "backward_ms"), _ms(overlapped, "backward_ms"),
                           _ms(fa3, "backward_ms"), _ratio(fa3, sync)])
-        run = f"{data.get('device')}, commit {data.get('commit')}"
-        sources.setdefault((str(Path(name).parent), run), []).append(Path(name).name)
     return (markdown_table(["b x seq x d", "config", "synchronous ms", "overlapped, dQ last ms",
                             "FA3's order ms", "FA3's / synchronous"], table)
             + "\n\nTime: device time (`triton.testing.do_bench` medians, each config once) "
             "of the backward alone, bf16, causal; b = batch x heads; at the library's tile "
             "height. Orders of a tile's last matmuls: synchronous (dV, dK, then dQ after a "
             "barrier), overlapped with dQ last, and FA3's (dV, dQ, dK back to back, dQ "
-            "handed over under dK). From "
-            + "; ".join(f"`{folder}/` ({', '.join(names)}; {run})"
-                        for (folder, run), names in sources.items())
-            + ".\n")
+            "handed over under dK). " + _from_runs(files, runs))
 
 
 def tile_order(repo: Path, file: str) -> str:
