@@ -60,6 +60,8 @@ def check_target(target: GpuTarget, kernels: tuple[str, ...], head_dims: tuple[i
                      for (d, ordered), config in gluon_backward.CONFIGS.items()}
         backwards |= {f"d{d}-ordered-short": (d, config)
                       for d, config in gluon_backward.SHORT_ORDERED_CONFIGS.items()}
+        backwards |= {f"d{d}-ordered-full": (d, config)
+                      for d, config in gluon_backward.FULL_ORDERED_CONFIGS.items()}
         backwards |= {f"d{d}-ordered-one-matrix": (d, config)
                       for d, config in gluon_backward.ONE_MATRIX_ORDERED_CONFIGS.items()}
         for label, (d, config) in backwards.items():

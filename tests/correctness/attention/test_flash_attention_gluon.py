@@ -26,6 +26,7 @@ from systems.attention.functions import FlashAttentionTritonKernels, FlashAttent
 from systems.attention.gluon import backward as gluon_backward_module
 from systems.attention.gluon.backward import (
     CONFIGS,
+    FULL_ORDERED_CONFIGS,
     HEAD_DIMS,
     ONE_MATRIX_ORDERED_CONFIGS,
     SCHEDULES,
@@ -203,14 +204,18 @@ def test_every_buffer_is_written(key, schedule):
     _check_poisoned(problem, replace(CONFIGS[key], schedule=schedule))
 
 
+LONGEST_FIRST_CONFIGS = (
+    [pytest.param(d, c, id=f"short-d{d}") for d, c in SHORT_ORDERED_CONFIGS.items()]
+    + [pytest.param(d, c, id=f"full-d{d}") for d, c in FULL_ORDERED_CONFIGS.items()])
+
+
 @hopper
-@pytest.mark.parametrize("head_dim", sorted(SHORT_ORDERED_CONFIGS))
-def test_short_ordered_config_writes_every_buffer_the_same_each_run(head_dim):
-    """The ordered config of matrices with few key blocks (longest first, one writer):
-    every buffer poisoned, gradients bit-identical between calls."""
+@pytest.mark.parametrize(("head_dim", "config"), LONGEST_FIRST_CONFIGS)
+def test_longest_first_ordered_configs_write_every_buffer_the_same_each_run(head_dim, config):
+    """The ordered configs that launch the longest programs first (one writer; the full
+    one on chains): every buffer poisoned, gradients bit-identical between calls."""
     problem = Problem.random(((2, 3), 1024, 1024, head_dim), torch.bfloat16,
                              torch.device("cuda"), True, seed=3)
-    config = SHORT_ORDERED_CONFIGS[head_dim]
     first = _check_poisoned(problem, config)
     again = _check_poisoned(problem, config)
     for name, a, b in zip(GRADS, first, again, strict=True):
@@ -257,16 +262,19 @@ def test_resident_sms_are_the_mps_share_of_the_gpus(monkeypatch, share, expected
 
 def test_library_config_by_key_blocks_per_sm():
     """Ordered, matrices whose key blocks fit in half the SMs, or all of whose key blocks
-    fit in the SMs, launch the longest first; one longer matrix descends on chains of
-    accumulators, and more of them alternate (no length deadlocks either). Unordered takes
-    one config."""
+    fit in the SMs, launch the longest first; so do more matrices whose key blocks fit in
+    the SMs at d = 64, on chains of accumulators; one longer matrix descends on chains,
+    and more of them alternate (no length deadlocks either). Unordered takes one config."""
     for head_dim in HEAD_DIMS:
         for matrices in (1, 2, 16):
             assert (library_config(head_dim, True, 66, matrices, 132)
                     == SHORT_ORDERED_CONFIGS[head_dim])
         assert SHORT_ORDERED_CONFIGS[head_dim].schedule == "longest_first"
         assert library_config(head_dim, True, 132, 1, 132) == SHORT_ORDERED_CONFIGS[head_dim]
-        assert library_config(head_dim, True, 67, 2, 132) == CONFIGS[head_dim, True]
+        full = FULL_ORDERED_CONFIGS.get(head_dim, CONFIGS[head_dim, True])
+        assert library_config(head_dim, True, 67, 2, 132) == full
+        assert library_config(head_dim, True, 128, 16, 132) == full
+        assert library_config(head_dim, True, 133, 2, 132) == CONFIGS[head_dim, True]
         assert library_config(head_dim, True, 133, 1, 132) == ONE_MATRIX_ORDERED_CONFIGS[head_dim]
         assert ONE_MATRIX_ORDERED_CONFIGS[head_dim].schedule == "descending"
         assert ONE_MATRIX_ORDERED_CONFIGS[head_dim].chains > 1
