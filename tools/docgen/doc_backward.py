@@ -369,11 +369,14 @@ def _from_runs(files: tuple[str, ...], runs: list[dict]) -> str:
                                for (folder, run), names in sources.items()) + ".\n"
 
 
-def _ordered(rows: list[dict], schedule: str, writers: tuple[int, ...]) -> dict:
-    """The fastest ordered config of this schedule with one of these writer counts."""
+def _ordered(rows: list[dict], schedule: str, writers: tuple[int, ...], chains: int = 1
+             ) -> dict:
+    """The fastest ordered config of this schedule with one of these writer counts, adding
+    dQ on this many chains of accumulators."""
     return _fastest([r for r in rows if r["config"].get("ordered")
                      and r["config"]["schedule"] == schedule
-                     and r["config"]["writers"] in writers])
+                     and r["config"]["writers"] in writers
+                     and r["config"].get("chains", 1) == chains])
 
 
 def ordered_schedules(repo: Path, *files: str) -> str:
@@ -407,6 +410,34 @@ def ordered_schedules(repo: Path, *files: str) -> str:
             "order; alternating with two dQ writers, longest first with one, shortest first "
             "the faster of one or two; unordered: the fastest config. "
             + _from_runs(files, runs))
+
+
+def longest_first_chains(repo: Path, *files: str) -> str:
+    """Per shape (one study run each), the ordered backward launched longest first on 1, 2
+    and 4 chains of dQ accumulators beside alternating and the fastest unordered config:
+    what chains buy longest first where the matrices outnumber what the SMs hold."""
+    if not files:
+        raise ValueError("attention-gluon-chains needs at least one run file")
+    runs = [_experiment(repo, name) for name in files]
+    table = []
+    for name, data in zip(files, runs, strict=True):
+        gluon = _at_library_height(data["rows"])
+        if not gluon:
+            raise ValueError(f"{name}: no Gluon configs")
+        unordered = _fastest([r for r in gluon if not r["config"]["ordered"]])
+        alternating = _ordered(gluon, "alternating", (1, 2))
+        longest = [_ordered(gluon, "longest_first", (1, 2), chains) for chains in (1, 2, 4)]
+        table.append([_shape(gluon[0]), _ms(unordered, "backward_ms"),
+                      _ms(alternating, "backward_ms"),
+                      *(_ms(row, "backward_ms") for row in longest),
+                      _ratio(longest[1], alternating)])
+    return (markdown_table(["b x seq x d", "unordered ms", "ordered, alternating ms",
+                            "longest first ms", "on 2 chains ms", "on 4 chains ms",
+                            "2 chains / alternating"], table)
+            + "\n\nTime: device time (`triton.testing.do_bench` medians, each config once) "
+            "of the backward alone, bf16, causal; b = batch x heads; at the library's tile "
+            "height. Ordered columns: dQ added in a fixed order, each the faster of one or "
+            "two dQ writers; unordered: the fastest config. " + _from_runs(files, runs))
 
 
 _TILE_END_ORDERS = ((False, False), (True, False), (True, True))  # (async_mma, dq_first)

@@ -846,6 +846,36 @@ def test_orders_block_lists_each_config_timed_in_all_three_tile_end_orders(
         doc_backward.tile_end_orders(tmp_path)
 
 
+def test_chains_block_sets_longest_first_on_each_chain_count_beside_alternating(
+        tmp_path: Path) -> None:
+    shape = {"batch": 16, "seq": 16384, "head_dim": 64, "dtype": "bf16", "causal": True}
+
+    def config(ms: float, ordered: bool, schedule: str, writers: int, chains: int = 1,
+               block_m: int = 128) -> dict:
+        return {**shape, "kind": "gluon", "backward_ms": ms,
+                "config": {"block_m": block_m, "ordered": ordered, "schedule": schedule,
+                           "writers": writers, "chains": chains}}
+
+    rows = [config(2.70, False, "longest_first", 2), config(3.06, True, "alternating", 2),
+            config(4.70, True, "longest_first", 1), config(4.59, True, "longest_first", 2),
+            config(2.92, True, "longest_first", 1, chains=2),
+            config(2.90, True, "longest_first", 2, chains=2),
+            config(2.95, True, "longest_first", 1, chains=4),
+            # descending on chains is another schedule; another tile height is not the
+            # library's
+            config(2.00, True, "descending", 2, chains=2),
+            config(1.00, True, "longest_first", 1, chains=2, block_m=64)]
+    _write_experiment(tmp_path / "run.json", rows)
+    block = doc_backward.longest_first_chains(tmp_path, "run.json")
+    assert "| 16x16384x64 | 2.700 | 3.060 | 4.590 | 2.900 | 2.950 | 0.95 |" in block
+    assert "`./` (run.json; GPU X, commit abc1234)" in block
+    _write_experiment(tmp_path / "none.json", [{**shape, "kind": "cudnn", "backward_ms": 1.0}])
+    with pytest.raises(ValueError, match="no Gluon configs"):
+        doc_backward.longest_first_chains(tmp_path, "none.json")
+    with pytest.raises(ValueError, match="at least one run file"):
+        doc_backward.longest_first_chains(tmp_path)
+
+
 def test_schedules_block_compares_the_ordered_launch_orders_at_the_librarys_tile_height(
         tmp_path: Path) -> None:
     shape = {"batch": 64, "seq": 4096, "head_dim": 64, "dtype": "bf16", "causal": True}
