@@ -3,7 +3,7 @@
 # shapes, on one Hopper GPU: install the wheels in WHEELS (flash-attn-4 and its needs; a
 # wheel may also come unpacked, as NAME.tar.xz or in pieces NAME.tar.xz.part*, which is
 # smaller to carry), check its outputs against an fp32 reference (check.py), then run the
-# table's perf cases at those shapes.
+# table's perf cases at those shapes, then each forward and backward apart (split.py).
 #   SYSTEMS_COMMIT=<sha> WHEELS=<dir> OUT=<dir> bash studies/attention_fa4/run.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,3 +29,6 @@ timeout 300 python3 -m pytest tests/perf/test_attention.py --perf-profile=quick 
     -k "table and (16384 or 4x16x4096)" --benchmark-json="$OUT/table_fa4.json" \
     > "$OUT/table_fa4.log" 2>&1
 echo "table: exit $? $(tail -n 1 "$OUT/table_fa4.log")"
+timeout 240 python3 -m studies.attention_fa4.split --out "$OUT/split.json" \
+    --commit "$SYSTEMS_COMMIT" > "$OUT/split.log" 2>&1
+echo "split: exit $?"; cat "$OUT/split.log"
