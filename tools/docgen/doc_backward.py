@@ -440,6 +440,33 @@ def longest_first_chains(repo: Path, *files: str) -> str:
             "two dQ writers; unordered: the fastest config. " + _from_runs(files, runs))
 
 
+_SPLIT_NAMES = {"triton": "ours (default)", "sdpa_cudnn": "SDPA cuDNN",
+                "fa4": "FlashAttention-4"}
+
+
+def forward_backward_split(repo: Path, file: str) -> str:
+    """FlashAttention-4's split run (studies/attention_fa4/split.py): per shape, each
+    implementation's forward and backward apart, and each one's median per-round ratio to
+    FlashAttention-4's (lowest to highest)."""
+    data = _experiment(repo, file)
+    table = []
+    for row in data["rows"]:
+        cells = ["x".join(map(str, row["shape"])), _SPLIT_NAMES.get(row["implementation"],
+                                                                   row["implementation"])]
+        for step in ("forward", "backward"):
+            low, high = row[f"{step}_over_fa4_range"]
+            cells += [f"{row[f'{step}_ms']:.3f}",
+                      f"{row[f'{step}_over_fa4']:.3f} ({low:.3f}–{high:.3f})"]
+        table.append(cells)
+    return (markdown_table(["batch x heads x seq x d", "implementation", "forward ms",
+                            "forward / FA4", "backward ms", "backward / FA4"], table)
+            + "\n\nTime: device time (do_bench), bf16, causal; medians over rounds taken in "
+            "turn (each implementation's forward, then its backward alone from one saved "
+            "forward); a ratio is the median of the per-round ratios to FlashAttention-4's "
+            f"(lowest to highest). From `{file}` ({data.get('device')}, torch "
+            f"{data.get('torch')}, Triton {data.get('triton')}, commit {data.get('commit')}).\n")
+
+
 _TILE_END_ORDERS = ((False, False), (True, False), (True, True))  # (async_mma, dq_first)
 
 

@@ -876,6 +876,25 @@ def test_chains_block_sets_longest_first_on_each_chain_count_beside_alternating(
         doc_backward.longest_first_chains(tmp_path)
 
 
+def test_split_block_sets_each_forward_and_backward_beside_flashattention_4s(
+        tmp_path: Path) -> None:
+    def row(name: str, forward: float, backward: float) -> dict:
+        return {"shape": [1, 16, 16384, 128], "implementation": name,
+                "forward_ms": forward, "forward_over_fa4": forward / 1.8,
+                "forward_over_fa4_range": [1.0, 1.1],
+                "backward_ms": backward, "backward_over_fa4": backward / 4.6,
+                "backward_over_fa4_range": [1.1, 1.2]}
+
+    (tmp_path / "split.json").write_text(json.dumps(
+        {"device": "GPU X", "torch": "2.11", "triton": "3.6", "commit": "abc1234",
+         "rows": [row("triton", 1.89, 5.29), row("fa4", 1.8, 4.6)]}))
+    block = doc_backward.forward_backward_split(tmp_path, "split.json")
+    assert ("| 1x16x16384x128 | ours (default) | 1.890 | 1.050 (1.000–1.100) | 5.290 "
+            "| 1.150 (1.100–1.200) |") in block
+    assert "| FlashAttention-4 | 1.800 | 1.000" in block
+    assert "From `split.json` (GPU X, torch 2.11, Triton 3.6, commit abc1234)" in block
+
+
 def test_schedules_block_compares_the_ordered_launch_orders_at_the_librarys_tile_height(
         tmp_path: Path) -> None:
     shape = {"batch": 64, "seq": 4096, "head_dim": 64, "dtype": "bf16", "causal": True}
