@@ -53,6 +53,17 @@ def errors(grads: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], labe
             for name, g, e in zip(GRADS, grads, expected, strict=True)}
 
 
+def attention_shape(text: str) -> tuple[int, ...]:
+    """BxHxSxD as four positive ints: an argparse type for the shapes a study runs."""
+    try:
+        dims = tuple(int(part) for part in text.split("x"))
+    except ValueError:
+        dims = ()
+    if len(dims) != 4 or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"expected BxHxSxD of positive ints, got {text!r}")
+    return dims
+
+
 def bench_ms(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(fn, return_mode="median")
 

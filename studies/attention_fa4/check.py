@@ -1,7 +1,7 @@
 """FlashAttention-4 against an fp32 reference at the attention table's long shapes, beside
 SDPA cuDNN: the rival is timed only where it computes what it should.
 
-    PYTHONPATH=src python -m studies.attention_fa4.check
+    PYTHONPATH=src python -m studies.attention_fa4.check --shape 1x16x16384x64 ...
 
 Prints, per shape, the largest error of the output and of each gradient for FlashAttention-4
 and for SDPA cuDNN; exits 1 where FlashAttention-4's is more than twice cuDNN's plus a few
@@ -10,6 +10,7 @@ bf16 ulps of the reference's largest value.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 
@@ -17,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from studies.harness import attention_shape
 from systems.attention import get_attention
 
-SHAPES = ((1, 16, 16384, 64), (1, 16, 16384, 128), (4, 16, 4096, 64), (4, 16, 4096, 128))
 BF16_ULP = 2.0**-7
 
 
@@ -46,11 +47,15 @@ def _errors(got: list[torch.Tensor], want: list[torch.Tensor]) -> list[float]:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", type=attention_shape, action="append", required=True,
+                        help="BxHxSxD (repeatable)")
+    args = parser.parse_args()
     torch.manual_seed(0)
     fa4 = get_attention("fa4")
     failed = False
-    for shape in SHAPES:
-        q, k, v, grad_out = (torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    for dims in args.shape:
+        q, k, v, grad_out = (torch.randn(dims, device="cuda", dtype=torch.bfloat16)
                              for _ in range(4))
         want = _outputs(_reference, [t.float() for t in (q, k, v)], grad_out.float())
         cudnn = _errors(_outputs(_cudnn, [q, k, v], grad_out), want)
@@ -60,7 +65,7 @@ def main() -> int:
                   for c, w in zip(cudnn, want, strict=True)]
         ok = all(e <= b for e, b in zip(ours, bounds, strict=True))
         failed |= not ok
-        print("x".join(map(str, shape)), "o dq dk dv max error: fa4",
+        print("x".join(map(str, dims)), "o dq dk dv max error: fa4",
               " ".join(f"{e:.2e}" for e in ours), "| cudnn", " ".join(f"{e:.2e}" for e in cudnn),
               "ok" if ok else "WRONG", flush=True)
         del q, k, v, grad_out, want

@@ -21,7 +21,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 extra=$(cat "$site"/*.pth 2>/dev/null | grep -v '^import' | sed "s|^|$site/|" | paste -sd:)
 export PYTHONPATH=src:$site${extra:+:$extra}
 python3 -c "import flash_attn.cute, importlib.metadata as m; print('flash-attn-4', m.version('flash-attn-4'), 'cutlass-dsl', m.version('nvidia-cutlass-dsl'))" 2>&1 | tee "$OUT/versions.txt"
-timeout 240 python3 -m studies.attention_fa4.check 2>&1 | tee "$OUT/check.log"
+# The attention table's four long shapes, checked and split here, selected by -k below.
+SHAPES=(--shape 1x16x16384x64 --shape 1x16x16384x128 --shape 4x16x4096x64 --shape 4x16x4096x128)
+timeout 240 python3 -m studies.attention_fa4.check "${SHAPES[@]}" 2>&1 | tee "$OUT/check.log"
 check=${PIPESTATUS[0]}
 echo "check: exit $check"
 [ "$check" = 0 ] || exit "$check"
@@ -30,5 +32,5 @@ timeout 300 python3 -m pytest tests/perf/test_attention.py --perf-profile=quick 
     > "$OUT/table_fa4.log" 2>&1
 echo "table: exit $? $(tail -n 1 "$OUT/table_fa4.log")"
 timeout 240 python3 -m studies.attention_fa4.split --out "$OUT/split.json" \
-    --commit "$SYSTEMS_COMMIT" > "$OUT/split.log" 2>&1
+    --commit "$SYSTEMS_COMMIT" "${SHAPES[@]}" > "$OUT/split.log" 2>&1
 echo "split: exit $?"; cat "$OUT/split.log"

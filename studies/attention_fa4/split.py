@@ -1,7 +1,8 @@
 """The forward and the backward apart: ours (the default path), SDPA cuDNN and
 FlashAttention-4 at the attention table's long shapes, device time in rounds taken in turn.
 
-    PYTHONPATH=src python -m studies.attention_fa4.split --out OUT/split.json --commit SHA
+    PYTHONPATH=src python -m studies.attention_fa4.split --out OUT/split.json --commit SHA \
+        --shape 1x16x16384x64 ...
 
 The table's cases time forward + backward together; this says which of the two holds the
 gap to FlashAttention-4. Per shape and round, each implementation's forward is timed with
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 import triton
 
-from studies.attention_fa4.check import SHAPES
+from studies.harness import attention_shape, run_record
 from systems.attention import get_attention
 
 IMPLEMENTATIONS = ("triton", "sdpa_cudnn", "fa4")
@@ -50,10 +51,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="write the rows here (JSON)")
     parser.add_argument("--commit", default="unknown", help="recorded in the output")
+    parser.add_argument("--shape", type=attention_shape, action="append", required=True,
+                        help="BxHxSxD (repeatable)")
     args = parser.parse_args()
     torch.manual_seed(0)
     rows = []
-    for shape in SHAPES:
+    for shape in args.shape:
         times = {name: {"forward": [], "backward": []} for name in IMPLEMENTATIONS}
         for _ in range(ROUNDS):
             for name in IMPLEMENTATIONS:
@@ -73,10 +76,7 @@ def main() -> int:
                            " of FA4)" for step in ("forward", "backward")), flush=True)
         torch.cuda.empty_cache()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"commit": args.commit,
-                                    "device": torch.cuda.get_device_name(),
-                                    "torch": torch.__version__, "triton": triton.__version__,
-                                    "rows": rows}, indent=1))
+    args.out.write_text(json.dumps(run_record(args.commit, ROUNDS, rows), indent=1))
     return 0
 
 

@@ -48,6 +48,7 @@ from studies.harness import (
 from systems.attention.flash_triton import launch, tune
 from systems.attention.gluon.backward import CONFIGS as LIBRARY_CONFIGS
 from systems.attention.gluon.backward import (
+    FULL_ORDERED_CONFIGS,
     HEAD_DIMS,
     ONE_MATRIX_ORDERED_CONFIGS,
     PREPARE_ROWS,
@@ -68,8 +69,7 @@ def _variants(head_dim: int) -> list[GluonConfig]:
     tile's last matmuls (synchronous; overlapped with dQ last; overlapped in FA3's order,
     dQ first), then at d = 64 the two with the other tile height (64 or 128 query rows),
     overlapped MMAs or not (both fit the consumers' registers), then the short-matrix
-    ordered one longest first on 2 and 4 chains of accumulators and paired on 1 and 2,
-    each with 1 and 2 writers."""
+    ordered one (longest first) on 2 and 4 chains of accumulators, with 1 and 2 writers."""
     chosen = [LIBRARY_CONFIGS[head_dim, False], LIBRARY_CONFIGS[head_dim, True]]
     others = [replace(chosen[ordered], ordered=bool(ordered), schedule=schedule,
                       writers=writers)
@@ -83,15 +83,14 @@ def _variants(head_dim: int) -> list[GluonConfig]:
     heights = [replace(config, block_m={64: 128, 128: 64}[config.block_m], async_mma=overlap,
                        dq_first=config.dq_first and overlap)
                for config in chosen for overlap in (True, False)] if head_dim == 64 else []
-    chained = [replace(SHORT_ORDERED_CONFIGS[head_dim], schedule=schedule, chains=chains,
-                       writers=writers)
-               for schedule, chain_counts in (("longest_first", (2, 4)), ("paired", (1, 2)))
-               for chains in chain_counts for writers in (1, 2)]
+    chained = [replace(SHORT_ORDERED_CONFIGS[head_dim], chains=chains, writers=writers)
+               for chains in (2, 4) for writers in (1, 2)]
     variants = chosen + [c for c in others + orders + heights + chained if c not in chosen]
     return list(dict.fromkeys(variants))
 
 
-LIBRARY = {d: (LIBRARY_CONFIGS[d, False], LIBRARY_CONFIGS[d, True], SHORT_ORDERED_CONFIGS[d])
+LIBRARY = {d: (LIBRARY_CONFIGS[d, False], LIBRARY_CONFIGS[d, True], SHORT_ORDERED_CONFIGS[d],
+               *([FULL_ORDERED_CONFIGS[d]] if d in FULL_ORDERED_CONFIGS else []))
            for d in HEAD_DIMS}
 CONFIGS: dict[int, list[GluonConfig]] = {head_dim: _variants(head_dim)
                                          for head_dim in HEAD_DIMS}

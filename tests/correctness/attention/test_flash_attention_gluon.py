@@ -302,16 +302,16 @@ def test_library_config_never_picks_an_order_that_deadlocks(head_dim, determinis
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_launch_order_check_refuses_only_waits_on_programs_not_yet_resident(schedule):
-    """Ordered, longest first and paired (its even matrices) wait on key blocks launched
-    after them: refused where a matrix has more key blocks than SMs hold. Every other
-    schedule, and every unordered config, passes at any length."""
+    """Ordered, longest first waits on key blocks launched after it: refused where a
+    matrix has more key blocks than SMs hold. Every other schedule, and every unordered
+    config, passes at any length."""
     config = replace(CONFIGS[128, True], schedule=schedule)
     device = torch.device("cuda", 0)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gluon_backward_module, "resident_sms", lambda device: 132)
         gluon_backward_module._check_launch_order(config, 132, device)
         gluon_backward_module._check_launch_order(replace(config, ordered=False), 133, device)
-        if schedule in ("longest_first", "paired"):
+        if schedule == "longest_first":
             with pytest.raises(ValueError, match="would deadlock"):
                 gluon_backward_module._check_launch_order(config, 133, device)
         else:

@@ -87,9 +87,7 @@ def register_cap(warps: int) -> int:
 
 
 # backward_kernel.py's docstring says what each does.
-SCHEDULES = ("longest_first", "shortest_first", "alternating", "descending", "paired")
-# Schedules that launch a key block before key blocks it waits on (ordered).
-WAITS_ON_LATER = ("longest_first", "paired")
+SCHEDULES = ("longest_first", "shortest_first", "alternating", "descending")
 
 
 def _config(block_m: int, async_mma: bool, ordered: bool, schedule: str,
@@ -470,12 +468,11 @@ def resident_sms(device: torch.device) -> int:
 def _check_launch_order(config: GluonConfig, key_blocks: int, device: torch.device) -> None:
     """Ordered, a key block waits for the key blocks before it in its query tiles' order.
     Shortest first, alternating or descending, those started before it: it always waits
-    on programs that run. Longest first (and paired, in its even matrices), they start
-    after it, which needs every key block of a matrix resident at once (one program per
-    SM: its shared memory is over half an SM's), or the waiting programs fill the GPU and
-    the ones they wait for never start."""
+    on programs that run. Longest first, they start after it, which needs every key block
+    of a matrix resident at once (one program per SM: its shared memory is over half an
+    SM's), or the waiting programs fill the GPU and the ones they wait for never start."""
     sms = resident_sms(device)
-    if config.ordered and config.schedule in WAITS_ON_LATER and key_blocks > sms:
+    if config.ordered and config.schedule == "longest_first" and key_blocks > sms:
         raise ValueError(f"ordered with the longest programs first needs at most one key "
                          f"block per SM ({sms}), got {key_blocks}: it would deadlock; "
                          "alternate or launch the shortest first")

@@ -29,12 +29,6 @@ starts them, those reach each query tile about a step ahead of it (little wait):
 - "longest_first": key blocks first to last, tiles up, shares last to first: a wait ends
   only if every key block of the matrix is resident at once, which the launch code checks
   (`backward._check_launch_order`). Unordered, it is the best packing.
-- "paired": every matrix launches first to last (the longest first); even matrices walk
-  up and add last to first, as "longest_first", odd ones as the odd ones alternating. An
-  odd matrix's programs start on the SMs its even partner's shortest programs free, the
-  longest on the first freed, so each SM's two programs add up to about one length and the
-  last wave is not left to the longest programs. An even matrix needs all its key blocks
-  resident at once, as "longest_first".
 - "descending": every matrix as the odd ones alternating, the matrices' programs started
   in turn (key block 0 of every matrix, then key block 1, ...), so that the longest start
   first across matrices and a wave holds a few key blocks of each. A matrix's resident
@@ -137,9 +131,9 @@ def _pass_turn(semaphore):
 @gluon.jit
 def _program(BLOCK: gl.constexpr, SCHEDULE: gl.constexpr):
     """(matrix, first key, descending) of this program. `descending` is 1 where it walks
-    its query tiles down to the diagonal: odd matrices when alternating or paired. Those,
-    and all under "longest_first" and "paired", launch key blocks first to last. Each
-    partition asks for itself rather than taking them as arguments."""
+    its query tiles down to the diagonal: odd matrices when alternating. Those, and all
+    under "longest_first", launch key blocks first to last. Each partition asks for
+    itself rather than taking them as arguments."""
     if SCHEDULE == "descending":
         # Programs start in grid order (x fastest): read that order as key blocks slowest,
         # matrices fastest, so that every matrix starts its longest programs first and a
@@ -147,9 +141,8 @@ def _program(BLOCK: gl.constexpr, SCHEDULE: gl.constexpr):
         start = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
         return start % gl.num_programs(1), start // gl.num_programs(1) * BLOCK, 1
     bh = gl.program_id(1)
-    descending = (bh % 2) * ((SCHEDULE == "alternating") + (SCHEDULE == "paired"))
-    longest = (descending * (SCHEDULE == "alternating") + (SCHEDULE == "longest_first")
-               + (SCHEDULE == "paired"))
+    descending = (bh % 2) * (SCHEDULE == "alternating")
+    longest = descending + (SCHEDULE == "longest_first")
     pid = gl.program_id(0)
     key_block = pid + (1 - longest) * (gl.num_programs(0) - 1 - 2 * pid)
     return bh, key_block * BLOCK, descending
