@@ -440,6 +440,35 @@ def longest_first_chains(repo: Path, *files: str) -> str:
             "two dQ writers; unordered: the fastest config. " + _from_runs(files, runs))
 
 
+def launch_orders(repo: Path, *files: str) -> str:
+    """Per shape (one study run each) and launch order, the fastest unordered and ordered
+    configs (one chain, either writer count) at the library's tile height: what each
+    order costs with and without a fixed dQ order."""
+    if not files:
+        raise ValueError("attention-gluon-launch-orders needs at least one run file")
+    runs = [_experiment(repo, name) for name in files]
+    table = []
+    for name, data in zip(files, runs, strict=True):
+        gluon = _at_library_height(data["rows"])
+        if not gluon:
+            raise ValueError(f"{name}: no Gluon configs")
+        schedules = dict.fromkeys(r["config"]["schedule"] for r in gluon)
+        for schedule in schedules:
+            unordered = _fastest([r for r in gluon if not r["config"]["ordered"]
+                                  and r["config"]["schedule"] == schedule
+                                  and r["config"].get("chains", 1) == 1])
+            ordered = _ordered(gluon, schedule, (1, 2))
+            table.append([_shape(gluon[0]), schedule.replace("_", " "),
+                          _ms(unordered, "backward_ms"), _ms(ordered, "backward_ms"),
+                          _ratio(ordered, unordered)])
+    return (markdown_table(["b x seq x d", "launch order", "unordered ms", "ordered ms",
+                            "ordered / unordered"], table)
+            + "\n\nTime: device time (`triton.testing.do_bench` medians, each config once) "
+            "of the backward alone, bf16, causal; b = batch x heads; at the library's tile "
+            "height, one dQ accumulator; each the fastest config of its order and kind. "
+            + _from_runs(files, runs))
+
+
 _SPLIT_NAMES = {"triton": "ours (default)", "sdpa_cudnn": "SDPA cuDNN",
                 "fa4": "FlashAttention-4"}
 

@@ -39,6 +39,7 @@ def generators(repo: Path) -> dict[str, Generator]:
         "attention-gluon-schedules": partial(doc_backward.ordered_schedules, repo),
         "attention-gluon-orders": partial(doc_backward.tile_end_orders, repo),
         "attention-gluon-chains": partial(doc_backward.longest_first_chains, repo),
+        "attention-gluon-launch-orders": partial(doc_backward.launch_orders, repo),
         "attention-fa4-split": partial(doc_backward.forward_backward_split, repo),
         "attention-kernel-breakdown": partial(doc_backward.kernel_breakdown, repo),
         "attention-tile-order": partial(doc_backward.tile_order, repo),

@@ -876,6 +876,30 @@ def test_chains_block_sets_longest_first_on_each_chain_count_beside_alternating(
         doc_backward.longest_first_chains(tmp_path)
 
 
+def test_launch_orders_block_sets_each_order_unordered_beside_ordered(tmp_path: Path
+                                                                      ) -> None:
+    shape = {"batch": 16, "seq": 16384, "head_dim": 128, "dtype": "bf16", "causal": True}
+
+    def config(ms: float, ordered: bool, schedule: str, writers: int = 1, chains: int = 1,
+               block_m: int = 64) -> dict:
+        return {**shape, "kind": "gluon", "backward_ms": ms,
+                "config": {"block_m": block_m, "ordered": ordered, "schedule": schedule,
+                           "writers": writers, "chains": chains}}
+
+    rows = [config(4.95, False, "longest_first"), config(5.21, True, "alternating", 2),
+            config(4.96, False, "longest_first", 2), config(5.19, True, "longest_first", 2),
+            config(5.10, False, "alternating", 2), config(5.23, True, "alternating"),
+            # chains and other tile heights stay out
+            config(4.00, True, "longest_first", chains=2),
+            config(3.00, False, "alternating", block_m=128)]
+    _write_experiment(tmp_path / "run.json", rows)
+    block = doc_backward.launch_orders(tmp_path, "run.json")
+    assert "| 16x16384x128 | longest first | 4.950 | 5.190 | 1.05 |" in block
+    assert "| 16x16384x128 | alternating | 5.100 | 5.210 | 1.02 |" in block
+    with pytest.raises(ValueError, match="at least one run file"):
+        doc_backward.launch_orders(tmp_path)
+
+
 def test_split_block_sets_each_forward_and_backward_beside_flashattention_4s(
         tmp_path: Path) -> None:
     def row(name: str, forward: float, backward: float) -> dict:
