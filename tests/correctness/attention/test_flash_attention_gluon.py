@@ -262,9 +262,10 @@ def test_resident_sms_are_the_mps_share_of_the_gpus(monkeypatch, share, expected
 
 def test_library_config_by_key_blocks_per_sm():
     """Ordered, matrices whose key blocks fit in half the SMs, or all of whose key blocks
-    fit in the SMs, launch the longest first; so do more matrices whose key blocks fit in
-    the SMs at d = 64, on chains of accumulators; one longer matrix descends on chains,
-    and more of them alternate (no length deadlocks either). Unordered takes one config."""
+    fit in the SMs, launch the longest first; so do 16 or more matrices whose key blocks
+    fit in the SMs at d = 64, on chains of accumulators; one longer matrix descends on
+    chains, and more of them alternate (no length deadlocks either). Unordered takes one
+    config."""
     for head_dim in HEAD_DIMS:
         for matrices in (1, 2, 16):
             assert (library_config(head_dim, True, 66, matrices, 132)
@@ -272,9 +273,11 @@ def test_library_config_by_key_blocks_per_sm():
         assert SHORT_ORDERED_CONFIGS[head_dim].schedule == "longest_first"
         assert library_config(head_dim, True, 132, 1, 132) == SHORT_ORDERED_CONFIGS[head_dim]
         full = FULL_ORDERED_CONFIGS.get(head_dim, CONFIGS[head_dim, True])
-        assert library_config(head_dim, True, 67, 2, 132) == full
-        assert library_config(head_dim, True, 128, 16, 132) == full
-        assert library_config(head_dim, True, 133, 2, 132) == CONFIGS[head_dim, True]
+        for matrices in (2, 15):
+            assert library_config(head_dim, True, 67, matrices, 132) == CONFIGS[head_dim, True]
+        for key_blocks, matrices in ((67, 16), (128, 16), (132, 64)):
+            assert library_config(head_dim, True, key_blocks, matrices, 132) == full
+        assert library_config(head_dim, True, 133, 16, 132) == CONFIGS[head_dim, True]
         assert library_config(head_dim, True, 133, 1, 132) == ONE_MATRIX_ORDERED_CONFIGS[head_dim]
         assert ONE_MATRIX_ORDERED_CONFIGS[head_dim].schedule == "descending"
         assert ONE_MATRIX_ORDERED_CONFIGS[head_dim].chains > 1

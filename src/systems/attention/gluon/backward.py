@@ -129,14 +129,16 @@ CONFIGS |= {(split, ordered): CONFIGS[128, ordered] for split in (80, 96)
 SHORT_ORDERED_CONFIGS: dict[int, GluonConfig] = {
     d: replace(CONFIGS[d, True], schedule="longest_first", writers=1, async_mma=True,
                dq_first=True) for d in HEAD_DIMS}
-# Ordered at d = 64, matrices whose key blocks fill more than half the SMs but not all
-# (8448 to 16896 tokens per sequence on 132 SMs) and more of them than the SMs hold at
-# once: longest first still, on 2 chains of dQ accumulators. A matrix's programs then start
-# as earlier ones' programs end, about one per tile's time on average but unevenly; a key
-# block waits on the next one of its chain, and 2 chains let a late start be made up over
-# 2 gaps. It took 0.95 of alternating's time at 16 x 16384 x 64 on an H200; at d = 128 it
-# was level with alternating, which d = 128 (and 80 and 96, which take its config) keeps
-# (studies/attention_gluon_backward/, "Longest first on chains").
+# Ordered at d = 64, 16 or more matrices whose key blocks fill more than half the SMs but
+# not all (8448 to 16896 tokens per sequence on 132 SMs): longest first still, on 2 chains
+# of dQ accumulators. A matrix's programs then start as earlier ones' programs end, about
+# one per tile's time on average but unevenly; a key block waits on the next one of its
+# chain, and 2 chains let a late start be made up over 2 gaps. On an H200 it took 0.95 of
+# alternating's time at 16 x 16384 x 64, but 1.18 at 2 x 16384 x 64 (counts between were
+# not timed: they alternate); at d = 128 it was level with alternating, which d = 128 (and
+# 80 and 96, which take its config) keeps (studies/attention_gluon_backward/, "Longest
+# first on chains").
+FULL_ORDERED_MIN_MATRICES = 16
 FULL_ORDERED_CONFIGS: dict[int, GluonConfig] = {64: replace(SHORT_ORDERED_CONFIGS[64], chains=2)}
 # Ordered, one matrix of more key blocks than SMs: alternating, it would launch the
 # shortest programs first and leave the longest to the last wave. Descending launches the
@@ -156,7 +158,8 @@ def library_config(head_dim: int, deterministic: bool, key_blocks: int, matrices
     (`resident_sms`)."""
     if deterministic and (2 * key_blocks <= sms or matrices * key_blocks <= sms):
         return SHORT_ORDERED_CONFIGS[head_dim]
-    if deterministic and key_blocks <= sms and head_dim in FULL_ORDERED_CONFIGS:
+    if (deterministic and key_blocks <= sms and matrices >= FULL_ORDERED_MIN_MATRICES
+            and head_dim in FULL_ORDERED_CONFIGS):
         return FULL_ORDERED_CONFIGS[head_dim]
     if deterministic and matrices == 1:
         return ONE_MATRIX_ORDERED_CONFIGS[head_dim]
