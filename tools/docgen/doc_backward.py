@@ -369,14 +369,28 @@ def _from_runs(files: tuple[str, ...], runs: list[dict]) -> str:
                                for (folder, run), names in sources.items()) + ".\n"
 
 
-def _ordered(rows: list[dict], schedule: str, writers: tuple[int, ...], chains: int = 1
-             ) -> dict:
-    """The fastest ordered config of this schedule with one of these writer counts, adding
-    dQ on this many chains of accumulators."""
-    return _fastest([r for r in rows if r["config"].get("ordered")
+def _ordered(rows: list[dict], schedule: str, writers: tuple[int, ...], chains: int = 1,
+             ordered: bool = True) -> dict:
+    """The fastest config of this schedule with one of these writer counts, adding dQ on
+    this many chains of accumulators, in a fixed order (or, `ordered` False, not)."""
+    return _fastest([r for r in rows if bool(r["config"].get("ordered")) == ordered
                      and r["config"]["schedule"] == schedule
                      and r["config"]["writers"] in writers
                      and r["config"].get("chains", 1) == chains])
+
+
+def _gluon_runs(repo: Path, block: str, files: tuple[str, ...]
+                ) -> tuple[list[dict], list[list[dict]]]:
+    """The study runs `files` and each one's Gluon rows at the library's tile height, for
+    the generated block `block`; ValueError where there are no files or a run has none."""
+    if not files:
+        raise ValueError(f"{block} needs at least one run file")
+    runs = [_experiment(repo, name) for name in files]
+    gluon = [_at_library_height(data["rows"]) for data in runs]
+    for name, rows in zip(files, gluon, strict=True):
+        if not rows:
+            raise ValueError(f"{name}: no Gluon configs")
+    return runs, gluon
 
 
 def ordered_schedules(repo: Path, *files: str) -> str:
@@ -416,14 +430,9 @@ def longest_first_chains(repo: Path, *files: str) -> str:
     """Per shape (one study run each), the ordered backward launched longest first on 1, 2
     and 4 chains of dQ accumulators beside alternating and the fastest unordered config:
     what chains buy longest first where the matrices outnumber what the SMs hold."""
-    if not files:
-        raise ValueError("attention-gluon-chains needs at least one run file")
-    runs = [_experiment(repo, name) for name in files]
+    runs, per_run = _gluon_runs(repo, "attention-gluon-chains", files)
     table = []
-    for name, data in zip(files, runs, strict=True):
-        gluon = _at_library_height(data["rows"])
-        if not gluon:
-            raise ValueError(f"{name}: no Gluon configs")
+    for gluon in per_run:
         unordered = _fastest([r for r in gluon if not r["config"]["ordered"]])
         alternating = _ordered(gluon, "alternating", (1, 2))
         longest = [_ordered(gluon, "longest_first", (1, 2), chains) for chains in (1, 2, 4)]
@@ -444,19 +453,11 @@ def launch_orders(repo: Path, *files: str) -> str:
     """Per shape (one study run each) and launch order, the fastest unordered and ordered
     configs (one chain, either writer count) at the library's tile height: what each
     order costs with and without a fixed dQ order."""
-    if not files:
-        raise ValueError("attention-gluon-launch-orders needs at least one run file")
-    runs = [_experiment(repo, name) for name in files]
+    runs, per_run = _gluon_runs(repo, "attention-gluon-launch-orders", files)
     table = []
-    for name, data in zip(files, runs, strict=True):
-        gluon = _at_library_height(data["rows"])
-        if not gluon:
-            raise ValueError(f"{name}: no Gluon configs")
-        schedules = dict.fromkeys(r["config"]["schedule"] for r in gluon)
-        for schedule in schedules:
-            unordered = _fastest([r for r in gluon if not r["config"]["ordered"]
-                                  and r["config"]["schedule"] == schedule
-                                  and r["config"].get("chains", 1) == 1])
+    for gluon in per_run:
+        for schedule in dict.fromkeys(r["config"]["schedule"] for r in gluon):
+            unordered = _ordered(gluon, schedule, (1, 2), ordered=False)
             ordered = _ordered(gluon, schedule, (1, 2))
             table.append([_shape(gluon[0]), schedule.replace("_", " "),
                           _ms(unordered, "backward_ms"), _ms(ordered, "backward_ms"),
