@@ -179,14 +179,16 @@ def measure(batch: int, seq: int, head_dim: int, emit: Callable[[dict[str, objec
 
 def prepare_and_finish(o: torch.Tensor, do: torch.Tensor) -> None:
     """The kernels before and after the backward, on buffers allocated as it allocates
-    with one dQ accumulator (the configs of many matrices)."""
+    with one dQ accumulator (the configs of many matrices) of the d = 128 configs' 64-row
+    tiles (a power-of-two head dim: no tail)."""
     rows = o.reshape(-1, o.shape[-1])
     delta = torch.empty(rows.shape[0], dtype=torch.float32, device=o.device)
     acc = torch.empty(rows.shape, dtype=torch.float32, device=o.device)
     grid = (rows.shape[0] // PREPARE_ROWS,)
     sizes = {"HEAD_DIM": rows.shape[1], "ROWS": PREPARE_ROWS, "CHAINS": 1}
     prepare_kernel[grid](rows, do.reshape(rows.shape), delta, acc, **sizes)
-    finish_kernel[grid](acc, torch.empty_like(rows), rows.shape[1] ** -0.5, **sizes)
+    finish_kernel[grid](acc, torch.empty_like(rows), rows.shape[1] ** -0.5, **sizes,
+                        BLOCK_M=64, MAIN=rows.shape[1])
 
 
 def main() -> int:

@@ -22,6 +22,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from systems.attention import custom_ops, get_attention, unsupported_reason
 from systems.attention.flash_triton import flash_forward
+from systems.attention.flash_triton.launch import head_dim_tiles
 from systems.attention.functions import FlashAttentionTritonKernels, FlashAttentionTritonUnordered
 from systems.attention.gluon import backward as gluon_backward_module
 from systems.attention.gluon.backward import (
@@ -29,6 +30,7 @@ from systems.attention.gluon.backward import (
     FULL_ORDERED_CONFIGS,
     HEAD_DIMS,
     ONE_MATRIX_ORDERED_CONFIGS,
+    PREPARE_ROWS,
     SCHEDULES,
     SHORT_ORDERED_CONFIGS,
     GluonConfig,
@@ -39,6 +41,7 @@ from systems.attention.gluon.backward import (
 from systems.attention.gluon.backward import descriptor_specs as backward_specs
 from systems.attention.gluon.backward import unsupported_reason as gluon_unsupported_reason
 from systems.attention.gluon.backward import unsupported_setting as gluon_unsupported_setting
+from systems.attention.gluon.backward_kernel import CONSUMER_WARPS, finish_kernel, fragment_layout
 from systems.attention.gluon.forward import CONFIGS as GLUON_FORWARD_CONFIGS
 from systems.attention.gluon.forward import GluonForwardConfig, gluon_forward
 from systems.attention.gluon.forward import descriptor_specs as forward_specs
@@ -336,6 +339,43 @@ def test_chains_of_accumulators_write_every_buffer_the_same_each_run(head_dim, c
         again = _check_poisoned(problem, config)
         for name, a, b in zip(GRADS, first, again, strict=True):
             assert torch.equal(a, b), name
+
+
+def _staged(dq: torch.Tensor, block_m: int) -> torch.Tensor:
+    """dq laid out as the backward's writers add it: each query tile's share, its first
+    columns then its tail, each as the consumers stage it (`fragment_layout`)."""
+    rows, head_dim = dq.shape
+    tiles = dq.reshape(rows // block_m, block_m, head_dim)
+    parts = []
+    start = 0
+    for cols in (width for width in head_dim_tiles(head_dim) if width):
+        layout = fragment_layout(block_m, cols, CONSUMER_WARPS)
+        r, c = torch.arange(block_m)[:, None], torch.arange(cols)[None, :]
+        offset = torch.zeros(block_m, cols, dtype=torch.long)
+        for bit, (row_bit, col_bit) in enumerate(layout.offset_bases):
+            offset += (((r & row_bit) if row_bit else (c & col_bit)) != 0).long() << bit
+        assert sorted(offset.flatten().tolist()) == list(range(block_m * cols))  # one each
+        part = torch.empty(rows // block_m, block_m * cols, dtype=dq.dtype)
+        part[:, offset.flatten()] = tiles[:, :, start:start + cols].reshape(len(part), -1)
+        parts.append(part)
+        start += cols
+    return torch.cat(parts, dim=1).reshape(rows, head_dim)
+
+
+@pytest.mark.parametrize("chains", [1, 2])
+@pytest.mark.parametrize(("block_m", "head_dim"), [(128, 64), (64, 64), (64, 80), (64, 96),
+                                                   (64, 128)])
+def test_finish_reads_each_share_from_where_the_consumers_stage_it(block_m, head_dim, chains):
+    rows = 2 * PREPARE_ROWS * (block_m // 64)
+    torch.manual_seed(block_m + head_dim + chains)
+    shares = torch.randn(chains, rows, head_dim)
+    acc = torch.stack([_staged(share, block_m) for share in shares])
+    dq = torch.full((rows, head_dim), float("nan"), dtype=torch.bfloat16)
+    finish_kernel[(rows // PREPARE_ROWS,)](acc, dq, 0.125, HEAD_DIM=head_dim, ROWS=PREPARE_ROWS,
+                                           CHAINS=chains, BLOCK_M=block_m,
+                                           MAIN=head_dim_tiles(head_dim)[0])
+    # within one bf16 step: the interpreter's cast truncates where the GPU's rounds
+    torch.testing.assert_close(dq.float(), shares.sum(dim=0) * 0.125, rtol=2**-7, atol=0)
 
 
 def test_chains_are_at_least_one():

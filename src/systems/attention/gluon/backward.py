@@ -238,19 +238,31 @@ def descriptor_specs(config: GluonConfig, head_dim: int
         ("v_desc", gl.bfloat16, [BLOCK_N, width]),
         ("lse_desc", gl.float32, [block_m]),
         ("delta_desc", gl.float32, [block_m]),
-        # each consumer warpgroup hands over its block of dQ: half of d of 64 rows, or 64
-        # rows of 128
-        ("dq_desc", gl.float32, warpgroup_block(block_m, width, CONSUMER_WARPS)))]
+        ("dq_desc", gl.float32, dq_chunk(block_m, width)))]
     if tail:
         blocks += [(name.replace("_desc", "_tail_desc"), dtype, [block[0], tail])
                    for name, dtype, block in blocks[:4]]
-        blocks.append(("dq_tail_desc", gl.float32,
-                       warpgroup_block(block_m, tail, CONSUMER_WARPS)))
+        blocks.append(("dq_tail_desc", gl.float32, dq_chunk(block_m, tail)))
     specs: dict[str, tuple[str, list[int], object]] = {}
     for name, dtype, block in blocks:
-        layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+        layout = (DQ_CHUNK_LAYOUT if name.startswith("dq_")
+                  else gl.NVMMASharedLayout.get_default_for(block, dtype))
         specs[name] = ("bf16" if dtype == gl.bfloat16 else "fp32", block, layout)
     return specs
+
+
+# The dQ accumulator as the writers reduce into it: rows of 32 floats, unswizzled, each
+# query tile's shares in the order the consumers hold them (`fragment_layout`), which
+# `finish_kernel` reads back.
+DQ_ROW = 32
+DQ_CHUNK_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+def dq_chunk(block_m: int, cols: int) -> list[int]:
+    """The box of one consumer warpgroup's block of a query tile's dQ share of `cols`
+    columns (`warpgroup_block`) as a chunk of rows of DQ_ROW floats."""
+    rows, block_cols = warpgroup_block(block_m, cols, CONSUMER_WARPS)
+    return [rows * block_cols // DQ_ROW, DQ_ROW]
 
 
 # The kernel's tail descriptor parameters, None where the head dim has no tail.
@@ -318,16 +330,16 @@ def _backward_launch(rows: int, seq: int, head_dim: int, d: int, config: GluonCo
     """The launches for `rows` stacked rows of `seq`-long matrices at the padded `head_dim`
     (the problem's own head dim `d` sets the softmax scale)."""
     _check_launch_order(config, seq // BLOCK_N, torch.device("cuda", device_index))
-    accumulators = (config.chains * rows, head_dim)
+    accumulators = (config.chains * rows * head_dim // DQ_ROW, DQ_ROW)
     special = {"lse_desc": (rows,), "delta_desc": (rows,), "dq_desc": accumulators,
                "dq_tail_desc": accumulators}
     shapes = {name: special.get(name, (rows, head_dim)) for name in
               descriptor_specs(config, head_dim)}
     rows_kernel = {"HEAD_DIM": head_dim, "ROWS": PREPARE_ROWS, "CHAINS": config.chains}
 
-    def row_kernel(kernel: triton.JITFunction) -> KernelLauncher:
-        return KernelLauncher(kernel, (rows // PREPARE_ROWS,), rows_kernel, num_warps=4,
-                              num_stages=3, device_index=device_index)
+    def row_kernel(kernel: triton.JITFunction, **more: int) -> KernelLauncher:
+        return KernelLauncher(kernel, (rows // PREPARE_ROWS,), rows_kernel | more,
+                              num_warps=4, num_stages=3, device_index=device_index)
 
     backward = KernelLauncher(
         gluon_backward_kernel, (seq // BLOCK_N, rows // seq),
@@ -336,7 +348,8 @@ def _backward_launch(rows: int, seq: int, head_dim: int, d: int, config: GluonCo
         descriptors=descriptor_layouts(descriptor_specs(config, head_dim), shapes),
         descriptor_type=TensorDescriptor)
     semaphores = config.chains * rows // config.block_m if config.ordered else 1
-    return _BackwardLaunch(row_kernel(prepare_kernel), backward, row_kernel(finish_kernel),
+    finish = row_kernel(finish_kernel, BLOCK_M=config.block_m, MAIN=head_dim_tiles(head_dim)[0])
+    return _BackwardLaunch(row_kernel(prepare_kernel), backward, finish,
                            semaphores, config.chains)
 
 

@@ -11,7 +11,10 @@ at or below the block's diagonal, split into warp-specialised roles:
   query rows, 64 of its rows for a tile of 128 (`warpgroup_block`);
 - a dQ writer warp (or two, each owning one of the ring's two slots) takes each
   warpgroup's half as it is handed over on the warpgroup's own named barriers and adds it
-  into the fp32 dQ accumulator with a TMA bulk reduction (done by the copy engine).
+  into the fp32 dQ accumulator with a TMA bulk reduction (done by the copy engine). The
+  consumers stage a half in the order they hold it (`fragment_layout`: 16-byte stores
+  without bank conflicts), and the accumulator keeps that order, which `finish` reads
+  back.
 
 ORDERED adds a query tile's shares in a fixed order through one int32 semaphore per query
 tile: a writer waits until the tile's count says it is its key block's turn, waits for its
@@ -174,6 +177,22 @@ def warpgroup_block(rows, cols, num_warps):
     return [rows * 4 // along_rows, cols // along_cols]
 
 
+@gluon.constexpr_function
+def fragment_layout(rows, cols, num_warps):
+    """A shared layout of a rows x cols `mma_layout` tile in the order its threads hold it
+    (FA3's and FA4's dQ staging): a thread's 4 registers of a row pair are 16 contiguous
+    bytes, a warp's 512 (stores without bank conflicts; rows of a swizzled layout take
+    two ways per 8-byte store), and each warpgroup's block (`warpgroup_block`) is one
+    contiguous chunk, which a TMA copies without a swizzle. `fragment_offset` inverts
+    it."""
+    block_rows, block_cols = warpgroup_block(rows, cols, num_warps)
+    assert num_warps == 8 and block_rows == 64 and block_cols >= 8, (rows, cols, num_warps)
+    bases = [[0, 1], [8, 0], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0], [16, 0], [32, 0]]
+    bases += [[0, 8 << b] for b in range(block_cols.bit_length() - 4)]
+    bases.append([64, 0] if block_cols == cols else [0, block_cols])
+    return gl.SharedLinearLayout(offset_bases=bases)
+
+
 @gluon.jit
 def _load_partition(descs, tail_descs, bufs, tails, bars, n_q, SCHEDULE: gl.constexpr,
                     TAIL: gl.constexpr):
@@ -252,6 +271,27 @@ def _dq_share(ds_s, k_smem, k_tail, TAIL: gl.constexpr, ASYNC: gl.constexpr):
     return dq, dq_tail
 
 
+@gluon.constexpr_function
+def _in_thread_order(held, staged):
+    """Whether the shared layout `staged` lays a tile out in the order the linear layout
+    `held` gives it to threads: registers 0 and 1, lanes, the warpgroup's warps, the other
+    registers, then warpgroups (`fragment_layout`)."""
+    reg, lane, warp = (list(map(list, bases)) for bases in
+                       (held.reg_bases, held.lane_bases, held.warp_bases))
+    return list(map(list, staged.offset_bases)) == reg[:2] + lane + warp[:2] + reg[2:] + warp[2:]
+
+
+@gluon.jit
+def _share_view(slot, ROWS: gl.constexpr, COLS: gl.constexpr):
+    """A slot of dQ shares (rows of 32 floats, as the writers' TMA reads them) as the ROWS x
+    COLS share that the consumers store, in `fragment_layout`."""
+    layout: gl.constexpr = fragment_layout(ROWS, COLS, gl.num_warps())
+    held: gl.constexpr = gl.to_linear_layout(mma_layout(ROWS, COLS, gl.num_warps()), [ROWS, COLS])
+    gl.static_assert(_in_thread_order(held, layout),
+                     "fragment_layout no longer follows the accumulator's register layout")
+    return slot._reinterpret(gl.float32, [ROWS, COLS], layout)
+
+
 @gluon.jit
 def _hand_over(dq, dq_tail, dq_bufs, dq_tails, i, TAIL: gl.constexpr):
     """This warpgroup's block of step i's dQ share (with TAIL, its tail's too) into slot
@@ -259,9 +299,10 @@ def _hand_over(dq, dq_tail, dq_bufs, dq_tails, i, TAIL: gl.constexpr):
     own = (i % 2) * 2 + _thread_index() // 128
     if i >= 2:
         named_sync(EMPTY_BARRIER + own, HANDOFF_THREADS)
-    dq_bufs.index(i % 2).store(dq)
+    BLOCK_M: gl.constexpr = dq.type.shape[0]
+    _share_view(dq_bufs.index(i % 2), BLOCK_M, dq.type.shape[1]).store(dq)
     if TAIL > 0:
-        dq_tails.index(i % 2).store(dq_tail)
+        _share_view(dq_tails.index(i % 2), BLOCK_M, TAIL).store(dq_tail)
     fence_async_shared()
     named_arrive(FULL_BARRIER + own, HANDOFF_THREADS)
 
@@ -386,30 +427,29 @@ def _tile(i, tile, grads, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k
 
 
 @gluon.jit
-def _reduce_half(desc, share, row, col, half: gl.constexpr):
-    """Adds warpgroup `half`'s block of a dQ share (desc's box: 64 of the share's rows, or
-    half of its columns) into the accumulator, the share's columns from `col`."""
-    ROWS: gl.constexpr = desc.block_type.shape[0]
-    COLS: gl.constexpr = desc.block_type.shape[1]
-    SHARE_ROWS: gl.constexpr = share.type.shape[0]
-    if ROWS < SHARE_ROWS:
-        _tma_reduce_add(desc, [row + half * ROWS, col], share.slice(half * ROWS, ROWS, dim=0))
-    else:
-        _tma_reduce_add(desc, [row, col + half * COLS], share.slice(half * COLS, COLS, dim=1))
+def _reduce_chunk(desc, slot, tile_row, half: gl.constexpr):
+    """Adds warpgroup `half`'s block of a dQ share (one contiguous chunk, desc's box of rows
+    of 32 floats) into the accumulator, whose query tile's chunks start at row `tile_row`."""
+    CHUNK: gl.constexpr = desc.block_type.shape[0]
+    _tma_reduce_add(desc, [tile_row + half * CHUNK, 0], slot.slice(half * CHUNK, CHUNK, dim=0))
 
 
 @gluon.jit
 def _dq_partition(dq_desc, dq_bufs, dq_tail_desc, dq_tails, semaphores, n_q,
-                  SCHEDULE: gl.constexpr, ORDERED: gl.constexpr, CHAINS: gl.constexpr,
-                  WRITER: gl.constexpr, WRITERS: gl.constexpr, TAIL: gl.constexpr):
+                  BLOCK_M: gl.constexpr, SCHEDULE: gl.constexpr, ORDERED: gl.constexpr,
+                  CHAINS: gl.constexpr, WRITER: gl.constexpr, WRITERS: gl.constexpr,
+                  TAIL: gl.constexpr):
     """dQ writer WRITER of WRITERS (steps WRITER, WRITER + WRITERS, ...): each tile's two
     halves reduced into the key block's accumulator (of CHAINS) as their warpgroups hand
     them over (with TAIL, each half's tail columns too); ORDERED first waits for the key
     blocks before this one in the tile's order on its chain to have added theirs
     (`semaphores`: one per query tile of every matrix and chain, counting the key blocks
-    done)."""
-    BLOCK_M: gl.constexpr = dq_bufs.type.shape[1]
-    HEAD_DIM: gl.constexpr = dq_bufs.type.shape[2]
+    done). A query tile's shares sit in its accumulator rows as the consumers stage them
+    (`fragment_layout`), its chunks of rows of 32 floats in turn: each warpgroup's block,
+    then each one's tail."""
+    CHUNK: gl.constexpr = dq_desc.block_type.shape[0]
+    TAIL_CHUNK: gl.constexpr = dq_tail_desc.block_type.shape[0] if TAIL > 0 else 0
+    TILE_CHUNKS: gl.constexpr = 2 * (CHUNK + TAIL_CHUNK)  # rows of 32 floats per query tile
     bh, k_start, descending = _program(KEY_BLOCK, SCHEDULE)
     key_block = k_start // KEY_BLOCK
     matrix = (key_block % CHAINS) * gl.num_programs(1) + bh  # in the stacked accumulators
@@ -424,12 +464,12 @@ def _dq_partition(dq_desc, dq_bufs, dq_tail_desc, dq_tails, semaphores, n_q,
             turn = (last_key_block - key_block
                     + descending * (2 * key_block - last_key_block)) // CHAINS
             _wait_turn(semaphores + q_start // BLOCK_M, turn)
+        tile_row = (row0 // BLOCK_M + tile) * TILE_CHUNKS
         for half in gl.static_range(2):
             named_sync(FULL_BARRIER + (i % 2) * 2 + half, HANDOFF_THREADS)
-            _reduce_half(dq_desc, dq_bufs.index(i % 2), row0 + tile * BLOCK_M, 0, half)
+            _reduce_chunk(dq_desc, dq_bufs.index(i % 2), tile_row, half)
             if TAIL > 0:
-                _reduce_half(dq_tail_desc, dq_tails.index(i % 2), row0 + tile * BLOCK_M,
-                             HEAD_DIM, half)
+                _reduce_chunk(dq_tail_desc, dq_tails.index(i % 2), tile_row + 2 * CHUNK, half)
         tma.store_wait(0)  # both halves read: the slot may be refilled
         if i < n_tiles - 2:  # the consumers wait on a slot from their third tile on
             for half in gl.static_range(2):
@@ -529,13 +569,14 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
     descriptors, n_q a multiple of BLOCK_N). SCHEDULE (one of those above) sets the order
     key blocks launch in, the order each walks its query tiles, and, ORDERED, the order of
     a tile's shares. dq_desc covers CHAINS fp32 (bh * n_q, d) accumulators stacked, zeroed,
-    in boxes of the block of a query tile's share that a warpgroup holds
-    (`warpgroup_block`); dK, dV are bf16; semaphores int32 (CHAINS, bh, n_q / BLOCK_M),
-    zero (read only if ORDERED). A head dim d that is not a power of two runs as its first
-    HEAD_DIM columns (the descriptors' boxes) and a tail of TAIL (80 = 64 + 16,
-    96 = 64 + 32): the `*_tail_desc`s read the same rows from column HEAD_DIM, and each
-    matmul over or along the head dim is two. TAIL = 0: no tail, and
-    the tail descriptors are None."""
+    as rows of 32 floats, in boxes of the block of a query tile's share that a warpgroup
+    holds (`warpgroup_block`, staged in `fragment_layout`); dK, dV are bf16; semaphores
+    int32 (CHAINS, bh, n_q / BLOCK_M), zero (read only if ORDERED). A head dim d that is
+    not a power of two runs as its first HEAD_DIM columns (the descriptors' boxes) and a
+    tail of TAIL (80 = 64 + 16, 96 = 64 + 32): the `*_tail_desc`s read the same rows from
+    column HEAD_DIM (dq_tail_desc: after each query tile's first HEAD_DIM columns), and
+    each matmul over or along the head dim is two. TAIL = 0: no tail, and the tail
+    descriptors are None."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK: gl.constexpr = k_desc.block_type.shape[0]
@@ -551,10 +592,11 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, BLOCK_M],
                                                                    gl.bfloat16)
     ds_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK, BLOCK_M], ds_layout)
-    # Two slots of a whole dQ share in the layout of dq_desc's box (half of the share):
-    # the box's swizzle tiles the share's columns in blocks as wide as the box, or is the
-    # same for either (fp32 rows of >= 32 columns take the 128-byte swizzle).
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], dq_desc.layout)
+    # Two slots of a whole dQ share, each as the writers' TMA reads it: two chunks (one per
+    # warpgroup, dq_desc's box) of rows of 32 floats, which the consumers store through
+    # `_share_view`.
+    CHUNK: gl.constexpr = dq_desc.block_type.shape[0]
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, 2 * CHUNK, 32], dq_desc.layout)
     if TAIL > 0:
         q_tails = gl.allocate_shared_memory(q_tail_desc.dtype, [NUM_STAGES, BLOCK_M, TAIL],
                                             q_tail_desc.layout)
@@ -562,7 +604,8 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                                              do_tail_desc.layout)
         k_tail = gl.allocate_shared_memory(k_tail_desc.dtype, [BLOCK, TAIL], k_tail_desc.layout)
         v_tail = gl.allocate_shared_memory(v_tail_desc.dtype, [BLOCK, TAIL], v_tail_desc.layout)
-        dq_tails = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, TAIL],
+        TAIL_CHUNK: gl.constexpr = dq_tail_desc.block_type.shape[0]
+        dq_tails = gl.allocate_shared_memory(gl.float32, [2, 2 * TAIL_CHUNK, 32],
                                              dq_tail_desc.layout)
         tails = (q_tails, do_tails, k_tail, v_tail)
         tail_descs = (q_tail_desc, do_tail_desc, k_tail_desc, v_tail_desc, dq_tail_desc)
@@ -590,7 +633,7 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                                   TAIL)),
             (_load_partition, (descs, tail_descs, bufs, tails, bars, n_q, SCHEDULE, TAIL)),
             (_dq_partition, (dq_desc, dq_bufs, tail_descs[4], dq_tails, semaphores, n_q,
-                             SCHEDULE, ORDERED, CHAINS, 0, 1, TAIL)),
+                             BLOCK_M, SCHEDULE, ORDERED, CHAINS, 0, 1, TAIL)),
         ], [PRODUCER_WARPS, 1], [WORKER_REGS, WORKER_REGS])
     else:  # two writers, each on its slot
         gl.warp_specialize([
@@ -599,9 +642,9 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                                   TAIL)),
             (_load_partition, (descs, tail_descs, bufs, tails, bars, n_q, SCHEDULE, TAIL)),
             (_dq_partition, (dq_desc, dq_bufs, tail_descs[4], dq_tails, semaphores, n_q,
-                             SCHEDULE, ORDERED, CHAINS, 0, 2, TAIL)),
+                             BLOCK_M, SCHEDULE, ORDERED, CHAINS, 0, 2, TAIL)),
             (_dq_partition, (dq_desc, dq_bufs, tail_descs[4], dq_tails, semaphores, n_q,
-                             SCHEDULE, ORDERED, CHAINS, 1, 2, TAIL)),
+                             BLOCK_M, SCHEDULE, ORDERED, CHAINS, 1, 2, TAIL)),
         ], [PRODUCER_WARPS, 1, 1], [WORKER_REGS] * 3)
 
 
@@ -636,12 +679,35 @@ def prepare_kernel(Out, dOut, Delta, Acc, HEAD_DIM: tl.constexpr, ROWS: tl.const
 
 
 @triton.jit
+def _fragment_offset(r, c, cols, BLOCK_M: tl.constexpr):
+    """Where element (r, c) of a query tile's dQ share of `cols` columns sits in it as the
+    consumers stage it (`fragment_layout`, read back bit by bit): in the chunk of its
+    warpgroup's block of 64 rows and `block_cols` columns, at its register (c bit 0, r bit
+    3), lane (c bits 1-2, r bits 0-2), warp (r bits 4-5), then register again (c bits
+    3 up)."""
+    block_cols = cols * BLOCK_M // 128  # 64-row tiles split the columns, 128-row the rows
+    c_in = c % block_cols
+    warpgroup = r // 64 + c // block_cols
+    within = ((c_in & 1) | ((r >> 3) & 1) << 1 | ((c_in >> 1) & 3) << 2 | (r & 7) << 4
+              | ((r >> 4) & 3) << 7 | (c_in >> 3) << 9)
+    return warpgroup * 64 * block_cols + within
+
+
+@triton.jit
 def finish_kernel(Acc, dQ, scale, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
-                  CHAINS: tl.constexpr):
+                  CHAINS: tl.constexpr, BLOCK_M: tl.constexpr, MAIN: tl.constexpr):
     """dQ = the CHAINS accumulators added in order, times scale, cast to dQ's type, in one
-    pass."""
+    pass. The accumulators hold each query tile of BLOCK_M rows as the backward's writers
+    add it: its shares' first MAIN columns, then their tail (`_fragment_offset`)."""
     rows, offsets, mask = _row_block(ROWS, HEAD_DIM)
-    dq = tl.load(Acc + offsets, mask=mask)
+    cols = offsets - rows[:, None] * HEAD_DIM
+    r = rows[:, None] % BLOCK_M
+    main = cols < MAIN
+    TAIL: tl.constexpr = HEAD_DIM - MAIN if HEAD_DIM > MAIN else MAIN  # never 0: a divisor
+    part = tl.where(main, 0, BLOCK_M * MAIN) + _fragment_offset(
+        r, tl.where(main, cols, cols - MAIN), tl.where(main, MAIN, TAIL), BLOCK_M)
+    staged = (rows[:, None] - r) * HEAD_DIM + part
+    dq = tl.load(Acc + staged, mask=mask)
     for chain in tl.static_range(1, CHAINS):
-        dq += tl.load(Acc + chain * _chain_stride(ROWS, HEAD_DIM) + offsets, mask=mask)
+        dq += tl.load(Acc + chain * _chain_stride(ROWS, HEAD_DIM) + staged, mask=mask)
     tl.store(dQ + offsets, (dq * scale).to(dQ.dtype.element_ty), mask=mask)
