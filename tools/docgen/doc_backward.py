@@ -497,6 +497,31 @@ def forward_backward_split(repo: Path, file: str) -> str:
             f"{data.get('torch')}, Triton {data.get('triton')}, commit {data.get('commit')}).\n")
 
 
+def trees_in_turn(repo: Path, file: str) -> str:
+    """A run of studies/attention_gluon_backward/against.py: per shape and mode (ordered,
+    the default, and unordered), this tree's and the other's backward and the median
+    per-round ratio (lowest to highest), and whether the ordered dQs were bit-identical."""
+    data = _experiment(repo, file)
+    table = []
+    for row in data["rows"]:
+        for mode in ("ordered", "unordered"):
+            low, high = row[f"{mode}_ratio_range"]
+            same = "yes" if row["ordered_dq_bit_identical"] else "no"
+            table.append([row["shape"], mode, f"{row[f'{mode}_this_ms']:.3f}",
+                          f"{row[f'{mode}_other_ms']:.3f}",
+                          f"{row[f'{mode}_this_over_other']:.3f} ({low:.3f}–{high:.3f})",
+                          same if mode == "ordered" else ""])
+    return (markdown_table(["batch x heads x seq x d", "backward", f"{data.get('commit')} ms",
+                            "other ms", f"{data.get('commit')} / other", "dQ bit-identical"],
+                           table)
+            + f"\n\nTime: device time (do_bench medians of the Gluon backward with D and the "
+            f"dQ cast), bf16, causal; medians over {data.get('rounds')} rounds, each running "
+            "the two trees in turn in processes of their own; a ratio is the median of the "
+            f"per-round ratios (lowest to highest). The other tree: `{data['rows'][0]['other']}`"
+            f". From `{file}` ({data.get('device')}, torch {data.get('torch')}, Triton "
+            f"{data.get('triton')}).\n")
+
+
 _TILE_END_ORDERS = ((False, False), (True, False), (True, True))  # (async_mma, dq_first)
 
 

@@ -41,6 +41,7 @@ def generators(repo: Path) -> dict[str, Generator]:
         "attention-gluon-chains": partial(doc_backward.longest_first_chains, repo),
         "attention-gluon-launch-orders": partial(doc_backward.launch_orders, repo),
         "attention-fa4-split": partial(doc_backward.forward_backward_split, repo),
+        "attention-gluon-trees": partial(doc_backward.trees_in_turn, repo),
         "attention-kernel-breakdown": partial(doc_backward.kernel_breakdown, repo),
         "attention-tile-order": partial(doc_backward.tile_order, repo),
         "attention-one-matrix": partial(doc_backward.one_matrix, repo),

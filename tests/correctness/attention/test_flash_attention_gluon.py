@@ -369,13 +369,14 @@ def test_finish_reads_each_share_from_where_the_consumers_stage_it(block_m, head
     rows = 2 * PREPARE_ROWS * (block_m // 64)
     torch.manual_seed(block_m + head_dim + chains)
     shares = torch.randn(chains, rows, head_dim)
-    acc = torch.stack([_staged(share, block_m) for share in shares])
-    dq = torch.full((rows, head_dim), float("nan"), dtype=torch.bfloat16)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # else interpreted
+    acc = torch.stack([_staged(share, block_m) for share in shares]).to(device)
+    dq = torch.full((rows, head_dim), float("nan"), dtype=torch.bfloat16, device=device)
     finish_kernel[(rows // PREPARE_ROWS,)](acc, dq, 0.125, HEAD_DIM=head_dim, ROWS=PREPARE_ROWS,
                                            CHAINS=chains, BLOCK_M=block_m,
                                            MAIN=head_dim_tiles(head_dim)[0])
     # within one bf16 step: the interpreter's cast truncates where the GPU's rounds
-    torch.testing.assert_close(dq.float(), shares.sum(dim=0) * 0.125, rtol=2**-7, atol=0)
+    torch.testing.assert_close(dq.float().cpu(), shares.sum(dim=0) * 0.125, rtol=2**-7, atol=0)
 
 
 def test_chains_are_at_least_one():

@@ -919,6 +919,26 @@ def test_split_block_sets_each_forward_and_backward_beside_flashattention_4s(
     assert "From `split.json` (GPU X, torch 2.11, Triton 3.6, commit abc1234)" in block
 
 
+def test_trees_block_gives_each_mode_its_ratio_and_the_bitwise_check(tmp_path: Path) -> None:
+    def row(same: bool) -> dict:
+        return {"shape": "1x16x16384x128", "other": "old/src", "ordered_dq_bit_identical": same,
+                "ordered_this_ms": 5.1, "ordered_other_ms": 5.3,
+                "ordered_this_over_other": 0.96, "ordered_ratio_range": [0.95, 0.97],
+                "unordered_this_ms": 4.9, "unordered_other_ms": 5.0,
+                "unordered_this_over_other": 0.98, "unordered_ratio_range": [0.97, 0.99]}
+
+    (tmp_path / "against.json").write_text(json.dumps(
+        {"device": "GPU X", "torch": "2.11", "triton": "3.6", "commit": "abc1234",
+         "rounds": 3, "rows": [row(True), {**row(False), "shape": "4x16x4096x64"}]}))
+    block = doc_backward.trees_in_turn(tmp_path, "against.json")
+    assert ("| 1x16x16384x128 | ordered | 5.100 | 5.300 | 0.960 (0.950–0.970) | yes |"
+            in block)
+    assert "| 1x16x16384x128 | unordered | 4.900 | 5.000 | 0.980 (0.970–0.990) |  |" in block
+    assert "| 4x16x4096x64 | ordered | 5.100 | 5.300 | 0.960 (0.950–0.970) | no |" in block
+    assert "| abc1234 ms | other ms | abc1234 / other |" in block
+    assert "medians over 3 rounds" in block and "`old/src`" in block
+
+
 def test_schedules_block_compares_the_ordered_launch_orders_at_the_librarys_tile_height(
         tmp_path: Path) -> None:
     shape = {"batch": 64, "seq": 4096, "head_dim": 64, "dtype": "bf16", "causal": True}
