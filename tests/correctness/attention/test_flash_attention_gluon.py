@@ -244,6 +244,30 @@ def test_dq_first_order_writes_every_buffer(head_dim, block_m, ordered):
             assert torch.equal(a, b), name
 
 
+@hopper
+@pytest.mark.parametrize(("async_mma", "dq_first"), [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+def test_stats_apart_writes_every_buffer(head_dim, ordered, async_mma, dq_first):
+    """LSE and D read apart (64-row tiles) in every order of a tile's last matmuls: every
+    buffer poisoned, against float64, ordered dQ bit-identical between calls and to the
+    same config reading them together."""
+    problem = Problem.random(((2, 3), 768, 768, head_dim), torch.bfloat16,
+                             torch.device("cuda"), True, seed=11)
+    together = replace(CONFIGS[head_dim, ordered], block_m=64, async_mma=async_mma,
+                       dq_first=dq_first)
+    first = _check_poisoned(problem, replace(together, stats_apart=True))
+    if ordered:
+        for config in (replace(together, stats_apart=True), together):
+            for name, a, b in zip(GRADS, first, _check_poisoned(problem, config), strict=True):
+                assert torch.equal(a, b), name
+
+
+def test_stats_apart_needs_64_row_tiles():
+    with pytest.raises(ValueError, match="needs block_m 64"):
+        replace(CONFIGS[64, True], block_m=128, stats_apart=True)
+
+
 def test_dq_first_needs_async_matmuls():
     with pytest.raises(ValueError, match="needs async_mma"):
         replace(CONFIGS[128, True], async_mma=False, dq_first=True)
