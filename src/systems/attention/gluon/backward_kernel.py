@@ -183,8 +183,8 @@ def fragment_layout(rows, cols, num_warps):
     (FA3's and FA4's dQ staging): a thread's 4 registers of a row pair are 16 contiguous
     bytes, a warp's 512 (stores without bank conflicts; rows of a swizzled layout take
     two ways per 8-byte store), and each warpgroup's block (`warpgroup_block`) is one
-    contiguous chunk, which a TMA copies without a swizzle. `fragment_offset` inverts
-    it."""
+    contiguous chunk, which a TMA copies without a swizzle. `_fragment_offset` inverts
+    it for `finish_kernel`."""
     block_rows, block_cols = warpgroup_block(rows, cols, num_warps)
     assert num_warps == 8 and block_rows == 64 and block_cols >= 8, (rows, cols, num_warps)
     bases = [[0, 1], [8, 0], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0], [16, 0], [32, 0]]
@@ -289,6 +289,7 @@ def _share_view(slot, ROWS: gl.constexpr, COLS: gl.constexpr):
     held: gl.constexpr = gl.to_linear_layout(mma_layout(ROWS, COLS, gl.num_warps()), [ROWS, COLS])
     gl.static_assert(_in_thread_order(held, layout),
                      "fragment_layout no longer follows the accumulator's register layout")
+    # the same bytes seen through another shape and layout (Gluon names it privately)
     return slot._reinterpret(gl.float32, [ROWS, COLS], layout)
 
 
