@@ -29,6 +29,7 @@ def generators(repo: Path) -> dict[str, Generator]:
         "attention-eager-interleaved": partial(doc_attention.attention_eager_interleaved, repo),
         "attention-device-time": partial(doc_attention.attention_device_time, repo),
         "attention-device-in-turn": partial(doc_attention.attention_device_in_turn, repo),
+        "attention-fa4-history": partial(doc_attention.fa4_history, repo),
         "attention-backward-variants": partial(doc_attention.attention_backward_variants,
                                                repo),
         "attention-host-profile": partial(doc_profiles.host_profile, repo),

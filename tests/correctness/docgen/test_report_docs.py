@@ -275,6 +275,31 @@ def test_flash_attention_4_has_columns_where_a_case_timed_it(tmp_path: Path) -> 
     assert "FlashAttention-4" not in without
 
 
+def test_fa4_history_gives_each_run_its_ratio_per_shape(tmp_path: Path) -> None:
+    def run(name: str, gpu: str, commit: str, cases: dict) -> str:
+        (tmp_path / name).write_text(json.dumps({
+            "machine_info": {"device_name": gpu}, "datetime": "2026-11-22T01:02:03",
+            "commit_info": {"id": commit}, "benchmarks": [
+                _bench(f"test_attention_table[triton-{shape}]", "triton", 0.002,
+                       [int(n) for n in shape.split("x")], interleaved_device_ms=rounds)
+                for shape, rounds in cases.items()]}))
+        return name
+
+    old = run("old.json", "GPU A", "aaaaaaa0", {"4x16x4096x64": {
+        "triton": [1.2, 1.3, 1.1], "fa4": [1.0, 1.0, 1.0], "sdpa_cudnn": [1.3] * 3}})
+    new = run("new.json", "GPU B", "bbbbbbb0", {
+        "4x16x4096x64": {"triton": [1.05, 1.1], "fa4": [1.0, 1.0]},
+        "1x16x16384x128": {"triton": [2.0, 2.0], "fa4": [1.6, 1.6]}})
+    block = doc_attention.fa4_history(tmp_path, old, new)
+    assert "| GPU | commit | recorded | 64x4096x64 | 16x16384x128 |" in block
+    assert "| GPU A | aaaaaaa | 2026-11-22 | 1.200 | - |" in block
+    assert "| GPU B | bbbbbbb | 2026-11-22 | 1.075 | 1.250 |" in block
+    assert "`old.json`, `new.json`" in block
+    run("none.json", "GPU C", "c", {"4x16x4096x64": {"triton": [1.0], "sdpa_cudnn": [1.0]}})
+    with pytest.raises(ValueError, match="no case timed with FlashAttention-4"):
+        doc_attention.fa4_history(tmp_path, "none.json")
+
+
 def test_a_ratio_of_a_host_bound_case_is_marked_and_claims_no_win(tmp_path: Path) -> None:
     """Medians of host-bound eager cases time the host at two moments: their ratio is shown
     marked, and is not listed as a win, whichever side was host-bound."""
