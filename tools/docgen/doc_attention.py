@@ -38,6 +38,7 @@ class History:
     commit: str
     recorded: str
     results: list[Result]
+    device: str
 
     def source(self, time_kind: str, statistic: str) -> str:
         return (f"Time: {time_kind}; {statistic}. From `{self.label}` (commit {self.commit}, "
@@ -51,7 +52,8 @@ def read_history(repo: Path, name: str) -> History:
     if commit_info.get("dirty"):
         commit += ", with uncommitted changes"
     run = load_run(path, repo)
-    return History(name, commit, run.datetime[:10] or "date not recorded", run.results)
+    return History(name, commit, run.datetime[:10] or "date not recorded", run.results,
+                   run.device)
 
 
 def short_dtype(name: object) -> str:
@@ -354,7 +356,6 @@ def fa4_history(repo: Path, *history_files: str) -> str:
     runs = []
     for name in history_files:
         history = read_history(repo, name)
-        gpu = (read_run(repo / name).get("machine_info") or {}).get("device_name", "?")
         ratios = {}
         for r in _only(history.results, "test_attention_table",
                        lambda r: "fa4" in (rounds_in_turn(r) or {})):
@@ -364,11 +365,11 @@ def fa4_history(repo: Path, *history_files: str) -> str:
                 round_ratios(rounds, str(r.get(keys.IMPLEMENTATION)), "fa4"))
         if not ratios:
             raise ValueError(f"{name} has no case timed with FlashAttention-4")
-        runs.append((gpu, history, ratios))
-    shapes = list(dict.fromkeys(shape for _, _, ratios in runs for shape in ratios))
-    rows = [[gpu, history.commit, history.recorded,
+        runs.append((history, ratios))
+    shapes = list(dict.fromkeys(shape for _, ratios in runs for shape in ratios))
+    rows = [[history.device, history.commit, history.recorded,
              *(f"{ratios[shape]:.3f}" if shape in ratios else "-" for shape in shapes)]
-            for gpu, history, ratios in runs]
+            for history, ratios in runs]
     return (markdown_table(["GPU", "commit", "recorded", *shapes], rows)
             + "\n\nEach cell: ours (default) / FlashAttention-4, the median of the per-round "
             "ratios of device time (do_bench, forward + backward, bf16, causal) over one "

@@ -607,7 +607,8 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
     # warpgroup, dq_desc's box) of rows of 32 floats, which the consumers store through
     # `_share_view`.
     CHUNK: gl.constexpr = dq_desc.block_type.shape[0]
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, 2 * CHUNK, 32], dq_desc.layout)
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, 2 * CHUNK, dq_desc.block_type.shape[1]],
+                                        dq_desc.layout)
     if TAIL > 0:
         q_tails = gl.allocate_shared_memory(q_tail_desc.dtype, [NUM_STAGES, BLOCK_M, TAIL],
                                             q_tail_desc.layout)
@@ -616,8 +617,9 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
         k_tail = gl.allocate_shared_memory(k_tail_desc.dtype, [BLOCK, TAIL], k_tail_desc.layout)
         v_tail = gl.allocate_shared_memory(v_tail_desc.dtype, [BLOCK, TAIL], v_tail_desc.layout)
         TAIL_CHUNK: gl.constexpr = dq_tail_desc.block_type.shape[0]
-        dq_tails = gl.allocate_shared_memory(gl.float32, [2, 2 * TAIL_CHUNK, 32],
-                                             dq_tail_desc.layout)
+        dq_tails = gl.allocate_shared_memory(
+            gl.float32, [2, 2 * TAIL_CHUNK, dq_tail_desc.block_type.shape[1]],
+            dq_tail_desc.layout)
         tails = (q_tails, do_tails, k_tail, v_tail)
         tail_descs = (q_tail_desc, do_tail_desc, k_tail_desc, v_tail_desc, dq_tail_desc)
     else:  # placeholders that nothing reads (a partition's arguments cannot be None)
@@ -661,12 +663,12 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
 
 @triton.jit
 def _row_block(ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """(rows, offsets, mask) of this program's ROWS rows of HEAD_DIM columns, the columns
-    as a power of two wide with those past HEAD_DIM masked off."""
+    """(rows, cols, offsets, mask) of this program's ROWS rows of HEAD_DIM columns, the
+    columns as a power of two wide with those past HEAD_DIM masked off."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, triton.next_power_of_2(HEAD_DIM))
     offsets = rows[:, None] * HEAD_DIM + cols[None, :]
-    return rows, offsets, (cols < HEAD_DIM)[None, :]
+    return rows, cols, offsets, (cols < HEAD_DIM)[None, :]
 
 
 @triton.jit
@@ -680,7 +682,7 @@ def prepare_kernel(Out, dOut, Delta, Acc, HEAD_DIM: tl.constexpr, ROWS: tl.const
                    CHAINS: tl.constexpr):
     """D = rowsum(O * dO) in fp32, and the rows of each of the CHAINS dQ accumulators
     zeroed, in one pass."""
-    rows, offsets, mask = _row_block(ROWS, HEAD_DIM)
+    rows, _, offsets, mask = _row_block(ROWS, HEAD_DIM)
     o = tl.load(Out + offsets, mask=mask, other=0.0).to(tl.float32)
     do = tl.load(dOut + offsets, mask=mask, other=0.0).to(tl.float32)
     tl.store(Delta + rows, tl.sum(o * do, axis=1))
@@ -710,8 +712,8 @@ def finish_kernel(Acc, dQ, scale, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
     """dQ = the CHAINS accumulators added in order, times scale, cast to dQ's type, in one
     pass. The accumulators hold each query tile of BLOCK_M rows as the backward's writers
     add it: its shares' first MAIN columns, then their tail (`_fragment_offset`)."""
-    rows, offsets, mask = _row_block(ROWS, HEAD_DIM)
-    cols = offsets - rows[:, None] * HEAD_DIM
+    rows, cols, offsets, mask = _row_block(ROWS, HEAD_DIM)
+    cols = cols[None, :]
     r = rows[:, None] % BLOCK_M
     main = cols < MAIN
     TAIL: tl.constexpr = HEAD_DIM - MAIN if HEAD_DIM > MAIN else MAIN  # never 0: a divisor
