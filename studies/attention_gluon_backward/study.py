@@ -69,8 +69,7 @@ def _variants(head_dim: int) -> list[GluonConfig]:
     tile's last matmuls (synchronous; overlapped with dQ last; overlapped in FA3's order,
     dQ first), then at d = 64 the two with the other tile height (64 or 128 query rows),
     overlapped MMAs or not (both fit the consumers' registers), then the short-matrix
-    ordered one (longest first) on 2 and 4 chains of accumulators, with 1 and 2 writers,
-    then the library's configs of 64-row tiles reading LSE and D apart."""
+    ordered one (longest first) on 2 and 4 chains of accumulators, with 1 and 2 writers."""
     chosen = [LIBRARY_CONFIGS[head_dim, False], LIBRARY_CONFIGS[head_dim, True]]
     others = [replace(chosen[ordered], ordered=bool(ordered), schedule=schedule,
                       writers=writers)
@@ -86,10 +85,7 @@ def _variants(head_dim: int) -> list[GluonConfig]:
                for config in chosen for overlap in (True, False)] if head_dim == 64 else []
     chained = [replace(SHORT_ORDERED_CONFIGS[head_dim], chains=chains, writers=writers)
                for chains in (2, 4) for writers in (1, 2)]
-    apart = [replace(config, stats_apart=True)
-             for config in chosen + [SHORT_ORDERED_CONFIGS[head_dim]] if config.block_m == 64]
-    variants = chosen + [c for c in others + orders + heights + chained + apart
-                         if c not in chosen]
+    variants = chosen + [c for c in others + orders + heights + chained if c not in chosen]
     return list(dict.fromkeys(variants))
 
 

@@ -248,24 +248,19 @@ def test_dq_first_order_writes_every_buffer(head_dim, block_m, ordered):
 @pytest.mark.parametrize(("async_mma", "dq_first"), [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
 @pytest.mark.parametrize("head_dim", [64, 80, 128])
-def test_stats_apart_writes_every_buffer(head_dim, ordered, async_mma, dq_first):
-    """LSE and D read apart (64-row tiles) in every order of a tile's last matmuls: every
-    buffer poisoned, against float64, ordered dQ bit-identical between calls and to the
-    same config reading them together."""
+def test_64_row_tiles_write_every_buffer_in_every_order(head_dim, ordered, async_mma,
+                                                        dq_first):
+    """64-row tiles (LSE and D loaded apart, around the softmax) in every order of a tile's
+    last matmuls: every buffer poisoned, against float64, ordered dQ bit-identical between
+    calls."""
     problem = Problem.random(((2, 3), 768, 768, head_dim), torch.bfloat16,
                              torch.device("cuda"), True, seed=11)
-    together = replace(CONFIGS[head_dim, ordered], block_m=64, async_mma=async_mma,
-                       dq_first=dq_first)
-    first = _check_poisoned(problem, replace(together, stats_apart=True))
+    config = replace(CONFIGS[head_dim, ordered], block_m=64, async_mma=async_mma,
+                     dq_first=dq_first)
+    first = _check_poisoned(problem, config)
     if ordered:
-        for config in (replace(together, stats_apart=True), together):
-            for name, a, b in zip(GRADS, first, _check_poisoned(problem, config), strict=True):
-                assert torch.equal(a, b), name
-
-
-def test_stats_apart_needs_64_row_tiles():
-    with pytest.raises(ValueError, match="needs block_m 64"):
-        replace(CONFIGS[64, True], block_m=128, stats_apart=True)
+        for name, a, b in zip(GRADS, first, _check_poisoned(problem, config), strict=True):
+            assert torch.equal(a, b), name
 
 
 def test_dq_first_needs_async_matmuls():

@@ -65,15 +65,10 @@ class GluonConfig:
     # dQ accumulators, key block b adding into b % chains, summed in order at the end:
     # ordered, a tile's shares wait on chains this many times shorter.
     chains: int = 1
-    # 64-row tiles: LSE read before dP^T's matmuls are issued and D while the softmax runs
-    # (FA4's order), rather than both once they are issued, behind them in the queue.
-    stats_apart: bool = False
 
     def __post_init__(self) -> None:
         if self.dq_first and not self.async_mma:
             raise ValueError("dq_first issues the matmuls asynchronously: it needs async_mma")
-        if self.stats_apart and self.block_m != 64:
-            raise ValueError("stats_apart orders the loads of 64-row tiles: it needs block_m 64")
         if self.chains < 1:
             raise ValueError(f"chains must be at least 1, got {self.chains}")
 
@@ -283,7 +278,6 @@ def constexprs(head_dim: int, config: GluonConfig, sm_scale: float | None = None
             "NUM_STAGES": config.num_stages,
             "PRODUCER_WARPS": config.producer_warps, "WORKER_REGS": config.worker_regs,
             "ASYNC_MMA": config.async_mma, "DQ_FIRST": config.dq_first,
-            "STATS_APART": config.stats_apart,
             "ORDERED": config.ordered,
             "SCHEDULE": config.schedule, "CHAINS": config.chains, "WRITERS": config.writers,
             "TAIL": head_dim_tiles(head_dim)[1]}

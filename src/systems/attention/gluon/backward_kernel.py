@@ -311,12 +311,11 @@ def _hand_over(dq, dq_tail, dq_bufs, dq_tails, i, TAIL: gl.constexpr):
 @gluon.jit
 def _tile(i, tile, grads, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k_start,
           qk_scale, HEAD_DIM: gl.constexpr, MASKED: gl.constexpr, ASYNC: gl.constexpr,
-          DQ_FIRST: gl.constexpr, STATS_APART: gl.constexpr, TAIL: gl.constexpr):
+          DQ_FIRST: gl.constexpr, TAIL: gl.constexpr):
     """Step i, query tile `tile` (from the diagonal): dV += P^T dO, dK += dS^T Q, and the
     tile's dQ share dS K (unscaled) handed to the writers; `grads` is (dK, dV), and under
     TAIL their tail columns' after them. ASYNC overlaps the softmax with dP^T and the
-    dS^T store with dV and dK; DQ_FIRST (with ASYNC) issues dQ between dV and dK;
-    STATS_APART (64-row tiles) reads LSE before dP^T is issued and D after the softmax."""
+    dS^T store with dV and dK; DQ_FIRST (with ASYNC) issues dQ between dV and dK."""
     dk = grads[0]
     dv = grads[1]
     q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem = bufs
@@ -343,25 +342,21 @@ def _tile(i, tile, grads, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k
         do_tail_s = do_tails.index(stage)
     else:
         q_tail_s, do_tail_s, k_tail, v_tail = None, None, None, None
-    # LSE and D are rows of BLOCK_M / 4 registers a thread each. For 64 query rows both are
-    # loaded while S^T and dP^T run: together once both are issued, or apart (FA4's order,
-    # STATS_APART), LSE before dP^T's matmuls fill the queue the loads wait in and D while
-    # the softmax runs. For 128 that spills, so D seeds dP^T's accumulator instead (the
-    # tensor cores give dP^T - D, and D's registers are free before the softmax) and LSE
-    # is loaded where the softmax takes it.
+    # LSE and D are rows of BLOCK_M / 4 registers a thread each. For 64 query rows they are
+    # loaded apart (FA4's order): LSE before dP^T's matmuls fill the queue the loads wait
+    # in, D while the softmax runs; loaded together once both matmuls are issued, they
+    # stalled the consumers most on that queue. For 128 they would spill, so D seeds dP^T's
+    # accumulator instead (the tensor cores give dP^T - D, and D's registers are free
+    # before the softmax) and LSE is loaded where the softmax takes it.
     SEED_DP: gl.constexpr = BLOCK_M >= 128
     zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     s_t = _over_head_dim(k_smem, q_s, k_tail, q_tail_s, zero_s, False, ASYNC, TAIL)
     if SEED_DP:
         minus_delta = zero_s - gl.expand_dims(delta_bufs.index(stage).load(row_layout), 0)
         dp_t = _over_head_dim(v_smem, do_s, v_tail, do_tail_s, minus_delta, True, ASYNC, TAIL)
-    elif STATS_APART:
-        lse2 = gl.expand_dims(lse_bufs.index(stage).load(row_layout) * LOG2E, 0)
-        dp_t = _over_head_dim(v_smem, do_s, v_tail, do_tail_s, zero_s, False, ASYNC, TAIL)
     else:
-        dp_t = _over_head_dim(v_smem, do_s, v_tail, do_tail_s, zero_s, False, ASYNC, TAIL)
-        delta = gl.expand_dims(delta_bufs.index(stage).load(row_layout), 0)
         lse2 = gl.expand_dims(lse_bufs.index(stage).load(row_layout) * LOG2E, 0)
+        dp_t = _over_head_dim(v_smem, do_s, v_tail, do_tail_s, zero_s, False, ASYNC, TAIL)
     if ASYNC:  # the softmax runs while dP^T is in flight
         s_t = warpgroup_mma_wait(PARTS, deps=(s_t,))
     if SEED_DP:
@@ -371,7 +366,7 @@ def _tile(i, tile, grads, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k
         rows = q_start + gl.arange(0, BLOCK_M, row_layout)
         p_t = gl.where(gl.expand_dims(rows, 0) >= gl.expand_dims(keys, 1), p_t, 0.0)
     p_op = gl.convert_layout(p_t.to(gl.bfloat16), a_layout)
-    if STATS_APART and not SEED_DP:
+    if not SEED_DP:
         delta = gl.expand_dims(delta_bufs.index(stage).load(row_layout), 0)
     if ASYNC:
         dp_t = warpgroup_mma_wait(0, deps=(dp_t,))
@@ -490,7 +485,7 @@ def _dq_partition(dq_desc, dq_bufs, dq_tail_desc, dq_tails, semaphores, n_q,
 @gluon.jit
 def _walk(grads, n_tiles, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k_start,
           qk_scale, HEAD_DIM: gl.constexpr, ASYNC: gl.constexpr, DQ_FIRST: gl.constexpr,
-          STATS_APART: gl.constexpr, DESCENDING: gl.constexpr, TAIL: gl.constexpr):
+          DESCENDING: gl.constexpr, TAIL: gl.constexpr):
     """Every query tile of the key block, up from the diagonal or down to it: the
     diagonal's tiles (masked) come first walking up, last walking down."""
     BLOCK_M: gl.constexpr = bufs[0].type.shape[1]
@@ -499,15 +494,15 @@ def _walk(grads, n_tiles, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys, k
     for i in range(first_masked):
         grads = _tile(i, _tile_of(i, n_tiles, DESCENDING), grads, bufs, tails, bars, ds_bufs,
                       dq_bufs, dq_tails, keys, k_start, qk_scale, HEAD_DIM, False, ASYNC,
-                      DQ_FIRST, STATS_APART, TAIL)
+                      DQ_FIRST, TAIL)
     for i in range(first_masked, first_masked + n_diagonal):
         grads = _tile(i, _tile_of(i, n_tiles, DESCENDING), grads, bufs, tails, bars, ds_bufs,
                       dq_bufs, dq_tails, keys, k_start, qk_scale, HEAD_DIM, True, ASYNC,
-                      DQ_FIRST, STATS_APART, TAIL)
+                      DQ_FIRST, TAIL)
     for i in range(first_masked + n_diagonal, n_tiles):
         grads = _tile(i, _tile_of(i, n_tiles, DESCENDING), grads, bufs, tails, bars, ds_bufs,
                       dq_bufs, dq_tails, keys, k_start, qk_scale, HEAD_DIM, False, ASYNC,
-                      DQ_FIRST, STATS_APART, TAIL)
+                      DQ_FIRST, TAIL)
     return grads
 
 
@@ -524,7 +519,7 @@ def _store_rows(base, tile, rows, col, ROW: gl.constexpr):
 def _compute_partition(bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, dK, dV, n_q,
                        SCHEDULE: gl.constexpr, SM_SCALE: gl.constexpr,
                        HEAD_DIM: gl.constexpr, ASYNC: gl.constexpr, DQ_FIRST: gl.constexpr,
-                       STATS_APART: gl.constexpr, TAIL: gl.constexpr):
+                       TAIL: gl.constexpr):
     """Consumers (the default partition, two warpgroups): every query tile at or below the
     key block's diagonal, then dK (scaled) and dV stored as bf16."""
     q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem, v_smem = bufs
@@ -550,11 +545,10 @@ def _compute_partition(bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, dK, dV, n_
     # value spills more at d = 128, where dK and dV fill the registers.
     if descending:
         grads = _walk(grads, n_tiles, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys,
-                      k_start, qk_scale, HEAD_DIM, ASYNC, DQ_FIRST, STATS_APART, True, TAIL)
+                      k_start, qk_scale, HEAD_DIM, ASYNC, DQ_FIRST, True, TAIL)
     else:
         grads = _walk(grads, n_tiles, bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, keys,
-                      k_start, qk_scale, HEAD_DIM, ASYNC, DQ_FIRST, STATS_APART, False,
-                      TAIL)
+                      k_start, qk_scale, HEAD_DIM, ASYNC, DQ_FIRST, False, TAIL)
 
     ROW: gl.constexpr = HEAD_DIM + TAIL
     matrix = (bh * n_q).to(gl.int64) * ROW
@@ -573,9 +567,8 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
                           dK, dV, semaphores, n_q, SM_SCALE: gl.constexpr,
                           NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
                           WORKER_REGS: gl.constexpr, ASYNC_MMA: gl.constexpr,
-                          DQ_FIRST: gl.constexpr, STATS_APART: gl.constexpr,
-                          ORDERED: gl.constexpr, SCHEDULE: gl.constexpr, CHAINS: gl.constexpr,
-                          WRITERS: gl.constexpr, TAIL: gl.constexpr):
+                          DQ_FIRST: gl.constexpr, ORDERED: gl.constexpr, SCHEDULE: gl.constexpr,
+                          CHAINS: gl.constexpr, WRITERS: gl.constexpr, TAIL: gl.constexpr):
     """Grid (key blocks, matrices); causal; rows of all matrices stacked ((bh * n_q, d)
     descriptors, n_q a multiple of BLOCK_N). SCHEDULE (one of those above) sets the order
     key blocks launch in, the order each walks its query tiles, and, ORDERED, the order of
@@ -643,7 +636,7 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
         gl.warp_specialize([
             (_compute_partition, (bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, dK, dV, n_q,
                                   SCHEDULE, SM_SCALE, HEAD_DIM, ASYNC_MMA, DQ_FIRST,
-                                  STATS_APART, TAIL)),
+                                  TAIL)),
             (_load_partition, (descs, tail_descs, bufs, tails, bars, n_q, SCHEDULE, TAIL)),
             (_dq_partition, (dq_desc, dq_bufs, tail_descs[4], dq_tails, semaphores, n_q,
                              BLOCK_M, SCHEDULE, ORDERED, CHAINS, 0, 1, TAIL)),
@@ -652,7 +645,7 @@ def gluon_backward_kernel(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc,
         gl.warp_specialize([
             (_compute_partition, (bufs, tails, bars, ds_bufs, dq_bufs, dq_tails, dK, dV, n_q,
                                   SCHEDULE, SM_SCALE, HEAD_DIM, ASYNC_MMA, DQ_FIRST,
-                                  STATS_APART, TAIL)),
+                                  TAIL)),
             (_load_partition, (descs, tail_descs, bufs, tails, bars, n_q, SCHEDULE, TAIL)),
             (_dq_partition, (dq_desc, dq_bufs, tail_descs[4], dq_tails, semaphores, n_q,
                              BLOCK_M, SCHEDULE, ORDERED, CHAINS, 0, 2, TAIL)),
