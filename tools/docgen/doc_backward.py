@@ -345,11 +345,16 @@ def gluon_forward(repo: Path, file: str) -> str:
             f"{data.get('triton')}, cuDNN {data.get('cudnn')}; commit {data.get('commit')}).\n")
 
 
+def _stored_ratio(median: float, bounds: list[float]) -> str:
+    """A run's stored median ratio with its stored (lowest, highest) per-round ratios."""
+    low, high = bounds
+    return f"{median:.3f} ({low:.3f}–{high:.3f})"
+
+
 def _ratio_to_cudnn(row: dict) -> str:
     if "over_cudnn_median" not in row:
         return "-"
-    low, high = row["over_cudnn_range"]
-    return f"{row['over_cudnn_median']:.3f} ({low:.3f}–{high:.3f})"
+    return _stored_ratio(row["over_cudnn_median"], row["over_cudnn_range"])
 
 
 def _at_library_height(rows: list[dict]) -> list[dict]:
@@ -484,9 +489,8 @@ def forward_backward_split(repo: Path, file: str) -> str:
         cells = ["x".join(map(str, row["shape"])), _SPLIT_NAMES.get(row["implementation"],
                                                                    row["implementation"])]
         for step in ("forward", "backward"):
-            low, high = row[f"{step}_over_fa4_range"]
             cells += [f"{row[f'{step}_ms']:.3f}",
-                      f"{row[f'{step}_over_fa4']:.3f} ({low:.3f}–{high:.3f})"]
+                      _stored_ratio(row[f"{step}_over_fa4"], row[f"{step}_over_fa4_range"])]
         table.append(cells)
     return (markdown_table(["batch x heads x seq x d", "implementation", "forward ms",
                             "forward / FA4", "backward ms", "backward / FA4"], table)
@@ -505,11 +509,11 @@ def trees_in_turn(repo: Path, file: str) -> str:
     table = []
     for row in data["rows"]:
         for mode in ("ordered", "unordered"):
-            low, high = row[f"{mode}_ratio_range"]
             same = "yes" if row["ordered_dq_bit_identical"] else "no"
             table.append([row["shape"], mode, f"{row[f'{mode}_this_ms']:.3f}",
                           f"{row[f'{mode}_other_ms']:.3f}",
-                          f"{row[f'{mode}_this_over_other']:.3f} ({low:.3f}–{high:.3f})",
+                          _stored_ratio(row[f"{mode}_this_over_other"],
+                                        row[f"{mode}_ratio_range"]),
                           same if mode == "ordered" else ""])
     return (markdown_table(["batch x heads x seq x d", "backward", f"{data.get('commit')} ms",
                             "other ms", f"{data.get('commit')} / other", "dQ bit-identical"],
