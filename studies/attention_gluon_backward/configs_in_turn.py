@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import statistics
 import sys
+import typing
 from pathlib import Path
 
 import torch
@@ -45,8 +46,8 @@ from systems.attention.gluon.backward_kernel import BLOCK_N
 
 ROUNDS = 5
 # `ordered` follows --unordered: the variant adds dQ as the library's config does.
-FIELDS = {field.name: field.type for field in dataclasses.fields(GluonConfig)
-          if field.name != "ordered"}
+FIELDS = {name: kind for name, kind in typing.get_type_hints(GluonConfig).items()
+          if name != "ordered"}
 
 
 def setting(text: str) -> tuple[str, object]:
@@ -57,11 +58,11 @@ def setting(text: str) -> tuple[str, object]:
         raise argparse.ArgumentTypeError(
             f"expected FIELD=VALUE with FIELD one of {', '.join(FIELDS)}, got {text!r}")
     kind = FIELDS[name]
-    if kind in (bool, "bool"):
+    if kind is bool:
         if value not in ("true", "false"):
             raise argparse.ArgumentTypeError(f"{name} takes true or false, got {value!r}")
         return name, value == "true"
-    if kind in (int, "int"):
+    if kind is int:
         try:
             return name, int(value)
         except ValueError:
