@@ -5,6 +5,10 @@
 # Keeping results (docs/benchmarking.md):
 #   make baseline            record the quick profile as this GPU's baseline (commit it)
 #   make study NAME=x PERF_ARGS='-k ...'   save a study under .benchmarks/<GPU>/studies/
+# On one GPU, in shards of at most 8 minutes, resumable (run again: passed shards are kept):
+#   make gpu-test            every GPU-marked correctness test
+#   make gpu-baseline        the baseline (three runs pooled) and the gate's demonstrations
+#   SHARD_ARGS='--deadline-s 540' starts no shard that would end after 9 minutes
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -13,10 +17,11 @@ PROFILE ?=
 PERF_ARGS ?=
 PROFILE_FLAG := $(if $(PROFILE),--perf-profile=$(PROFILE),)
 NAME ?=
+SHARD_ARGS ?=
 BASELINE_RUNS ?= 3
 COLUMNS := --benchmark-columns=median,iqr,mean,stddev,rounds
 
-.PHONY: bench baseline study test smoke lint report clean
+.PHONY: bench baseline study test smoke lint report clean gpu-test gpu-baseline
 
 # A Python that already has a CUDA torch (e.g. a GPU image) is reused through
 # --system-site-packages; otherwise torch 2.13.0 is installed first (pinned, because a bare
@@ -45,6 +50,12 @@ baseline: $(STAMP)
 study: $(STAMP)
 	@test -n "$(NAME)" || { echo "usage: make study NAME=<name> [PROFILE=full] [PERF_ARGS='-k ...']"; exit 2; }
 	$(BIN)/pytest tests/perf $(PROFILE_FLAG) --perf-study=$(NAME) $(COLUMNS) $(PERF_ARGS)
+
+gpu-test: $(STAMP)
+	$(BIN)/python -m systems.runs.shards gpu-test $(SHARD_ARGS)
+
+gpu-baseline: $(STAMP)
+	$(BIN)/python -m systems.runs.shards gpu-baseline $(SHARD_ARGS)
 
 test: $(STAMP)
 	$(BIN)/pytest tests/correctness tests/distributed -n auto --timeout=900

@@ -7,13 +7,23 @@ with nothing recomputed, nothing is. Otherwise the recipe's own step is measured
 small depths of the model's width, and its peak memory extrapolated to the model's depth
 (`PeakModel`): each recipe then recomputes the fewest blocks its own step needs, where one
 count for all recomputed as many blocks in every recipe as the eager model would need.
+
+The measured line is kept in `$SYSTEMS_CACHE_DIR` (default `~/.cache/systems`), keyed by the
+GPU model, PyTorch, the recipe, the model's shape and the package's own source, so that a
+later run of the same code on the same GPU model fits its steps without compiling and
+running the three probe steps again.
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
+import os
 import sys
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -98,6 +108,53 @@ def measure_peak_model(recipe: Recipe, config: ModelConfig, batch_size: int, seq
                      recompute_saving=max(0, (deep - partly_recomputed) // half))
 
 
+def _package_digest() -> str:
+    """A hash of this package's Python source: a measured line holds for this code only."""
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parents[1]
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def peak_model_cache() -> Path:
+    root = os.environ.get("SYSTEMS_CACHE_DIR") or Path.home() / ".cache" / "systems"
+    return Path(root) / "checkpoint_fit.json"
+
+
+def _read_entries(cache: Path) -> dict:
+    try:
+        entries = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}
+    return entries if isinstance(entries, dict) else {}
+
+
+def cached_peak_model(identity: list[object], measure: Callable[[], PeakModel],
+                      cache: Path | None = None) -> tuple[PeakModel, bool]:
+    """The line measured for `identity` before (read from `cache`), else `measure()` kept
+    there; and whether it came from the cache. An unreadable cache is measured anew."""
+    cache = cache or peak_model_cache()
+    key = hashlib.sha256(json.dumps([*identity, _package_digest()], default=str)
+                         .encode()).hexdigest()
+    entries = _read_entries(cache)
+    try:
+        return PeakModel(**entries[key]), True
+    except (KeyError, TypeError):
+        pass
+    model = measure()
+    entries[key] = asdict(model)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        scratch = cache.with_suffix(f".{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(entries))
+        scratch.replace(cache)  # whole, so that a concurrent reader never sees half a file
+    except OSError as error:
+        print(f"could not keep the measured peak-memory line in {cache}: {error}",
+              file=sys.stderr)
+    return model, False
+
+
 @dataclass(frozen=True)
 class Fit:
     """A recipe fitted to a GPU, and the peak the measured line predicts for its step, in
@@ -123,10 +180,15 @@ def fit_to_device(recipe: Recipe, config: ModelConfig, batch_size: int, seq_len:
                                           budget - allocated, saves_scores(recipe.attention))
     predicted = None
     if blocks and config.num_layers > PROBE_DEPTH:
-        print(f"measuring the step's peak memory at {PROBE_DEPTH // 2} and {PROBE_DEPTH} "
-              f"blocks (the analytic count would recompute {blocks} of "
-              f"{config.num_layers}) ...", file=sys.stderr)
-        model = measure_peak_model(recipe, config, batch_size, seq_len, device)
+        identity = [torch.__version__, torch.cuda.get_device_name(device),
+                    torch.cuda.get_device_properties(device).total_memory, repr(recipe),
+                    repr(config), batch_size, seq_len, PROBE_DEPTH]
+        model, cached = cached_peak_model(
+            identity, lambda: measure_peak_model(recipe, config, batch_size, seq_len, device))
+        where = (f"kept in {peak_model_cache()}" if cached else
+                 f"measured at {PROBE_DEPTH // 2} and {PROBE_DEPTH} blocks")
+        print(f"the step's peak-memory line {where} (the analytic count would recompute "
+              f"{blocks} of {config.num_layers})", file=sys.stderr)
         blocks = model.fewest_recomputed(config.num_layers, budget - allocated)
         predicted = allocated + model.predict(config.num_layers, blocks)
         print(f"recomputing {blocks} of {config.num_layers} blocks: predicted peak "

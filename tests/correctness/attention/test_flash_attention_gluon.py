@@ -55,7 +55,10 @@ def _on_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-hopper = pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU (H100, H200)")
+def hopper(test):
+    """A GPU test that runs on an sm_90 GPU only."""
+    return pytest.mark.gpu(pytest.mark.skipif(
+        not _on_hopper(), reason="needs an sm_90 GPU (H100, H200)")(test))
 
 
 def _attention(deterministic: bool):

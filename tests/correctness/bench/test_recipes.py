@@ -13,6 +13,7 @@ from systems.bench.checkpoint_fit import (
     BUDGET_SHARE,
     Fit,
     PeakModel,
+    cached_peak_model,
     fit_to_device,
     measure_peak_model,
     step_peak,
@@ -265,6 +266,25 @@ def test_measured_peak_model_predicts_a_deeper_step(name: str) -> None:
         # What the line misses must fit in the part of the GPU the budget leaves free.
         assert BUDGET_SHARE * measured <= predicted <= measured / BUDGET_SHARE, (
             recomputed, predicted, measured)
+
+
+def test_a_measured_peak_model_is_kept_for_the_same_identity_only(tmp_path) -> None:
+    cache = tmp_path / "fit.json"
+    measured: list[int] = []
+
+    def measure(peak: int):
+        return lambda: (measured.append(peak), PeakModel(4, peak, 20, 7))[1]
+
+    first, cached = cached_peak_model(["H100", "2.7b", 2048], measure(100), cache)
+    assert (first.peak, cached, measured) == (100, False, [100])
+    again, cached = cached_peak_model(["H100", "2.7b", 2048], measure(999), cache)
+    assert (again, cached, measured) == (first, True, [100])  # not measured again
+    other, cached = cached_peak_model(["H200", "2.7b", 2048], measure(300), cache)
+    assert (other.peak, cached) == (300, False)
+    cache.write_text("{not json")  # a damaged cache is measured anew, then rewritten
+    anew, cached = cached_peak_model(["H100", "2.7b", 2048], measure(101), cache)
+    assert (anew.peak, cached) == (101, False)
+    assert cached_peak_model(["H100", "2.7b", 2048], measure(5), cache)[1]
 
 
 def test_flash_style_attention_saves_no_scores() -> None:

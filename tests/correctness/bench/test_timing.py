@@ -6,9 +6,13 @@ device time. On the CPU the device's share of a round is played by a patched
 from __future__ import annotations
 
 import gc
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +36,7 @@ from systems.bench.timing import (
 from systems.common.clock import mark, seconds_between
 from systems.model.cuda_graph import CapturedStep
 
+SRC = Path(__file__).resolve().parents[3] / "src"
 
 def test_a_round_of_a_sleeping_step_measures_the_sleep() -> None:
     stats = time_steps(lambda: time.sleep(0.05), warmup=1, steps=5)
@@ -357,3 +362,55 @@ def test_cupti_is_released_after_profiling_where_safe(monkeypatch, cuda, preset,
         monkeypatch.setenv("TEARDOWN_CUPTI", preset)
     release_cupti_after_profiling()
     assert os.environ.get("TEARDOWN_CUPTI") == expected
+
+
+# Host enqueue of a launch-bound step before and after a device-clock session in one
+# process, and a graph captured before that session replayed after it (run in a fresh
+# interpreter, so that no earlier profiler session of this test process counts).
+_CUPTI_PROBE = """
+import json, statistics, torch
+from systems.bench.timing import RoundTimer, device_busy_rounds
+from systems.model.cuda_graph import CapturedStep
+x = torch.randn(64, device="cuda")
+def launches():
+    for _ in range(300):
+        x.add_(1e-3)
+def host_median():
+    return RoundTimer(launches, "cuda").measure(warmup=5, rounds=60).host_median
+y = torch.randn(1024, device="cuda")
+captured = CapturedStep(lambda: y * 2 + 1, warmup=1)
+captured(); captured()  # warm-up, capture and a first replay
+before = host_median()
+device_busy_rounds(lambda: (launches(), torch.cuda.synchronize()), 3)
+y.copy_(torch.arange(1024.0, device="cuda"))
+replayed = captured().clone()
+after = host_median()
+print(json.dumps({"before": before, "after": after,
+                  "replay_ok": bool(torch.equal(replayed, y * 2 + 1))}))
+"""
+
+
+def _cupti_probe(teardown: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TEARDOWN_CUPTI"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
+    if teardown is not None:
+        env["TEARDOWN_CUPTI"] = teardown
+    result = subprocess.run([sys.executable, "-c", _CUPTI_PROBE], env=env, capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.gpu
+def test_a_device_clock_session_leaves_later_host_launches_as_fast_as_before() -> None:
+    """After the profiler's session the host launches as fast as before it (CUPTI is
+    detached), and a graph captured before the session replays correctly after it. Left
+    attached (TEARDOWN_CUPTI=0), the same probe is slower after the session: the check can
+    tell the two apart on this machine."""
+    released = _cupti_probe(None)
+    attached = _cupti_probe("0")
+    assert released["replay_ok"] and attached["replay_ok"]
+    released_ratio = released["after"] / released["before"]
+    attached_ratio = attached["after"] / attached["before"]
+    assert released_ratio < 1.15, (released, attached)
+    assert attached_ratio > 1.15, (released, attached)
