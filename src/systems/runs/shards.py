@@ -7,9 +7,11 @@ on one H100, run in order by one command, resumable.
                                                  gate's demonstrations against it
     python -m systems.runs.shards SUITE --list   the shards and what each runs
 
-A shard that passed is recorded under `--state` (default `build/shards/`), keyed by the
-content of the measured code (src/, tests/, conftest.py, pyproject.toml): run the same
-command again and only the shards not yet passed at this code run. `--deadline-s` stops
+A shard's outcome is recorded under `--state` (default `.benchmarks/<GPU>/shards/`, where the
+records are committed beside the runs they made, and the logs are not), keyed by the content
+of the measured code (src/, tests/, conftest.py, pyproject.toml): run the same command
+again, in this checkout or in another at the same code, and only the shards not yet passed
+there run. `--deadline-s` stops
 before a shard that would not finish in time (exit 3: run the command again to go on), so
 one command fits a job's time limit. Each shard prints one progress line; the end prints
 every shard's outcome and the GPU-minutes spent on this code, this command's and in all.
@@ -30,6 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from systems.common.hardware import device_slug
 from systems.runs.baseline import BASELINE_PARTS_1GPU
 
 SHARD_LIMIT_S = 8 * 60  # a shard that runs longer is stopped and recorded as timed out
@@ -42,7 +45,8 @@ INJECTED_DEVICE_WORK = ("test_training_recipe:0.08,test_attention_table:0.08,"
                         "test_attention_leaderboard:0.08,test_attention_device_time:0.08")
 # ...and 30% more host time in these (their device clock must not move).
 INJECTED_HOST_TIME = "test_attention:0.3,test_end_to_end:0.3"
-PERF_COLUMNS = "--benchmark-columns=median,iqr,mean,stddev,rounds"
+# The gate's columns, and each part's slowest cases (what the next plan of shards sizes on).
+PERF_ARGS = ("--benchmark-columns=median,iqr,mean,stddev,rounds", "--durations=15")
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ def gpu_baseline_shards(storage: Path) -> list[Shard]:
         names = []
         for part, args in BASELINE_PARTS_1GPU.items():
             name = f"run{run}_{part}"
-            shards.append(Shard(name, _pytest(*args, "--perf-profile=quick", PERF_COLUMNS,
+            shards.append(Shard(name, _pytest(*args, "--perf-profile=quick", *PERF_ARGS,
                                               f"--perf-study=baseline_{name}"),
                                 PART_MINUTES[part][0 if run == 1 else 1]))
             names.append(name)
@@ -125,7 +129,7 @@ def gpu_baseline_shards(storage: Path) -> list[Shard]:
                                 sys.executable, "-m", "systems.runs.baseline", "combine",
                                 *repeat, *parts()],
                             0.1, needs=needs))
-    gated = ("--perf-profile=quick", "--benchmark-compare", "--perf-gate", PERF_COLUMNS)
+    gated = ("--perf-profile=quick", "--benchmark-compare", "--perf-gate", *PERF_ARGS)
     demos = [*(f"rerun{index}" for index in range(1, RERUNS + 1)), "injected"]
     for demo in demos:
         injected = demo == "injected"
@@ -184,7 +188,8 @@ class ShardState:
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def record_path(self, shard: str) -> Path:
-        return self.folder / f"{shard}.json"
+        # Not .json: the reports read every JSON under .benchmarks/<GPU>/ as a saved run.
+        return self.folder / f"{shard}.record"
 
     def log_path(self, shard: str) -> Path:
         return self.folder / f"{shard}.log"
@@ -302,7 +307,6 @@ def suite_shards(suite: str, repo: Path) -> list[Shard]:
     if suite == "gpu-test":
         return gpu_test_shards()
     if suite == "gpu-baseline":
-        from systems.common.hardware import device_slug
         return gpu_baseline_shards(repo / ".benchmarks" / device_slug())
     raise ValueError(f"unknown suite {suite!r}; choose one of {SUITES}")
 
@@ -311,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m systems.runs.shards",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("suite", choices=SUITES)
-    parser.add_argument("--state", type=Path, default=Path("build/shards"),
-                        help="where passed shards and their logs are recorded")
+    parser.add_argument("--state", type=Path, default=None,
+                        help="where shards' outcomes and logs are kept "
+                             "(default: .benchmarks/<GPU>/shards)")
     parser.add_argument("--deadline-s", type=float, default=None,
                         help="start no shard expected to end later than this many seconds "
                              "after the command began")
@@ -320,13 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     repo = Path.cwd()
     key = code_key(repo)
+    state = args.state or repo / ".benchmarks" / device_slug() / "shards"
     shards = suite_shards(args.suite, repo)
     if args.list:
         for shard in shards:
             print(f"{shard.name} ({shard.minutes:g} min): {' '.join(shard.argv())}")
         return 0
     print(f"{args.suite}: {len(shards)} shards, code {key[:16]}", flush=True)
-    return run_suite(args.suite, shards, ShardState(args.state, args.suite, key),
+    return run_suite(args.suite, shards, ShardState(state, args.suite, key),
                      deadline_s=args.deadline_s,
                      echo=lambda line: print(line, flush=True))
 
