@@ -57,7 +57,7 @@ def generators(repo: Path) -> dict[str, Generator]:
         "recipe-attention": partial(doc_recipes.recipe_attention, repo),
         "breakdowns": partial(doc_recipes.breakdown_side_by_side, repo),
         "graph-kernels": partial(doc_recipes.graph_kernels, repo),
-        "claims-summary": partial(doc_claims.claims_summary, repo),
+        "headline": partial(doc_claims.headline, repo),
         "accounting-memory": doc_accounting.config_memory_table,
         "accounting-checkpointing": doc_accounting.checkpointing_table,
         "accounting-xxl": doc_accounting.xxl_table,

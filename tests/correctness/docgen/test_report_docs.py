@@ -827,15 +827,18 @@ def test_gluon_forward_block_divides_by_the_triton_forward_and_cudnns_step_per_r
     assert "3 rounds" in out and "commit abc1234" in out
 
 
-def test_claims_summary_block_gathers_one_files_claims_and_names_it(tmp_path: Path) -> None:
+def test_headline_gives_one_line_per_topic_with_gpu_time_kind_and_file(tmp_path: Path) -> None:
     history = _write_history(tmp_path)
-    out = render(f"<!-- generated: claims-summary {history} -->\n<!-- end generated -->\n",
-                 generators(tmp_path))
-    assert "| attention | triton | sdpa_flash | eager end-to-end (host included) |" in out
-    assert f"From `{history}` (recorded 2026-11-22)." in out and "GPU: GPU fixture." in out
-    with pytest.raises(BlockError):
-        render("<!-- generated: claims-summary hist/none.json -->\n<!-- end generated -->\n",
-               generators(tmp_path))
+    out = render(f"<!-- generated: headline {history} triton sdpa_cudnn -->\n"
+                 "<!-- end generated -->\n", generators(tmp_path))
+    line = out.splitlines()[1]
+    assert line.startswith("- **Attention** on GPU fixture, eager end-to-end (host included): ")
+    assert "ours (triton) / cuDNN (SDPA) 2.00 (" in line and f"`{history}`, 2026-11-22" in line
+    for args in ("hist/none.json triton sdpa_cudnn", f"{history} triton fa4",
+                 f"{history} triton sdpa_flash"):  # no file; no rival; two kinds of time
+        with pytest.raises(BlockError):
+            render(f"<!-- generated: headline {args} -->\n<!-- end generated -->\n",
+                   generators(tmp_path))
 
 
 def test_orders_block_lists_each_config_timed_in_all_three_tile_end_orders(
