@@ -346,37 +346,6 @@ def attention_device_in_turn(repo: Path, history_file: str, test: str | None = N
                 "the rounds' own ratios (lowest to highest)"))
 
 
-def fa4_history(repo: Path, *history_files: str) -> str:
-    """One row per FlashAttention-4 run (studies/attention_fa4/run.sh's table_fa4.json): its
-    GPU and commit, and per shape the median of our default path's per-round ratios to
-    FlashAttention-4's in the table's rounds taken in turn (`attention_device_in_turn`
-    gives one run whole)."""
-    if not history_files:
-        raise ValueError("attention-fa4-history needs at least one run file")
-    runs = []
-    for name in history_files:
-        history = read_history(repo, name)
-        ratios = {}
-        for r in _only(history.results, "test_attention_table",
-                       lambda r: "fa4" in (rounds_in_turn(r) or {})):
-            d, batch_heads, seq, _, _ = _workload(r)
-            rounds = rounds_in_turn(r)
-            ratios[f"{batch_heads}x{seq}x{d}"] = statistics.median(
-                round_ratios(rounds, str(r.get(keys.IMPLEMENTATION)), "fa4"))
-        if not ratios:
-            raise ValueError(f"{name} has no case timed with FlashAttention-4")
-        runs.append((history, ratios))
-    shapes = list(dict.fromkeys(shape for _, ratios in runs for shape in ratios))
-    rows = [[history.device, history.commit, history.recorded,
-             *(f"{ratios[shape]:.3f}" if shape in ratios else "-" for shape in shapes)]
-            for history, ratios in runs]
-    return (markdown_table(["GPU", "commit", "recorded", *shapes], rows)
-            + "\n\nEach cell: ours (default) / FlashAttention-4, the median of the per-round "
-            "ratios of device time (do_bench, forward + backward, bf16, causal) over one "
-            "run's rounds taken in turn; batch·heads x seq x d. From "
-            + ", ".join(f"`{name}`" for name in history_files) + ".\n")
-
-
 def _median_and_range(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} ({min(values):.3f}–{max(values):.3f})"
 

@@ -146,29 +146,3 @@ def breakdown_side_by_side(repo: Path, *files: str) -> str:
             f"{recorded}).\n")
 
 
-def graph_kernels(repo: Path, before: str, after: str, top: int = 5) -> str:
-    """Two trees' replays of one captured step (studies/house_move_check/graph_kernels.py):
-    kernels per replay, their summed device time and the host time of a replay, then the
-    kernels whose time moved most."""
-    runs = {label: read_source(repo, name, "graph_kernels.py output") for label, name in
-            (("before", before), ("after", after))}
-    rows = [[label, f"{sum(k['per_replay'] for k in run['kernels'].values()):.0f}",
-             f"{sum(k['us_per_replay'] for k in run['kernels'].values()) / 1e3:.2f}",
-             f"{run['host_us_median']:.0f}"] for label, run in runs.items()]
-    summary = markdown_table(["tree", "kernels per replay", "summed device ms",
-                              "host us per replay"], rows)
-    empty = {"per_replay": 0, "us_per_replay": 0.0}
-    names = set(runs["before"]["kernels"]) | set(runs["after"]["kernels"])
-
-    def moved(name: str) -> float:
-        return (runs["after"]["kernels"].get(name, empty)["us_per_replay"]
-                - runs["before"]["kernels"].get(name, empty)["us_per_replay"])
-
-    largest = sorted(names, key=lambda name: -abs(moved(name)))[:top]
-    changes = markdown_table(
-        ["kernel", "calls before", "calls after", "after - before, us per replay"],
-        [[f"`{name[:60]}`", f"{runs['before']['kernels'].get(name, empty)['per_replay']:.0f}",
-          f"{runs['after']['kernels'].get(name, empty)['per_replay']:.0f}",
-          f"{moved(name):+.1f}"] for name in largest])
-    return (f"{summary}\n\n{changes}\n\nDevice time: torch.profiler's kernel records, summed "
-            f"per replay over the replays profiled. From `{before}` and `{after}`.\n")

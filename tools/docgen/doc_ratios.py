@@ -1,0 +1,164 @@
+"""The two generated blocks every study shares (`tools.docgen.timings` reads any saved run):
+
+    <!-- generated: ratios FILE... against=WHO clock="..." [OPTION=VALUE...] -->
+    <!-- generated: history FILE... ours=WHO against=WHO clock="..." [where=K:V,...] -->
+
+(`ratios` options: time=FIELD, where=K:V,..., fastest=yes or fastest=FIELD,..., layout=wide.)
+
+`ratios`: per workload, each implementation's median time and its ratio to `against` at
+the same step; `history`: one row per run, its ratio of `ours` to `against` per workload.
+A ratio is the median of the per-round ratios (lowest–highest) where both took the same
+rounds in turn, the one the run stored where it kept no rounds, else a ratio of medians.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+from systems.common.formatting import markdown_table
+from tools.docgen.timings import Source, Timed, read_timings
+
+
+def _options(args: tuple[str, ...], allowed: set[str]) -> tuple[list[str], dict[str, str]]:
+    files = [a for a in args if "=" not in a]
+    options = dict(a.split("=", 1) for a in args if "=" in a)
+    if unknown := set(options) - allowed:
+        raise ValueError(f"unknown option(s) {sorted(unknown)}; known: {sorted(allowed)}")
+    if not files or "clock" not in options:
+        raise ValueError("needs at least one run file and clock=... (what its times measure)")
+    return files, options
+
+
+def _where(text: str) -> dict[str, str]:
+    return dict(pair.split(":", 1) for pair in text.split(",")) if text else {}
+
+
+def ratio(t: Timed, reference: Timed) -> tuple[float, float, float]:
+    """(median, lowest, highest) of t over reference (see the module's docstring)."""
+    if len(t.ms) > 1 and len(t.ms) == len(reference.ms):
+        each = [a / b for a, b in zip(t.ms, reference.ms, strict=True)]
+        return statistics.median(each), min(each), max(each)
+    if reference.who in t.stored:
+        return t.stored[reference.who]
+    return (t.median / reference.median,) * 3
+
+
+def _ratio_cell(t: Timed, reference: Timed | None) -> str:
+    if reference is None:
+        return "-"
+    median, low, high = ratio(t, reference)
+    return f"{median:.3f}" + (f" ({low:.3f}–{high:.3f})" if high > low else "")
+
+
+def _reference(timings: list[Timed], t: Timed, against: str) -> Timed | None:
+    found = [r for r in timings if (r.workload, r.what, r.who) == (t.workload, t.what, against)]
+    if found:
+        return found[0]
+    return None
+
+
+def _fastest(timings: list[Timed], against: str, fields: list[str]) -> list[Timed]:
+    """Per workload and step: `against` and, of each other implementation, the fastest of
+    each set of values of the config `fields` (none: the fastest of all)."""
+    kept, best = [t for t in timings if t.who == against], {}
+    for t in timings:
+        key = (t.workload, t.what, *((t.who, *(str(t.config.get(f)) for f in fields))
+                                     if fields else ()))
+        if t.who != against and (key not in best or t.median < best[key].median):
+            best[key] = t
+    return sorted([*kept, *best.values()], key=timings.index)
+
+
+def _labelled(timings: list[Timed]) -> list[Timed]:
+    """Each implementation's rows of one workload told apart by the config values that
+    differ between them."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for t in timings:
+        groups.setdefault((t.workload, t.who), []).append(t.config)
+    out = []
+    for t in timings:
+        configs = groups[(t.workload, t.who)]
+        label = ", ".join(f"{k}={v}" for k, v in t.config.items()
+                          if len({str(c.get(k)) for c in configs}) > 1)
+        out.append(replace(t, who=f"{t.who} ({label})" if label else t.who))
+    return out
+
+
+def _long(timings: list[Timed], against: str, steps: bool) -> tuple[list[str], list[list]]:
+    """One row per implementation and workload."""
+    rows = []
+    for t in timings:
+        reference = _reference(timings, t, against)
+        cell = "1" if t.who == against and not t.stored else _ratio_cell(t, reference)
+        rows.append([t.workload, t.who, *([t.what] if steps else []), _ms(t), cell])
+    return ["workload", "implementation", *(["step"] if steps else []), "ms",
+            f"/ {against}"], rows
+
+
+def _wide(timings: list[Timed], against: str, steps: bool) -> tuple[list[str], list[list]]:
+    """One row per workload (and step): `against`'s time, then each other's ratio to it."""
+    others = list(dict.fromkeys(t.who for t in timings if t.who != against))
+    by_key: dict[tuple[str, str], dict[str, Timed]] = {}
+    for t in timings:
+        by_key.setdefault((t.workload, t.what), {})[t.who] = t
+    rows = [[workload, *([what] if steps else []),
+             _ms(found[against]) if against in found else "-",
+             *(_ratio_cell(found[n], _reference(timings, found[n], against))
+               if n in found else "-" for n in others)]
+            for (workload, what), found in by_key.items()]
+    return ["workload", *(["step"] if steps else []), f"{against} ms",
+            *(f"{n} / {against}" for n in others)], rows
+
+
+def _ms(t: Timed) -> str:
+    return f"{t.median:.3f}"
+
+
+def ratios(repo: Path, *args: str) -> str:
+    """The `ratios` block (see the module's docstring); layout=wide sets one row per
+    workload with a column pair per implementation."""
+    files, options = _options(args, {"against", "clock", "time", "where", "fastest",
+                                     "layout"})
+    against, shown, sources = options.get("against", ""), [], []
+    for name in files:
+        timings, source = read_timings(repo, name, options.get("time", "backward_ms"),
+                                       _where(options.get("where", "")))
+        if not timings:
+            raise ValueError(f"{name}: nothing timed matches {options.get('where', '')!r}")
+        if "fastest" in options:
+            timings = _fastest(timings, against, [f for f in options["fastest"].split(",")
+                                                  if f and f != "yes"])
+        shown += _labelled(timings)
+        sources.append(source)
+    steps = any(t.what for t in shown)
+    layout = _wide if options.get("layout") == "wide" else _long
+    headers, rows = layout(shown, against, steps)
+    return markdown_table(headers, rows) + _closing(options["clock"], sources)
+
+
+def _closing(clock: str, sources: list[Source]) -> str:
+    return (f"\n\nTime: {clock}; ms: the median over a run's rounds (its one time where it "
+            "took one); a ratio: the median of the per-round ratios (lowest–highest) where "
+            "both took the same rounds in turn, else as the run stored it or of medians. "
+            f"From {', '.join(map(str, sources))}.\n")
+
+
+def history(repo: Path, *args: str) -> str:
+    """The `history` block (see the module's docstring)."""
+    files, options = _options(args, {"ours", "against", "clock", "where"})
+    runs = []
+    for name in files:
+        timings, source = read_timings(repo, name, where=_where(options.get("where", "")))
+        cells = {t.workload: ratio(t, ref)[0] for t in timings if t.who == options["ours"]
+                 if (ref := _reference(timings, t, options["against"]))}
+        if not cells:
+            raise ValueError(f"{name}: no {options['ours']} timed with {options['against']}")
+        runs.append((source, cells))
+    workloads = list(dict.fromkeys(w for _, cells in runs for w in cells))
+    rows = [[s.device, s.commit, s.recorded, *(f"{cells[w]:.3f}" if w in cells else "-"
+                                               for w in workloads)] for s, cells in runs]
+    return (markdown_table(["GPU", "commit", "recorded", *workloads], rows)
+            + f"\n\nEach cell: {options['ours']} / {options['against']}."
+            + _closing(options["clock"], [s for s, _ in runs]))
