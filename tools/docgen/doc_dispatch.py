@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
-from systems.attention import dispatch
-from tools.docgen.doc_attention import short_dtype
+import torch
 
+from systems.attention import dispatch
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _FORWARDS = {dispatch.TRITON: "Triton", dispatch.GLUON: "Gluon"}
 _BACKWARDS = {dispatch.TWO_PASS: "two passes", dispatch.GLUON_ORDERED: "Gluon, dQ in a fixed order",
               dispatch.GLUON_UNORDERED: "Gluon, dQ in arrival order"}
@@ -22,7 +24,7 @@ def dispatch_table() -> str:
              "|---|---|---:|---:|---:|---|---|"]
     for rule in dispatch.TABLE:
         major, minor = rule.capability
-        dtype = short_dtype(str(rule.dtype).removeprefix("torch."))
+        dtype = _DTYPES.get(rule.dtype, str(rule.dtype))
         lines.append(f"| sm_{major}{minor} | {dtype} | {rule.head_dim} | {rule.min_seq} | "
                      f"{rule.min_tokens} | {_FORWARDS[rule.kernels.forward]} | "
                      f"{_BACKWARDS[rule.kernels.backward]} |")

@@ -14,11 +14,15 @@ rounds in turn, the one the run stored where it kept no rounds, else a ratio of 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
 from systems.common.formatting import markdown_table
+from systems.runs.gate import HOST_BOUND_SHARE
 from tools.docgen.timings import Source, Timed, read_timings
+
+HOST_BOUND_MARK = "†"
 
 
 def _options(args: tuple[str, ...], allowed: set[str]) -> tuple[list[str], dict[str, str]]:
@@ -49,7 +53,8 @@ def _ratio_cell(t: Timed, reference: Timed | None) -> str:
     if reference is None:
         return "-"
     median, low, high = ratio(t, reference)
-    return f"{median:.3f}" + (f" ({low:.3f}–{high:.3f})" if high > low else "")
+    return (f"{median:.3f}" + (f" ({low:.3f}–{high:.3f})" if high > low else "")
+            + (f" {HOST_BOUND_MARK}" if t.host_bound or reference.host_bound else ""))
 
 
 def _reference(timings: list[Timed], t: Timed, against: str) -> Timed | None:
@@ -93,23 +98,31 @@ def _long(timings: list[Timed], against: str, steps: bool) -> tuple[list[str], l
         reference = _reference(timings, t, against)
         cell = "1" if t.who == against and not t.stored else _ratio_cell(t, reference)
         rows.append([t.workload, t.who, *([t.what] if steps else []), _ms(t), cell])
-    return ["workload", "implementation", *(["step"] if steps else []), "ms",
+    return ["workload", "implementation", *(["variant"] if steps else []), "ms",
             f"/ {against}"], rows
 
 
-def _wide(timings: list[Timed], against: str, steps: bool) -> tuple[list[str], list[list]]:
-    """One row per workload (and step): `against`'s time, then each other's ratio to it."""
-    others = list(dict.fromkeys(t.who for t in timings if t.who != against))
+def _wide(timings: list[Timed], against: str, steps: bool, ours: str = ""
+          ) -> tuple[list[str], list[list]]:
+    """One row per workload (and variant): the reference's time, then each other's ratio
+    to it (`against`), or its ratio to each other (`ours`)."""
+    base = ours or against
+    others = list(dict.fromkeys(t.who for t in timings if t.who != base))
     by_key: dict[tuple[str, str], dict[str, Timed]] = {}
     for t in timings:
         by_key.setdefault((t.workload, t.what), {})[t.who] = t
-    rows = [[workload, *([what] if steps else []),
-             _ms(found[against]) if against in found else "-",
-             *(_ratio_cell(found[n], _reference(timings, found[n], against))
-               if n in found else "-" for n in others)]
-            for (workload, what), found in by_key.items()]
-    return ["workload", *(["step"] if steps else []), f"{against} ms",
-            *(f"{n} / {against}" for n in others)], rows
+    rows = []
+    for (workload, what), found in by_key.items():
+        if ours and ours not in found:
+            continue
+        cells = [_ratio_cell(found[ours], found[n]) if ours else
+                 _ratio_cell(found[n], _reference(timings, found[n], against))
+                 if n in found else "-" for n in others]
+        rows.append([workload, *([what] if steps else []),
+                     _ms(found[base]) if base in found else "-",
+                     *(c if n in found else "-" for c, n in zip(cells, others, strict=True))])
+    return ["workload", *(["variant"] if steps else []), f"{base} ms",
+            *((f"{ours} / {n}" if ours else f"{n} / {against}") for n in others)], rows
 
 
 def _ms(t: Timed) -> str:
@@ -119,23 +132,34 @@ def _ms(t: Timed) -> str:
 def ratios(repo: Path, *args: str) -> str:
     """The `ratios` block (see the module's docstring); layout=wide sets one row per
     workload with a column pair per implementation."""
-    files, options = _options(args, {"against", "clock", "time", "where", "fastest",
+    files, options = _options(args, {"against", "ours", "clock", "time", "where", "fastest",
                                      "layout"})
     against, shown, sources = options.get("against", ""), [], []
-    for name in files:
-        timings, source = read_timings(repo, name, options.get("time", "backward_ms"),
-                                       _where(options.get("where", "")))
+    runs = [read_timings(repo, name, options.get("time", ""), _where(options.get("where", "")))
+            for name in files]
+    # A workload in several runs is told apart by each run's commit.
+    seen = Counter(w for timings, _ in runs for w in {t.workload for t in timings})
+    for name, (timings, source) in zip(files, runs, strict=True):
         if not timings:
             raise ValueError(f"{name}: nothing timed matches {options.get('where', '')!r}")
         if "fastest" in options:
             timings = _fastest(timings, against, [f for f in options["fastest"].split(",")
                                                   if f and f != "yes"])
-        shown += _labelled(timings)
+        shown += [replace(t, workload=f"{t.workload} ({source.commit})")
+                  if seen[t.workload] > 1 else t for t in _labelled(timings)]
         sources.append(source)
     steps = any(t.what for t in shown)
-    layout = _wide if options.get("layout") == "wide" else _long
-    headers, rows = layout(shown, against, steps)
-    return markdown_table(headers, rows) + _closing(options["clock"], sources)
+    if options.get("layout") == "wide":
+        headers, rows = _wide(shown, against, steps, options.get("ours", ""))
+    else:
+        headers, rows = _long(shown, against, steps)
+    if not rows:
+        raise ValueError(f"{', '.join(files)}: no row has {options.get('ours')}")
+    marked = any(HOST_BOUND_MARK in str(cell) for row in rows for cell in row)
+    return (markdown_table(headers, rows) + _closing(options["clock"], sources)
+            + (f"\n{HOST_BOUND_MARK} host-bound: one side spent {HOST_BOUND_SHARE:.0%} or "
+               "more of each round enqueueing, so the ratio compares the host's speed at two "
+               "moments, not the kernels.\n" if marked else ""))
 
 
 def _closing(clock: str, sources: list[Source]) -> str:

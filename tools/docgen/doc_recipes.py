@@ -4,6 +4,7 @@ breakdowns side by side."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from systems.common.formatting import markdown_table
@@ -11,9 +12,35 @@ from systems.model.config import MODEL_CONFIGS
 from systems.model.recipes import RECIPES
 from systems.profiling.step_breakdown import DEFAULT_MATMUL_TFLOPS
 from systems.runs import keys
-from systems.runs.history import Result
-from tools.docgen.doc_attention import History, read_history
+from systems.runs.history import Result, load_run, read_run
 from tools.docgen.doc_blocks import read_source
+
+
+@dataclass(frozen=True)
+class History:
+    """One saved run file: its results and where they come from."""
+
+    label: str
+    commit: str
+    recorded: str
+    results: list[Result]
+    device: str
+
+    def source(self, time_kind: str, statistic: str) -> str:
+        return (f"Time: {time_kind}; {statistic}. From `{self.label}` (commit {self.commit}, "
+                f"recorded {self.recorded}).\n")
+
+
+def read_history(repo: Path, name: str) -> History:
+    path = repo / name
+    commit_info = read_run(path).get("commit_info") or {}
+    commit = str(commit_info.get("id") or "not recorded")[:7]
+    if commit_info.get("dirty"):
+        commit += ", with uncommitted changes"
+    run = load_run(path, repo)
+    return History(name, commit, run.datetime[:10] or "date not recorded", run.results,
+                   run.device)
+
 
 OURS, RIVAL = "optimized", "pytorch_baseline"
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from tools.docgen import (
     doc_accounting,
-    doc_attention,
     doc_claims,
     doc_dispatch,
     doc_dp_scaling,
@@ -24,12 +23,6 @@ from tools.docgen.doc_blocks import Generator
 def generators(repo: Path) -> dict[str, Generator]:
     """Every generator by the name a doc's block uses, reading sources under `repo`."""
     return {
-        "attention-eager": partial(doc_attention.attention_eager, repo),
-        "attention-eager-interleaved": partial(doc_attention.attention_eager_interleaved, repo),
-        "attention-device-time": partial(doc_attention.attention_device_time, repo),
-        "attention-device-in-turn": partial(doc_attention.attention_device_in_turn, repo),
-        "attention-backward-variants": partial(doc_attention.attention_backward_variants,
-                                               repo),
         "attention-dispatch-table": doc_dispatch.dispatch_table,
         "gate-constants": doc_gate.gate_constants,
         "gate-tallies": partial(doc_gate.gate_tallies, repo),

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from systems.runs import keys
-from systems.runs.history import load_run, read_run
+from systems.runs.gate import Timing
+from systems.runs.history import Result, load_run, read_run
 from tools.docgen.doc_blocks import read_source
 
 # Row fields that say which problem a row timed (the workload), not how.
@@ -31,6 +32,7 @@ class Timed:
     ms: tuple[float, ...]
     stored: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     config: dict = field(default_factory=dict)  # what the row's run chose, if it chose
+    host_bound: bool = False  # its rounds timed the host (`Timing.host_bound`)
 
     @property
     def median(self) -> float:
@@ -124,28 +126,63 @@ def _study(repo: Path, name: str, time: str, where: dict[str, str]
                            "recorded")), "", versions, differed)
 
 
-def _history(repo: Path, name: str, where: dict[str, str]) -> tuple[list[Timed], Source]:
-    """A pytest-benchmark history's attention cases that took device-time rounds in turn."""
+def _case_matches(r: Result, where: dict[str, str]) -> bool:
+    """`where` over a history's case: `test` is the test's name, other keys its extra_info;
+    a value may list alternatives (a|b) or be a lower bound (>n)."""
+    for k, wanted in where.items():
+        value = r.name.split("[")[0] if k == "test" else r.get(k)
+        if wanted.startswith(">"):
+            if not isinstance(value, int | float) or value <= float(wanted[1:]):
+                return False
+        elif str(value) not in wanted.split("|"):
+            return False
+    return True
+
+
+def _case_timings(r: Result, time: str) -> list[Timed]:
+    """One case's times: `in_turn` (device-time rounds taken in turn with its rivals) and
+    `eager_in_turn` (eager medians taken in turn) set the case's own implementation as
+    "ours", its variant the implementation; `median` and `do_bench` time the case alone."""
+    # bf16 and causal go unsaid: the attention cases' default.
+    dtype = {"float16": " fp16", "float32": " fp32"}.get(str(r.get(keys.DTYPE)), "")
+    workload = (f"{r.get(keys.BATCH_HEADS)}x{r.get(keys.SEQ_LEN)}x{r.get(keys.HEAD_DIM)}"
+                f"{dtype}{' full' if r.get(keys.CAUSAL) is False else ''}")
+    impl = str(r.get(keys.IMPLEMENTATION))
+    field_of = {"in_turn": keys.INTERLEAVED_DEVICE_MS, "eager_in_turn": keys.INTERLEAVED_MEDIANS_S}
+    if time in field_of:
+        rounds = r.get(field_of[time])
+        if not isinstance(rounds, dict) or impl not in rounds:
+            return []
+        scale = 1e3 if time == "eager_in_turn" else 1.0
+        return [Timed(workload, "ours" if who == impl else who, impl,
+                      tuple(v * scale for v in (ms if isinstance(ms, list) else [ms])))
+                for who, ms in rounds.items()]
+    ms = r.median * 1e3 if time == "median" else r.get(keys.DO_BENCH_MEDIAN_MS)
+    if not isinstance(ms, int | float):
+        return []
+    return [Timed(workload, impl, "", (float(ms),),
+                  host_bound=time == "median" and Timing.from_saved(r.stats, r.info).host_bound)]
+
+
+def _history(repo: Path, name: str, time: str, where: dict[str, str]
+             ) -> tuple[list[Timed], Source]:
+    """A pytest-benchmark history's attention cases, timed as `time` says (`_case_timings`)."""
     run = load_run(repo / name, repo)
-    timings = []
-    for r in run.results:
-        rounds = r.get(keys.INTERLEAVED_DEVICE_MS)
-        if not isinstance(rounds, dict) or not all(
-                str(r.name.split("[")[0]) == v for k, v in where.items() if k == "test"):
-            continue
-        workload = f"{r.get(keys.BATCH_HEADS)}x{r.get(keys.SEQ_LEN)}x{r.get(keys.HEAD_DIM)}"
-        timings += [Timed(workload, "ours" if who == r.get(keys.IMPLEMENTATION) else who, "",
-                          tuple(ms)) for who, ms in rounds.items()]
+    modes = time.split(",")  # several: each time's mode is its variant
+    timings = [replace(t, what=t.what or (mode if len(modes) > 1 else ""))
+               for r in run.results if r.kind == "attention" and _case_matches(r, where)
+               for mode in modes for t in _case_timings(r, mode)]
     commit = str((read_run(repo / name).get("commit_info") or {}).get("id") or "not recorded")
     return timings, Source(name, run.device, commit[:7], run.datetime[:10], "")
 
 
-def read_timings(repo: Path, name: str, time: str = "backward_ms",
+def read_timings(repo: Path, name: str, time: str = "",
                  where: dict[str, str] | None = None) -> tuple[list[Timed], Source]:
     """The timings of one saved run (a study's rows, or a pytest-benchmark history), those
     whose row (or config) fields equal `where`'s; `time` is the field a row keeps its one
-    time in, where it keeps no rounds."""
+    time in, where it keeps no rounds (default `backward_ms`; of a history, `_case_timings`'
+    `time`, default `in_turn`)."""
     data = read_source(repo, name, "saved run")
     if isinstance(data, dict) and "benchmarks" in data:
-        return _history(repo, name, where or {})
-    return _study(repo, name, time, where or {})
+        return _history(repo, name, time or "in_turn", where or {})
+    return _study(repo, name, time or "backward_ms", where or {})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.docgen import doc_attention, doc_recipes
+from tools.docgen import doc_recipes
 from tools.docgen.__main__ import default_docs, main
 from tools.docgen.claim_scan import scan, scan_docs
 from tools.docgen.doc_blocks import BlockError, render
@@ -57,12 +57,11 @@ def test_committed_docs_type_no_performance_number_by_hand() -> None:
 def test_attention_doc_takes_its_numbers_from_the_baseline() -> None:
     text = (REPO / "docs" / "attention.md").read_text()
     baseline = ".benchmarks/NVIDIA_H100_80GB_HBM3/baseline_1gpu.json"
-    for block in ("attention-eager", "attention-device-time"):
-        assert f"<!-- generated: {block} {baseline}" in text
-    assert f"From `{baseline}` (commit " in text
-    assert "Time: eager end-to-end (host included)" in text
-    assert "Time: device time (CUDA-graph replay)" in text
-    assert "Time: device time (do_bench)" in text
+    assert f"<!-- generated: ratios {baseline} " in text
+    assert f"From `{baseline}` (NVIDIA H100 80GB HBM3; commit " in text
+    for clock in ("eager end-to-end (host included)", "device time (CUDA-graph replay)",
+                  "device time (do_bench"):
+        assert f"Time: {clock}" in text
 
 
 # A fixture repository: one history, one doc.
@@ -103,203 +102,95 @@ def _write_history(repo: Path, ours_median: float = 0.002) -> str:
     return name
 
 
-DOC = """# Notes
+WIDE = "ratios {history} ours=triton layout=wide time=median"
+DOC = f"""# Notes
 
 Prose stays as it is.
 
-<!-- generated: attention-eager {history} 1 -->
+<!-- generated: {WIDE} where=test:test_attention clock=eager -->
 stale text
 <!-- end generated -->
 
 Between blocks.
 
-<!-- generated: attention-device-time {history} -->
+<!-- generated: {WIDE} where=test:test_attention_device_time clock='device time (graphs)' -->
 <!-- end generated -->
 """
+
+
+def _ratios(tmp_path: Path, history: str, options: str) -> str:
+    return render(f"<!-- generated: ratios {history} {options} clock=c -->\n"
+                  "<!-- end generated -->\n", generators(tmp_path))
 
 
 def test_blocks_are_filled_from_the_history_with_medians_time_kind_file_and_commit(
         tmp_path: Path) -> None:
     history = _write_history(tmp_path)
     out = render(DOC.format(history=history), generators(tmp_path))
-    assert out.startswith("# Notes\n\nProse stays as it is.\n\n<!-- generated: attention-eager")
+    assert out.startswith("# Notes\n\nProse stays as it is.\n\n<!-- generated: ratios")
     assert "stale text" not in out and "Between blocks." in out
     eager, device = out.split("Between blocks.")
-    assert "| 1x4096x64 | bf16 | causal | 2.000 | 4.000 | 1.000 | 0.50 | 2.00 |" in eager
+    assert "| workload | triton ms | triton / sdpa_flash | triton / sdpa_cudnn |" in eager
+    assert "| 1x4096x64 | 2.000 | 0.500 | 2.000 |" in eager
     assert "8192" not in eager  # a shape we did not measure is no claim of ours
-    assert "Ours takes less time than (ours / rival below 1): SDPA flash: 1x4096x64; " \
-        "SDPA cuDNN: none." in eager
-    assert (f"Time: eager end-to-end (host included); medians in ms. From `{history}` "
-            "(commit abcdef0, recorded 2026-11-22).") in eager
-    assert "| 1x4096x64 | bf16 | causal | 0.500 | 0.400 | 1.25 |" in device
-    assert "Time: device time (CUDA-graph replay)" in device
+    assert ("Time: eager; ms: the median" in eager and f"From `{history}` (GPU fixture; "
+            "commit abcdef0, recorded 2026-11-22).") in eager
+    assert "| 1x4096x64 | 0.500 | 1.250 |" in device
     assert render(out, generators(tmp_path)) == out  # rewriting is stable
 
 
-def _write_variants_run(repo: Path, name: str, medians: dict[str, float]) -> str:
-    """One run of the leaderboard case: ours with each backward and SDPA cuDNN."""
-    path = repo / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    benchmarks = [_bench(f"test_attention_leaderboard[{impl}-16x16384x64-bf16-causal-"
-                         "leaderboard]", impl, median, [1, 16, 16384, 64])
-                  for impl, median in medians.items()]
-    path.write_text(json.dumps({
-        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-24T01:02:03",
-        "commit_info": {"id": "0123456789abcdef", "dirty": False}, "benchmarks": benchmarks}))
-    return name
-
-
-def test_variants_block_takes_the_median_of_runs_and_each_runs_own_ratio(
-        tmp_path: Path) -> None:
-    """Three runs: times are the medians over runs; a ratio is the median of each run's
-    ratio (not the ratio of medians), with its lowest and highest."""
-    runs = [_write_variants_run(tmp_path, f"hist/run{n}.json",
-                                {"triton": ours, "triton_gluon_bwd": ordered,
-                                 "triton_gluon_bwd_unordered": 0.0045, "sdpa_cudnn": cudnn})
-            for n, (ours, ordered, cudnn) in enumerate([(0.0050, 0.0044, 0.0040),
-                                                        (0.0052, 0.0050, 0.0050),
-                                                        (0.0048, 0.0046, 0.0046)])]
-    block = (f"<!-- generated: attention-backward-variants {' '.join(runs)} -->\n"
-             "<!-- end generated -->\n")
-    out = render(block, generators(tmp_path))
-    # ours / cuDNN per run: 1.25, 1.04, 1.043 (the medians' ratio would be 1.09); ordered:
-    # 1.1, 1.0, 1.0; unordered: 1.125, 0.9, 0.978
-    assert ("| 16x16384x64 | bf16 | causal | eager | 5.000 | 4.600 | 4.500 | 4.600 | "
-            "1.04 (1.04–1.25) | 1.00 (1.00–1.10) | 0.98 (0.90–1.12) |") in out
-    assert "the median of 3 runs" in out and "hist/run2.json` (commit 0123456" in out
-    with pytest.raises(BlockError):
-        render("<!-- generated: attention-backward-variants -->\n<!-- end generated -->\n",
-               generators(tmp_path))
-
-
-def test_do_bench_tables_take_many_matrix_cases_beside_the_leaderboard(tmp_path: Path) -> None:
-    """do_bench medians of forward + backward cases of 16 matrices and of the leaderboard
-    case fill the do_bench tables; a single pass's do_bench (the full profile's passes at
-    the leaderboard shape) is not a forward + backward and stays out."""
-    wide, board = [16, 1, 16384, 128], [16, 16384, 64]
-    benchmarks = [
-        _bench("test_attention[triton-16x1x16384x128]", "triton", 0.0090, wide,
-               do_bench_median_ms=7.0),
-        _bench("test_attention[sdpa_cudnn-16x1x16384x128]", "sdpa_cudnn", 0.0095, wide,
-               do_bench_median_ms=7.5),
-        _bench("test_attention[triton_gluon_bwd-16x1x16384x128]", "triton_gluon_bwd", 0.0093,
-               wide, do_bench_median_ms=7.2),
-        _bench("test_attention[triton-16x1x16384x64-forward]", "triton", 0.0012,
-               [16, 1, 16384, 64], mode="forward", do_bench_median_ms=1.2),
-        _bench("test_attention_leaderboard[triton-16x16384x64]", "triton", 0.0050, board,
-               mode="forward_backward(o.sum())", do_bench_median_ms=4.9),
-        _bench("test_attention_leaderboard[sdpa_cudnn-16x16384x64]", "sdpa_cudnn", 0.0046,
-               board, mode="forward_backward(o.sum())", do_bench_median_ms=4.5),
-    ]
-    name = "hist/do_bench.json"
-    (tmp_path / "hist").mkdir()
-    (tmp_path / name).write_text(json.dumps({
-        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-25T01:02:03",
-        "commit_info": {"id": "fedcba9876543210", "dirty": False}, "benchmarks": benchmarks}))
-    device = render(f"<!-- generated: attention-device-time {name} -->\n"
-                    "<!-- end generated -->\n", generators(tmp_path))
-    assert "| 16x16384x128 | bf16 | causal | 7.000 | 7.500 | 0.93 |" in device
-    assert "| 16x16384x64 | bf16 | causal | 4.900 | 4.500 | 1.09 |" in device
-    assert "1.200" not in device and "Time: device time (do_bench)" in device
-    variants = render(f"<!-- generated: attention-backward-variants {name} -->\n"
-                      "<!-- end generated -->\n", generators(tmp_path))
-    assert ("| 16x16384x128 | bf16 | causal | do_bench | 7.000 | 7.200 | - | 7.500 | 0.93 | "
-            "0.96 | - |") in variants
-    # No Gluon backward at the leaderboard shape here: only the default's row, left out.
-    assert "16x16384x64" not in variants
-
-
-def test_interleaved_block_shows_the_rounds_taken_in_turn(tmp_path: Path) -> None:
+def test_rounds_taken_in_turn_are_read_from_a_history(tmp_path: Path) -> None:
+    """Eager medians taken in turn, and device-time rounds taken in turn, whose ratio is
+    the median of the per-round ratios (not the medians' ratio)."""
     history = _write_history(tmp_path)
-    block = f"<!-- generated: attention-eager-interleaved {history} -->\n<!-- end generated -->\n"
-    out = render(block, generators(tmp_path))
-    assert "| 1x4096x64 | bf16 | causal | 2.100 | 4.200 | 0.700 | 0.50 | 3.00 |" in out
-    assert "medians in ms of 30 rounds per implementation, taken in turn in one run" in out
-    assert "Time: eager end-to-end (host included)" in out
-    (tmp_path / "other.json").write_text((tmp_path / history).read_text().replace(
-        "interleaved_medians_s", "something_else"))
-    with pytest.raises(BlockError, match="no interleaved attention rounds"):
-        render(block.replace(history, "other.json"), generators(tmp_path))
-
-
-def test_device_rounds_in_turn_show_each_rounds_ratio_not_the_medians_ratio(
-        tmp_path: Path) -> None:
-    """Ours over cuDNN is the median of the per-round ratios (with their range), which can
-    differ from the ratio of the two medians; a leaderboard case is named as such."""
-    def case(test: str, impl: str, shape: list[int], rounds: dict) -> dict:
-        return _bench(f"{test}[{impl}]", impl, 0.007, shape, interleaved_device_ms=rounds)
-
+    eager = _ratios(tmp_path, history, "ours=ours layout=wide time=eager_in_turn")
+    assert "| 1x4096x64 | triton | 2.100 | 0.500 | 3.000 |" in eager
     name = "hist/GPU/in_turn.json"
-    (tmp_path / name).parent.mkdir(parents=True)
     (tmp_path / name).write_text(json.dumps({
         "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-22T01:02:03",
-        "commit_info": {"id": "abcdef0123456789"}, "benchmarks": [
+        "commit_info": {"id": "abcdef0123456789"}, "benchmarks": [_bench(
+            "test_attention[triton_gluon_bwd]", "triton_gluon_bwd", 0.007, [16, 1, 16384, 128],
             # Per round 0.9, 1.0, 1.2: median 1.0; the medians' ratio 7.2 / 7.0 is not it.
-            case("test_attention", "triton_gluon_bwd", [16, 1, 16384, 128],
-                 {"triton_gluon_bwd": [6.3, 7.2, 8.4], "sdpa_cudnn": [7.0, 7.2, 7.0],
-                  "sdpa_flash": [9.0, 9.6, 12.0]}),
-            case("test_attention_leaderboard", "triton", [16, 16384, 64],
-                 {"triton": [4.4, 4.5], "sdpa_cudnn": [4.6, 4.5]}),
-            case("test_attention", "sdpa_cudnn", [16, 1, 16384, 128], {})]}))
-    block = f"<!-- generated: attention-device-in-turn {name} -->\n<!-- end generated -->\n"
-    out = render(block, generators(tmp_path))
-    assert ("| 16x16384x128 | bf16 | forward + backward | ours + Gluon ordered | 7.200 | "
-            "7.000 | 9.600 | 1.000 (0.900–1.200) | 0.700 (0.700–0.750) |") in out
-    assert ("| 16x16384x64 | bf16 | leaderboard: o.sum(), backward | ours (default) | "
-            "4.450 | 4.550 | - | 0.978 (0.957–1.000) | - |") in out
-    assert ("SDPA cuDNN: ours + Gluon ordered at 16x16384x128, ours (default) at "
-            "16x16384x64; SDPA flash: ours + Gluon ordered at 16x16384x128.") in out
-    assert "over 2 or 3 rounds taken in turn" in out and "Time: device time (do_bench)" in out
-    (tmp_path / "none.json").write_text((tmp_path / name).read_text().replace(
-        "interleaved_device_ms", "something_else"))
-    with pytest.raises(BlockError, match="no device-time rounds taken in turn"):
-        render(block.replace(name, "none.json"), generators(tmp_path))
+            interleaved_device_ms={"triton_gluon_bwd": [6.3, 7.2, 8.4],
+                                   "sdpa_cudnn": [7.0, 7.2, 7.0], "fa4": [7.0, 7.2, 7.0]})]}))
+    device = _ratios(tmp_path, name, "ours=ours layout=wide")
+    assert ("| 16x16384x128 | triton_gluon_bwd | 7.200 | 1.000 (0.900–1.200) | "
+            "1.000 (0.900–1.200) |") in device
 
 
-def test_flash_attention_4_has_columns_where_a_case_timed_it(tmp_path: Path) -> None:
-    def run(rounds: dict) -> str:
-        (tmp_path / "t.json").write_text(json.dumps({
-            "machine_info": {"device_name": "GPU"}, "datetime": "2026-11-22T01:02:03",
-            "commit_info": {"id": "abcdef0"}, "benchmarks": [_bench(
-                "test_attention_table[triton]", "triton", 0.002, [4, 16, 4096, 64],
-                interleaved_device_ms=rounds)]}))
-        return doc_attention.attention_device_in_turn(tmp_path, "t.json", "test_attention_table")
-
-    with_fa4 = run({"triton": [1.4, 1.4], "sdpa_cudnn": [1.3, 1.3], "sdpa_flash": [2.1, 2.1],
-                    "fa4": [1.6, 1.4]})
-    assert "| FlashAttention-4 ms | ours / SDPA cuDNN |" in with_fa4
-    assert ("| 1.500 | 1.077 (1.077–1.077) | 0.667 (0.667–0.667) | 0.938 (0.875–1.000) |"
-            in with_fa4)
-    assert "FlashAttention-4: ours (default) at 64x4096x64." in with_fa4
-    without = run({"triton": [1.4], "sdpa_cudnn": [1.3], "sdpa_flash": [2.1]})
-    assert "FlashAttention-4" not in without
+def test_do_bench_medians_and_several_times_in_one_table(tmp_path: Path) -> None:
+    wide = [16, 1, 16384, 128]
+    benchmarks = [_bench(f"test_attention[{impl}]", impl, seconds, wide, do_bench_median_ms=ms)
+                  for impl, seconds, ms in (("triton", 0.0090, 7.0), ("sdpa_cudnn", 0.0095, 7.5),
+                                            ("triton_gluon_bwd", 0.0093, 7.2))]
+    (tmp_path / "run.json").write_text(json.dumps({
+        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-25T01:02:03",
+        "commit_info": {"id": "fedcba9876543210"}, "benchmarks": benchmarks}))
+    out = _ratios(tmp_path, "run.json", "against=sdpa_cudnn layout=wide time=median,do_bench")
+    assert "| workload | variant | sdpa_cudnn ms | triton / sdpa_cudnn |" in out
+    assert "| 16x16384x128 | do_bench | 7.500 | 0.933 | 0.960 |" in out
+    assert "| 16x16384x128 | median | 9.500 | 0.947 | 0.979 |" in out
 
 
-def test_a_ratio_of_a_host_bound_case_is_marked_and_claims_no_win(tmp_path: Path) -> None:
-    """Medians of host-bound eager cases time the host at two moments: their ratio is shown
-    marked, and is not listed as a win, whichever side was host-bound."""
-    def case(impl: str, seq: int, median: float, enqueue: float) -> dict:
-        return _bench(f"test_attention[{impl}-1x1x{seq}x64]", impl, median, [1, 1, seq, 64],
+def test_a_ratio_of_a_host_bound_case_is_marked(tmp_path: Path) -> None:
+    """Medians of host-bound eager cases time the host at two moments: their ratio is
+    marked, whichever side was host-bound."""
+    def case(impl: str, seq: int, enqueue: float) -> dict:
+        return _bench(f"test_attention[{impl}-1x1x{seq}x64]", impl,
+                      0.0005 if impl == "triton" else 0.0006, [1, 1, seq, 64],
                       timing="wall", host_enqueue_s_median=enqueue)
 
-    name = "hist/GPU/host_bound.json"
-    (tmp_path / name).parent.mkdir(parents=True)
-    (tmp_path / name).write_text(json.dumps({
+    (tmp_path / "run.json").write_text(json.dumps({
         "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-22T01:02:03",
         "commit_info": {"id": "abcdef0123456789"}, "benchmarks": [
-            case("triton", 1024, 0.0005, 0.00049),   # ours host-bound
-            case("sdpa_flash", 1024, 0.0006, 0.0001),
-            case("triton", 2048, 0.0005, 0.0001),
-            case("sdpa_flash", 2048, 0.0006, 0.00058),  # the rival host-bound
-            case("triton", 4096, 0.0005, 0.0001),    # neither: a win
-            case("sdpa_flash", 4096, 0.0006, 0.0001)]}))
-    block = f"<!-- generated: attention-eager {name} 1 -->\n<!-- end generated -->\n"
-    out = render(block, generators(tmp_path))
-    assert "| 1x1024x64 | bf16 | causal | 0.500 | 0.600 | 0.83 † |" in out
-    assert "| 1x2048x64 | bf16 | causal | 0.500 | 0.600 | 0.83 † |" in out
-    assert "| 1x4096x64 | bf16 | causal | 0.500 | 0.600 | 0.83 |" in out
-    assert "Ours takes less time than (ours / rival below 1): SDPA flash: 1x4096x64." in out
-    assert "† host-bound: ours or the rival spent 90% or more of each round enqueueing" in out
+            case("triton", 1024, 0.00049), case("sdpa_flash", 1024, 0.0001),
+            case("triton", 2048, 0.0001), case("sdpa_flash", 2048, 0.00058),
+            case("triton", 4096, 0.0001), case("sdpa_flash", 4096, 0.0001)]}))
+    out = _ratios(tmp_path, "run.json", "ours=triton layout=wide time=median")
+    assert "| 1x1024x64 | 0.500 | 0.833 † |" in out
+    assert "| 1x2048x64 | 0.500 | 0.833 † |" in out
+    assert "| 1x4096x64 | 0.500 | 0.833 |" in out
+    assert "† host-bound: one side spent 90% or more of each round enqueueing" in out
 
 
 def test_a_hand_edit_or_a_new_measurement_makes_the_doc_differ(tmp_path: Path) -> None:
@@ -322,7 +213,7 @@ def test_the_doc_generator_rewrites_the_docs_blocks(tmp_path: Path) -> None:
     page = docs / "RESULTS.md"
     assert results_page_main(["--root", str(tmp_path / "hist"), "--out", str(page)]) == 0
     assert main(["--repo", str(tmp_path)]) == 0
-    assert "| 2.000 | 4.000 |" in note.read_text()
+    assert "| 2.000 | 0.500 |" in note.read_text()
     assert (tmp_path / "README.md").read_text() == "No blocks here.\n"
     assert default_docs(tmp_path) == [tmp_path / "README.md", note]
 
@@ -345,7 +236,7 @@ def test_the_doc_generator_writes_the_results_page_first_when_asked(tmp_path: Pa
     ("text\n<!-- end generated -->\n", "never opened"),
     ("<!-- generated: gate-constants -->\n<!-- generated: gate-constants -->\n"
      "<!-- end generated -->\n", "inside the one at line 1"),
-    ("<!-- generated: attention-eager missing.json 1 -->\n<!-- end generated -->\n",
+    ("<!-- generated: ratios missing.json ours=triton clock=c -->\n<!-- end generated -->\n",
      "missing.json"),
 ])
 def test_bad_blocks_are_errors_naming_the_doc_and_line(text: str, why: str,
