@@ -202,19 +202,6 @@ def ddp_claims(results: Sequence[Result],
     return claims
 
 
-def claims_table(claims: Sequence[Claim]) -> str:
-    """One row per claim; the time column names both kinds when they differ."""
-    rows = []
-    for c in sorted(claims, key=lambda c: (c.group, c.ours.name, c.rival.name, c.file)):
-        kinds = (c.ours.time_kind if c.ours.time_kind == c.rival.time_kind
-                 else f"ours: {c.ours.time_kind}; rival: {c.rival.time_kind}")
-        source = c.file if c.file.endswith(c.run) else f"{c.file} (run {c.run})"
-        rows.append([c.group, c.ours.name, c.rival.name, f"{c.ours.seconds * 1e3:.3f}",
-                     f"{c.rival.seconds * 1e3:.3f}", f"{c.ratio:.2f}", kinds, source])
-    return markdown_table(["comparison", "ours", "rival", "ours median ms", "rival median ms",
-                           "ours / rival", "time", "history file"], rows)
-
-
 def topic(claim: Claim) -> str:
     """What a claim compares, without its workload: attention, train step or DDP."""
     return {"attention": "attention", "train": "train step", "DDP": "data parallel"}.get(
