@@ -16,7 +16,7 @@ NAME ?=
 BASELINE_RUNS ?= 3
 COLUMNS := --benchmark-columns=median,iqr,mean,stddev,rounds
 
-.PHONY: bench baseline study test smoke lint report clean
+.PHONY: bench baseline study test smoke lint report docs clean
 
 # A Python that already has a CUDA torch (e.g. a GPU image) is reused through
 # --system-site-packages; otherwise torch 2.13.0 is installed first (pinned, because a bare
@@ -57,6 +57,12 @@ smoke: $(STAMP)
 # the generated blocks of README.md and docs/*.md.
 report: $(STAMP)
 	$(BIN)/python -m tools.docgen --results
+
+# Every generated doc: the results page and its plots, then the prose docs' blocks (a clean
+# tree stays clean when the committed docs are current).
+docs: $(STAMP)
+	$(BIN)/python -m tools.docgen --results
+	$(BIN)/python -m tools.docgen
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
