@@ -3,7 +3,8 @@
     <!-- generated: ratios FILE... against=WHO clock="..." [OPTION=VALUE...] -->
     <!-- generated: history FILE... ours=WHO against=WHO clock="..." [where=K:V,...] -->
 
-(`ratios` options: time=FIELD, where=K:V,..., fastest=yes or fastest=FIELD,..., layout=wide.)
+(`ratios` options: time=FIELD, where=K:V,..., fastest=yes or fastest=FIELD,...,
+layout=wide, ours=WHO (wide: ours / each other), rate=yes (wide: the FLOP rate).)
 
 `ratios`: per workload, each implementation's median time and its ratio to `against` at
 the same step; `history`: one row per run, its ratio of `ours` to `against` per workload.
@@ -19,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from systems.common.formatting import markdown_table
+from systems.profiling.step_breakdown import DEFAULT_MATMUL_TFLOPS
 from systems.runs.gate import HOST_BOUND_SHARE
 from tools.docgen.timings import Source, Timed, read_timings
 
@@ -92,20 +94,24 @@ def _labelled(timings: list[Timed]) -> list[Timed]:
 
 
 def _long(timings: list[Timed], against: str, steps: bool) -> tuple[list[str], list[list]]:
-    """One row per implementation and workload."""
-    rows = []
+    """One row per implementation and workload (with its fastest and slowest round where
+    a run kept them)."""
+    rounds, rows = any(t.extremes for t in timings), []
     for t in timings:
         reference = _reference(timings, t, against)
         cell = "1" if t.who == against and not t.stored else _ratio_cell(t, reference)
-        rows.append([t.workload, t.who, *([t.what] if steps else []), _ms(t), cell])
+        rows.append([t.workload, t.who, *([t.what] if steps else []), _ms(t),
+                     *([f"{t.extremes[0]:.1f}–{t.extremes[1]:.1f}" if t.extremes else "-"]
+                       if rounds else []), cell])
     return ["workload", "implementation", *(["variant"] if steps else []), "ms",
-            f"/ {against}"], rows
+            *(["fastest–slowest round ms"] if rounds else []), f"/ {against}"], rows
 
 
-def _wide(timings: list[Timed], against: str, steps: bool, ours: str = ""
-          ) -> tuple[list[str], list[list]]:
+def _wide(timings: list[Timed], against: str, steps: bool, ours: str = "",
+          rate: bool = False) -> tuple[list[str], list[list]]:
     """One row per workload (and variant): the reference's time, then each other's ratio
-    to it (`against`), or its ratio to each other (`ours`)."""
+    to it (`against`), or its ratio to each other (`ours`); with `rate`, the reference's
+    FLOP rate beside the bf16 matmul ceiling."""
     base = ours or against
     others = list(dict.fromkeys(t.who for t in timings if t.who != base))
     by_key: dict[tuple[str, str], dict[str, Timed]] = {}
@@ -118,11 +124,17 @@ def _wide(timings: list[Timed], against: str, steps: bool, ours: str = ""
         cells = [_ratio_cell(found[ours], found[n]) if ours else
                  _ratio_cell(found[n], _reference(timings, found[n], against))
                  if n in found else "-" for n in others]
+        tflops = (found[base].flops / found[base].median / 1e9
+                   if base in found and found[base].flops else None)
         rows.append([workload, *([what] if steps else []),
                      _ms(found[base]) if base in found else "-",
-                     *(c if n in found else "-" for c, n in zip(cells, others, strict=True))])
+                     *(c if n in found else "-" for c, n in zip(cells, others, strict=True)),
+                     *(([f"{tflops:.0f}", f"{tflops / DEFAULT_MATMUL_TFLOPS:.1%}"] if tflops
+                        else ["-", "-"]) if rate else [])])
     return ["workload", *(["variant"] if steps else []), f"{base} ms",
-            *((f"{ours} / {n}" if ours else f"{n} / {against}") for n in others)], rows
+            *((f"{ours} / {n}" if ours else f"{n} / {against}") for n in others),
+            *([f"{base} TFLOP/s", f"of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s"] if rate else [])
+            ], rows
 
 
 def _ms(t: Timed) -> str:
@@ -133,24 +145,27 @@ def ratios(repo: Path, *args: str) -> str:
     """The `ratios` block (see the module's docstring); layout=wide sets one row per
     workload with a column pair per implementation."""
     files, options = _options(args, {"against", "ours", "clock", "time", "where", "fastest",
-                                     "layout"})
+                                     "layout", "rate"})
     against, shown, sources = options.get("against", ""), [], []
     runs = [read_timings(repo, name, options.get("time", ""), _where(options.get("where", "")))
             for name in files]
-    # A workload in several runs is told apart by each run's commit.
+    # A workload in several runs is told apart by each run's commit (or file, if shared).
     seen = Counter(w for timings, _ in runs for w in {t.workload for t in timings})
+    commits = Counter(source.commit for _, source in runs)
     for name, (timings, source) in zip(files, runs, strict=True):
+        run = source.commit if commits[source.commit] == 1 else Path(name).stem
         if not timings:
             raise ValueError(f"{name}: nothing timed matches {options.get('where', '')!r}")
         if "fastest" in options:
             timings = _fastest(timings, against, [f for f in options["fastest"].split(",")
                                                   if f and f != "yes"])
-        shown += [replace(t, workload=f"{t.workload} ({source.commit})")
+        shown += [replace(t, workload=f"{t.workload} ({run})")
                   if seen[t.workload] > 1 else t for t in _labelled(timings)]
         sources.append(source)
     steps = any(t.what for t in shown)
     if options.get("layout") == "wide":
-        headers, rows = _wide(shown, against, steps, options.get("ours", ""))
+        headers, rows = _wide(shown, against, steps, options.get("ours", ""),
+                              "rate" in options)
     else:
         headers, rows = _long(shown, against, steps)
     if not rows:

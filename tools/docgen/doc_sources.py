@@ -10,12 +10,12 @@ from pathlib import Path
 
 from tools.docgen import (
     doc_accounting,
+    doc_breakdowns,
     doc_claims,
     doc_dispatch,
     doc_dp_scaling,
     doc_gate,
     doc_ratios,
-    doc_recipes,
 )
 from tools.docgen.doc_blocks import Generator
 
@@ -29,9 +29,7 @@ def generators(repo: Path) -> dict[str, Generator]:
         "gate-cases": partial(doc_gate.gate_cases, repo),
         "gate-noise": partial(doc_gate.gate_noise, repo),
         "drift": partial(doc_gate.drift_summary, repo),
-        "recipe-ratios": partial(doc_recipes.recipe_ratios, repo),
-        "recipe-attention": partial(doc_recipes.recipe_attention, repo),
-        "breakdowns": partial(doc_recipes.breakdown_side_by_side, repo),
+        "breakdowns": partial(doc_breakdowns.breakdown_side_by_side, repo),
         "headline": partial(doc_claims.headline, repo),
         "accounting-memory": doc_accounting.config_memory_table,
         "accounting-checkpointing": doc_accounting.checkpointing_table,

@@ -9,6 +9,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from systems.model.recipes import RECIPES
 from systems.runs import keys
 from systems.runs.gate import Timing
 from systems.runs.history import Result, load_run, read_run
@@ -33,6 +34,8 @@ class Timed:
     stored: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     config: dict = field(default_factory=dict)  # what the row's run chose, if it chose
     host_bound: bool = False  # its rounds timed the host (`Timing.host_bound`)
+    flops: float | None = None  # the work of one call, where the run counted it
+    extremes: tuple[float, float] | None = None  # its fastest and slowest round, in ms
 
     @property
     def median(self) -> float:
@@ -139,15 +142,26 @@ def _case_matches(r: Result, where: dict[str, str]) -> bool:
     return True
 
 
+def _case_name(r: Result) -> tuple[str, str]:
+    """(workload, implementation) of an attention case or a recipe's train step (a recipe
+    run with attention other than its own is named with it)."""
+    if r.kind == "recipe":
+        recipe, attention = str(r.get(keys.RECIPE)), r.get(keys.ATTENTION)
+        own = attention is None or attention == RECIPES[recipe].attention
+        return (f"{r.get(keys.SIZE)}, ctx {r.get(keys.SEQ_LEN)}",
+                recipe if own else f"{recipe}, {attention} attention")
+    # bf16 and causal go unsaid: the attention cases' default.
+    dtype = {"float16": " fp16", "float32": " fp32"}.get(str(r.get(keys.DTYPE)), "")
+    return (f"{r.get(keys.BATCH_HEADS)}x{r.get(keys.SEQ_LEN)}x{r.get(keys.HEAD_DIM)}"
+            f"{dtype}{' full' if r.get(keys.CAUSAL) is False else ''}",
+            str(r.get(keys.IMPLEMENTATION)))
+
+
 def _case_timings(r: Result, time: str) -> list[Timed]:
     """One case's times: `in_turn` (device-time rounds taken in turn with its rivals) and
     `eager_in_turn` (eager medians taken in turn) set the case's own implementation as
     "ours", its variant the implementation; `median` and `do_bench` time the case alone."""
-    # bf16 and causal go unsaid: the attention cases' default.
-    dtype = {"float16": " fp16", "float32": " fp32"}.get(str(r.get(keys.DTYPE)), "")
-    workload = (f"{r.get(keys.BATCH_HEADS)}x{r.get(keys.SEQ_LEN)}x{r.get(keys.HEAD_DIM)}"
-                f"{dtype}{' full' if r.get(keys.CAUSAL) is False else ''}")
-    impl = str(r.get(keys.IMPLEMENTATION))
+    workload, impl = _case_name(r)
     field_of = {"in_turn": keys.INTERLEAVED_DEVICE_MS, "eager_in_turn": keys.INTERLEAVED_MEDIANS_S}
     if time in field_of:
         rounds = r.get(field_of[time])
@@ -160,17 +174,23 @@ def _case_timings(r: Result, time: str) -> list[Timed]:
     ms = r.median * 1e3 if time == "median" else r.get(keys.DO_BENCH_MEDIAN_MS)
     if not isinstance(ms, int | float):
         return []
+    flops = r.get("flops")
     return [Timed(workload, impl, "", (float(ms),),
-                  host_bound=time == "median" and Timing.from_saved(r.stats, r.info).host_bound)]
+                  host_bound=time == "median" and Timing.from_saved(r.stats, r.info).host_bound,
+                  flops=flops if isinstance(flops, int | float) else None,
+                  extremes=(r.stats["min"] * 1e3, r.stats["max"] * 1e3)
+                  if time == "median" and "min" in r.stats else None)]
 
 
 def _history(repo: Path, name: str, time: str, where: dict[str, str]
              ) -> tuple[list[Timed], Source]:
-    """A pytest-benchmark history's attention cases, timed as `time` says (`_case_timings`)."""
+    """A pytest-benchmark history's attention cases and recipe steps, timed as `time` says
+    (`_case_timings`)."""
     run = load_run(repo / name, repo)
     modes = time.split(",")  # several: each time's mode is its variant
     timings = [replace(t, what=t.what or (mode if len(modes) > 1 else ""))
-               for r in run.results if r.kind == "attention" and _case_matches(r, where)
+               for r in run.results
+               if r.kind in ("attention", "recipe") and _case_matches(r, where)
                for mode in modes for t in _case_timings(r, mode)]
     commit = str((read_run(repo / name).get("commit_info") or {}).get("id") or "not recorded")
     return timings, Source(name, run.device, commit[:7], run.datetime[:10], "")

@@ -98,3 +98,36 @@ def test_a_block_that_cannot_be_filled_is_an_error(tmp_path, spec):
     _run(tmp_path, [{"batch": 1, "seq": 2, "head_dim": 3, "kind": "cudnn", "backward_ms": 1.0}])
     with pytest.raises(BlockError):
         _block(tmp_path, spec)
+
+
+def _recipe(recipe: str, median: float, attention: str | None = None) -> dict:
+    info = {"size": "2.7b", "seq_len": 512, "mode": "train_step", "recipe": recipe,
+            "flops": 40e12 * median, **({"attention": attention} if attention else {})}
+    return {"name": f"test_training_recipe[2.7b-{recipe}-{attention}]", "fullname": "x",
+            "stats": {"median": median, "mean": median, "iqr": 0.0, "rounds": 5,
+                      "min": median * 0.9, "max": median * 1.1, "stddev": 0.0},
+            "extra_info": info}
+
+
+def test_recipe_steps_give_their_ratio_flop_rate_and_rounds(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps({
+        "machine_info": {"device_name": "GPU"}, "datetime": "2026-11-28T00:00:00",
+        "commit_info": {"id": "abc1234"}, "benchmarks": [
+            _recipe("optimized", 0.100), _recipe("pytorch_baseline", 0.125),
+            _recipe("optimized", 0.110, attention="triton_two_pass")]}))
+    wide = _block(tmp_path, f"ratios run.json ours=optimized layout=wide rate=yes "
+                  f"time=median where=recipe:optimized|pytorch_baseline {CLOCK}")
+    assert wide[1].startswith("| workload | optimized ms | optimized / pytorch_baseline |")
+    assert "| 2.7b, ctx 512 | 100.000 | 0.800 | 0.909 | 40 | 5.4% |" in wide  # 4 TFLOP in 0.1 s
+    long = _block(tmp_path, f"ratios run.json against=optimized time=median {CLOCK}")
+    assert ("| 2.7b, ctx 512 | optimized, triton_two_pass attention | 110.000 | 99.0–121.0 | "
+            "1.100 |") in long
+
+
+def test_runs_of_one_commit_are_told_apart_by_file(tmp_path):
+    rows = [{"batch": 1, "seq": 2, "head_dim": 3, "kind": kind, "backward_ms": ms}
+            for kind, ms in (("cudnn", 1.0), ("gluon", 0.5))]
+    for name in ("a.json", "b.json"):
+        _run(tmp_path, rows, name)
+    lines = _block(tmp_path, f"ratios a.json b.json against=cudnn layout=wide {CLOCK}")
+    assert [line.split("|")[1].strip() for line in lines[3:5]] == ["1x2x3 (a)", "1x2x3 (b)"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.docgen import doc_recipes
+from tools.docgen import doc_breakdowns
 from tools.docgen.__main__ import default_docs, main
 from tools.docgen.claim_scan import scan, scan_docs
 from tools.docgen.doc_blocks import BlockError, render
@@ -333,76 +333,6 @@ def test_markers_in_fenced_code_are_examples_left_alone(tmp_path: Path) -> None:
     assert render(text, generators(tmp_path)) == text
 
 
-def test_recipe_ratios_are_same_run_medians_of_the_committed_baseline() -> None:
-    name = ".benchmarks/NVIDIA_H100_80GB_HBM3/baseline_1gpu.json"
-    run = json.loads((REPO / name).read_text())
-    medians = {(b["params"]["size"], b["params"]["seq_len"], b["params"]["recipe"]):
-               b["stats"]["median"] for b in run["benchmarks"] if "recipe" in b["params"]}
-    block = doc_recipes.recipe_ratios(REPO, name)
-    ours, theirs = medians[("2.7b", 512, "optimized")], medians[("2.7b", 512, "pytorch_baseline")]
-    row = f"| 2.7b | 512 | {theirs * 1e3:.1f} | {ours * 1e3:.1f} | {ours / theirs:.3f} |"
-    assert row in block
-    assert f"commit {run['commit_info']['id'][:7]}" in block and "CUDA-graph replays" in block
-
-
-def test_recipe_ratios_of_several_files_pair_medians_within_each_file(tmp_path: Path) -> None:
-    def run(size: str, ours_s: float, theirs_s: float) -> dict:
-        return {"commit_info": {"id": f"{size}abcdef"}, "datetime": "2026-01-02T00:00:00",
-                "machine_info": {"device_name": "GPU"},
-                "benchmarks": [
-                    {"name": f"test_training_recipe[{size}-{recipe}]",
-                     "fullname": f"t.py::test_training_recipe[{size}-{recipe}]",
-                     "params": {"size": size, "seq_len": 512, "recipe": recipe},
-                     "extra_info": {"size": size, "seq_len": 512, "recipe": recipe},
-                     "stats": {"median": median, "min": median, "mean": median, "iqr": 0.0,
-                               "stddev": 0.0, "rounds": 3, "data": [median] * 3}}
-                    for recipe, median in (("optimized", ours_s),
-                                           ("pytorch_baseline", theirs_s))]}
-
-    # Each file alone would pair its own two medians; a pairing across files would not.
-    (tmp_path / "a.json").write_text(json.dumps(run("small", 0.008, 0.010)))
-    (tmp_path / "b.json").write_text(json.dumps(run("xl", 0.030, 0.040)))
-    block = doc_recipes.recipe_ratios(tmp_path, "a.json", "b.json")
-    assert "| a | small | 512 | 10.0 | 8.0 | 0.800 |" in block
-    assert "| b | xl | 512 | 40.0 | 30.0 | 0.750 |" in block
-    assert "`a.json` (commit smallab" in block and "`b.json` (commit xlabcde" in block
-    assert "both medians of a ratio from one file" in block
-    with pytest.raises(ValueError, match="at least one history file"):
-        doc_recipes.recipe_ratios(tmp_path)
-
-
-def _recipe_row(size: str, recipe: str, median: float, attention: str) -> dict:
-    info = {"size": size, "seq_len": 2048, "recipe": recipe, "attention": attention}
-    return {"name": f"test_training_recipe[{size}-{recipe}-{attention}]",
-            "fullname": f"t.py::test_training_recipe[{size}-{recipe}-{attention}]",
-            "params": {"size": size, "seq_len": 2048, "recipe": recipe},
-            "extra_info": info,
-            "stats": {"median": median, "min": median - 0.002, "mean": median, "iqr": 0.0,
-                      "stddev": 0.0, "rounds": 3, "max": median + 0.003,
-                      "data": [median - 0.002, median, median + 0.003]}}
-
-
-def test_a_step_with_other_attention_is_set_beside_the_recipe_s_own(tmp_path: Path) -> None:
-    rows = [_recipe_row("2.7b", "optimized", 0.340, "triton"),
-            _recipe_row("2.7b", "optimized", 0.350, "triton_two_pass"),
-            _recipe_row("2.7b", "pytorch_baseline", 0.370, "sdpa")]
-    def run(benchmarks: list[dict]) -> str:
-        return json.dumps({"commit_info": {"id": "abcdef123"}, "datetime": "2026-01-02T00:00:00",
-                           "machine_info": {"device_name": "GPU"}, "benchmarks": benchmarks})
-
-    (tmp_path / "run.json").write_text(run(rows))
-    block = doc_recipes.recipe_attention(tmp_path, "run.json")
-    assert "| 2.7b | 2048 | optimized | `triton` (its own) | 340.0 | 338.0–343.0 | 1.000 |" in block
-    assert "| 2.7b | 2048 | optimized | `triton_two_pass` | 350.0 | 348.0–353.0 | 1.029 |" in block
-    assert "pytorch_baseline" not in block.split("Time:")[0]  # timed with its own only
-    # The ratio block pairs each recipe's own attention only, not the two-pass step.
-    ratios = doc_recipes.recipe_ratios(tmp_path, "run.json")
-    assert "| 2.7b | 2048 | 370.0 | 340.0 | 0.919 |" in ratios
-    (tmp_path / "own.json").write_text(run(rows[:1]))
-    with pytest.raises(ValueError, match="no recipe timed with attention other"):
-        doc_recipes.recipe_attention(tmp_path, "own.json")
-
-
 def test_breakdowns_stand_side_by_side_per_category(tmp_path: Path) -> None:
     def record(recipe: str, optimizer_ms: float) -> dict:
         return {"recipe": recipe, "machine": "GPU", "measured": "replays", "steps": 3,
@@ -412,13 +342,13 @@ def test_breakdowns_stand_side_by_side_per_category(tmp_path: Path) -> None:
 
     for name, optimizer_ms in (("before", 4.0), ("after", 2.5)):
         (tmp_path / f"{name}.json").write_text(json.dumps(record("optimized", optimizer_ms)))
-    block = doc_recipes.breakdown_side_by_side(tmp_path, "before.json", "after.json")
+    block = doc_breakdowns.breakdown_side_by_side(tmp_path, "before.json", "after.json")
     assert "| optimizer | 4.0 | 2.5 | 2.0 |" in block
     assert "| matmul | 7.0 | 7.0 | - |" in block
     assert "| step (unprofiled) | 14.0 | 12.5 | - |" in block
     assert "the files record no commit" in block
     with pytest.raises(ValueError, match="not a breakdown record"):
-        doc_recipes.breakdown_side_by_side(tmp_path, "missing.json")
+        doc_breakdowns.breakdown_side_by_side(tmp_path, "missing.json")
 
 
 def test_headline_gives_one_line_per_topic_with_gpu_time_kind_and_file(tmp_path: Path) -> None:
