@@ -60,10 +60,9 @@ def _ratio_cell(t: Timed, reference: Timed | None) -> str:
 
 
 def _reference(timings: list[Timed], t: Timed, against: str) -> Timed | None:
-    found = [r for r in timings if (r.workload, r.what, r.who) == (t.workload, t.what, against)]
-    if found:
-        return found[0]
-    return None
+    """`against`'s timing at t's workload and step."""
+    return next((r for r in timings
+                 if (r.workload, r.what, r.who) == (t.workload, t.what, against)), None)
 
 
 def _fastest(timings: list[Timed], against: str, fields: list[str]) -> list[Timed]:
@@ -121,14 +120,12 @@ def _wide(timings: list[Timed], against: str, steps: bool, ours: str = "",
     for (workload, what), found in by_key.items():
         if ours and ours not in found:
             continue
-        cells = [_ratio_cell(found[ours], found[n]) if ours else
-                 _ratio_cell(found[n], _reference(timings, found[n], against))
-                 if n in found else "-" for n in others]
+        cells = ["-" if n not in found else _ratio_cell(found[ours], found[n]) if ours
+                 else _ratio_cell(found[n], found.get(against)) for n in others]
         tflops = (found[base].flops / found[base].median / 1e9
-                   if base in found and found[base].flops else None)
+                  if base in found and found[base].flops else None)
         rows.append([workload, *([what] if steps else []),
-                     _ms(found[base]) if base in found else "-",
-                     *(c if n in found else "-" for c, n in zip(cells, others, strict=True)),
+                     _ms(found[base]) if base in found else "-", *cells,
                      *(([f"{tflops:.0f}", f"{tflops / DEFAULT_MATMUL_TFLOPS:.1%}"] if tflops
                         else ["-", "-"]) if rate else [])])
     return ["workload", *(["variant"] if steps else []), f"{base} ms",
@@ -142,8 +139,8 @@ def _ms(t: Timed) -> str:
 
 
 def ratios(repo: Path, *args: str) -> str:
-    """The `ratios` block (see the module's docstring); layout=wide sets one row per
-    workload with a column pair per implementation."""
+    """The `ratios` block (see the module's docstring): a row per implementation and
+    workload, or with layout=wide a row per workload and a ratio column per implementation."""
     files, options = _options(args, {"against", "ours", "clock", "time", "where", "fastest",
                                      "layout", "rate"})
     against, shown, sources = options.get("against", ""), [], []
