@@ -77,9 +77,10 @@ def _fastest(timings: list[Timed], against: str, fields: list[str]) -> list[Time
     return sorted([*kept, *best.values()], key=timings.index)
 
 
-def _labelled(timings: list[Timed]) -> list[Timed]:
-    """Each implementation's rows of one workload told apart by the config values that
-    differ between them."""
+def _labelled(timings: list[Timed], fields: list[str] | None = None) -> list[Timed]:
+    """Each implementation's rows of one workload told apart by the config `fields` (the
+    same in every workload, so that a wide table keeps one column each), else by the
+    config values that differ between them."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for t in timings:
         groups.setdefault((t.workload, t.who), []).append(t.config)
@@ -87,7 +88,8 @@ def _labelled(timings: list[Timed]) -> list[Timed]:
     for t in timings:
         configs = groups[(t.workload, t.who)]
         label = ", ".join(f"{k}={v}" for k, v in t.config.items()
-                          if len({str(c.get(k)) for c in configs}) > 1)
+                          if (k in fields if fields is not None
+                              else len({str(c.get(k)) for c in configs}) > 1))
         out.append(replace(t, who=f"{t.who} ({label})" if label else t.who))
     return out
 
@@ -122,16 +124,21 @@ def _wide(timings: list[Timed], against: str, steps: bool, ours: str = "",
             continue
         cells = ["-" if n not in found else _ratio_cell(found[ours], found[n]) if ours
                  else _ratio_cell(found[n], found.get(against)) for n in others]
+        if others and set(cells) == {"-"}:
+            continue  # nothing compared here: no claim to show
         tflops = (found[base].flops / found[base].median / 1e9
                   if base in found and found[base].flops else None)
         rows.append([workload, *([what] if steps else []),
                      _ms(found[base]) if base in found else "-", *cells,
                      *(([f"{tflops:.0f}", f"{tflops / DEFAULT_MATMUL_TFLOPS:.1%}"] if tflops
                         else ["-", "-"]) if rate else [])])
-    return ["workload", *(["variant"] if steps else []), f"{base} ms",
-            *((f"{ours} / {n}" if ours else f"{n} / {against}") for n in others),
-            *([f"{base} TFLOP/s", f"of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s"] if rate else [])
-            ], rows
+    headers = ["workload", *(["variant"] if steps else []), f"{base} ms",
+               *((f"{ours} / {n}" if ours else f"{n} / {against}") for n in others),
+               *([f"{base} TFLOP/s", f"of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s"] if rate else [])]
+    if rows:  # a column compared nowhere says nothing
+        keep = [i for i in range(len(headers)) if any(row[i] != "-" for row in rows)]
+        headers, rows = [headers[i] for i in keep], [[row[i] for i in keep] for row in rows]
+    return headers, rows
 
 
 def _ms(t: Timed) -> str:
@@ -153,11 +160,12 @@ def ratios(repo: Path, *args: str) -> str:
         run = source.commit if commits[source.commit] == 1 else Path(name).stem
         if not timings:
             raise ValueError(f"{name}: nothing timed matches {options.get('where', '')!r}")
+        fields = None
         if "fastest" in options:
-            timings = _fastest(timings, against, [f for f in options["fastest"].split(",")
-                                                  if f and f != "yes"])
+            fields = [f for f in options["fastest"].split(",") if f and f != "yes"]
+            timings = _fastest(timings, against, fields)
         shown += [replace(t, workload=f"{t.workload} ({run})")
-                  if seen[t.workload] > 1 else t for t in _labelled(timings)]
+                  if seen[t.workload] > 1 else t for t in _labelled(timings, fields)]
         sources.append(source)
     steps = any(t.what for t in shown)
     if options.get("layout") == "wide":
