@@ -21,7 +21,7 @@ SHARD_ARGS ?=
 BASELINE_RUNS ?= 3
 COLUMNS := --benchmark-columns=median,iqr,mean,stddev,rounds
 
-.PHONY: bench baseline study test smoke lint report clean gpu-test gpu-baseline
+.PHONY: bench baseline study test smoke lint report docs clean gpu-test gpu-baseline
 
 # A Python that already has a CUDA torch (e.g. a GPU image) is reused through
 # --system-site-packages; otherwise torch 2.13.0 is installed first (pinned, because a bare
@@ -68,6 +68,12 @@ smoke: $(STAMP)
 # the generated blocks of README.md and docs/*.md.
 report: $(STAMP)
 	$(BIN)/python -m tools.docgen --results
+
+# Every generated doc: the results page and its plots, then the prose docs' blocks (a clean
+# tree stays clean when the committed docs are current).
+docs: $(STAMP)
+	$(BIN)/python -m tools.docgen --results
+	$(BIN)/python -m tools.docgen
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

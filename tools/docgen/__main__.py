@@ -22,11 +22,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 def default_docs(repo: Path) -> list[Path]:
     """The prose docs: README.md, every .md under docs/ except the generated results page,
-    the READMEs of docs/' folders, and each study's README and the earlier logs kept in its
-    runs/ folder (a log quotes its runs in generated blocks)."""
+    the READMEs of docs/' folders, the studies' index, and each study's README and the
+    earlier logs kept in its runs/ folder (a log quotes its runs in generated blocks)."""
     return [repo / "README.md",
             *sorted(p for p in (repo / "docs").glob("*.md") if p.name != "RESULTS.md"),
             *sorted((repo / "docs").glob("*/README.md")),
+            *sorted((repo / "studies").glob("README.md")),
             *sorted((repo / "studies").glob("*/README.md")),
             *sorted((repo / "studies").glob("*/runs/*.md"))]
 

@@ -10,7 +10,7 @@ rounds' own ratios, each of two times taken moments apart.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from systems.common.formatting import markdown_table
@@ -39,7 +39,6 @@ def rounds_in_turn(r: Result) -> dict[str, list[float]] | None:
 def round_ratios(rounds: dict[str, list[float]], ours: str, rival: str) -> list[float]:
     """Ours / rival in each round taken in turn."""
     return [o / t for o, t in zip(rounds[ours], rounds[rival], strict=True)]
-
 
 
 @dataclass(frozen=True)
@@ -179,16 +178,18 @@ def _ddp_name(r: Result) -> str:
     return name
 
 
-def ddp_claims(results: Sequence[Result]) -> list[Claim]:
-    """Per world size and workload: each of our variants' step / PyTorch's DDP (or FSDP2
-    for our FSDP), from the slowest rank's median step (CUDA events)."""
+def ddp_claims(results: Sequence[Result],
+               rivals: Mapping[str, str] = RIVAL_DDP) -> list[Claim]:
+    """Per world size and workload: each of our variants' step / its rival's (by default
+    PyTorch's DDP, or FSDP2 for our FSDP), from the slowest rank's median step (CUDA
+    events)."""
     def workload(r: Result) -> tuple:
         return (r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)), r.get("batch_per_rank"),
                 r.get(keys.SEQ_LEN), str(r.get(keys.BACKEND)))
 
     claims = []
     with_steps = [r for r in results if isinstance(r.get(keys.STEP_S), int | float)]
-    for variant, rival_name in RIVAL_DDP.items():
+    for variant, rival_name in rivals.items():
         ours = sorted({_ddp_name(r) for r in with_steps if r.get(keys.VARIANT) == variant})
         for group, our, rival in _pairs(with_steps, "ddp", workload, _ddp_name, ours,
                                         [rival_name]):
@@ -201,20 +202,7 @@ def ddp_claims(results: Sequence[Result]) -> list[Claim]:
     return claims
 
 
-def claims_table(claims: Sequence[Claim]) -> str:
-    """One row per claim; the time column names both kinds when they differ."""
-    rows = []
-    for c in sorted(claims, key=lambda c: (c.group, c.ours.name, c.rival.name, c.file)):
-        kinds = (c.ours.time_kind if c.ours.time_kind == c.rival.time_kind
-                 else f"ours: {c.ours.time_kind}; rival: {c.rival.time_kind}")
-        source = c.file if c.file.endswith(c.run) else f"{c.file} (run {c.run})"
-        rows.append([c.group, c.ours.name, c.rival.name, f"{c.ours.seconds * 1e3:.3f}",
-                     f"{c.rival.seconds * 1e3:.3f}", f"{c.ratio:.2f}", kinds, source])
-    return markdown_table(["comparison", "ours", "rival", "ours median ms", "rival median ms",
-                           "ours / rival", "time", "history file"], rows)
-
-
-def _topic(claim: Claim) -> str:
+def topic(claim: Claim) -> str:
     """What a claim compares, without its workload: attention, train step or DDP."""
     return {"attention": "attention", "train": "train step", "DDP": "data parallel"}.get(
         claim.group.split()[0], claim.group)
@@ -229,15 +217,15 @@ def summary_table(claims: Sequence[Claim]) -> str:
     for c in claims:
         kinds = (c.ours.time_kind if c.ours.time_kind == c.rival.time_kind
                  else f"ours: {c.ours.time_kind}; rival: {c.rival.time_kind}")
-        groups.setdefault((_topic(c), c.ours.name, c.rival.name, kinds), []).append(c)
+        groups.setdefault((topic(c), c.ours.name, c.rival.name, kinds), []).append(c)
     rows = []
-    for (topic, ours, rival, kinds), members in sorted(groups.items()):
+    for (subject, ours, rival, kinds), members in sorted(groups.items()):
         ratios = sorted(c.ratio for c in members)
         spread = (f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}–{ratios[-1]:.2f})"
                   if len(ratios) > 1 else f"{ratios[0]:.2f}")
         newest = max(members, key=lambda c: (c.recorded, c.file))
         where = members[0].group if len(members) == 1 else f"{len(members)} workloads"
-        rows.append([topic, ours, rival, kinds, where,
+        rows.append([subject, ours, rival, kinds, where,
                      sum(r < 1 for r in ratios), spread, newest.file])
     return markdown_table(["comparison", "ours", "rival", "time", "measured at",
                            "ours takes less time at", "ours / rival: median (lowest–highest)",

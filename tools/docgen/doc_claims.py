@@ -1,27 +1,63 @@
-"""Generated doc block for the README: one row per comparison of ours with a rival, from
-the claims of one saved run file (`tools.docgen.claims`)."""
+"""Generated doc block of claims (`tools.docgen.claims`) from one saved run file: a headline
+line for one topic, ours against its rivals."""
 
 from __future__ import annotations
 
+import statistics
+from collections import Counter
 from pathlib import Path
 
-from systems.runs.history import load_run
-from tools.docgen.claims import all_claims, summary_table
+from systems.runs.history import Run, load_run
+from tools.docgen.claims import Claim, all_claims, ddp_claims, topic
+
+# The names a reader knows the rivals by.
+RIVAL_LABELS = {"sdpa_cudnn": "cuDNN (SDPA)", "sdpa_flash": "SDPA flash",
+                "flex_compiled": "compiled flex_attention", "fa4": "FlashAttention-4",
+                "pytorch_baseline": "PyTorch compiled in one CUDA graph",
+                "none": "no communication", "torch_ddp": "torch DDP",
+                "torch_fsdp2": "torch FSDP2"}
 
 
-def claims_summary(repo: Path, history_name: str) -> str:
-    """The claims of `history_name` (relative to the repository), one row per comparison
-    and kind of time, with the GPU and the file they come from."""
+def _load(repo: Path, history_name: str) -> Run:
     path = repo / history_name
     if not path.is_file():
         raise ValueError(f"{history_name}: no such history file")
-    run = load_run(path, path.parent)
-    claims = all_claims(run.results)
-    if not claims:
-        raise ValueError(f"{history_name}: no comparison of ours with a rival")
-    table = summary_table(claims).splitlines()
-    # The file column repeats the one source named below: leave it out.
-    rows = ["|".join(line.split("|")[:-2]) + "|" for line in table]
-    return ("\n".join(rows) + f"\n\nGPU: {run.device}. Ratios of medians of ours and the "
-            "rival measured in the same run, below 1: ours takes less time. "
-            f"From `{history_name}` (recorded {run.datetime[:10]}).\n")
+    return load_run(path, path.parent)
+
+
+def _ratio_text(claims: list[Claim]) -> str:
+    ratios = sorted(c.ratio for c in claims)
+    if len(ratios) == 1:
+        return f"{ratios[0]:.2f}"
+    return f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}–{ratios[-1]:.2f})"
+
+
+def headline(repo: Path, history_name: str, ours: str, *rivals: str) -> str:
+    """One line: ours / each rival in `history_name`, median (lowest–highest) over the
+    workloads where both ran, with the topic, GPU, kind of time and source. Where ours met
+    the rivals under several kinds of time, the one of most claims common to all rivals is
+    taken. A data-parallel rival (say `none`) is set against the variant `ours` names (its
+    first word)."""
+    run = _load(repo, history_name)
+    claims = [*all_claims(run.results),
+              *(c for rival in rivals for c in ddp_claims(run.results, {ours.split()[0]: rival}))]
+    by_rival = {rival: list({(c.group, c.ours.time_kind): c for c in claims
+                             if c.ours.name == ours and c.rival.name == rival}.values())
+                for rival in rivals}
+    if missing := [rival for rival, found in by_rival.items() if not found]:
+        raise ValueError(f"{history_name}: no claim of {ours} against {', '.join(missing)}")
+    kinds = Counter(c.ours.time_kind for found in by_rival.values() for c in found)
+    common = [k for k, _ in kinds.most_common()
+              if all(any(c.ours.time_kind == k for c in found) for found in by_rival.values())]
+    if not common:
+        raise ValueError(f"{history_name}: no kind of time common to {ours}'s rivals")
+    chosen = {rival: [c for c in found if c.ours.time_kind == common[0]]
+              for rival, found in by_rival.items()}
+    workloads = max(len(found) for found in chosen.values())
+    first = next(iter(chosen.values()))[0]
+    parts = [f"{RIVAL_LABELS.get(rival, rival)} {_ratio_text(found)}"
+             for rival, found in chosen.items()]
+    where = first.group if workloads == 1 else f"{workloads} workloads"
+    return (f"- **{topic(first).capitalize()}** on {run.device}, "
+            f"{common[0]}: ours ({ours}) / {', / '.join(parts)} ({where}; below 1 ours "
+            f"takes less time; `{history_name}`, {run.datetime[:10]}).\n")

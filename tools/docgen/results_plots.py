@@ -79,18 +79,37 @@ def _source(results: Sequence[Result]) -> str:
     return f"{where}, recorded {r.datetime[:10]}"
 
 
-def _series_style(points: int, label: str, colour: object) -> dict:
-    """Markers always; a line only through two or more points (one point is no trend)."""
-    return {"marker": "o", "label": label, "color": colour,
-            "linestyle": "-" if points > 1 else "none"}
+def _lines(ax, series: dict[str, dict[float, float]], colours: dict[str, object]) -> None:
+    """A line per series over the panel's x values, marked at every point: a gap (NaN)
+    where a series has no point, so no line bridges it, and no line through one point."""
+    xs = sorted({x for points in series.values() for x in points})
+    for name, points in series.items():
+        ax.plot(xs, [points.get(x, math.nan) for x in xs], marker="o", label=name,
+                color=colours.get(name), linestyle="-" if len(points) > 1 else "none")
 
 
-def _plot_series(ax, xs: Sequence[int], by_x: dict[int, float], label: str,
-                 colour: object) -> None:
-    """One series over the panel's x values: a gap (NaN) where it has no point, so no line
-    is drawn across a missing point."""
-    ys = [by_x.get(x, math.nan) for x in xs]
-    ax.plot(xs, ys, **_series_style(len(by_x), label, colour))
+def _bars(ax, labels: Sequence[str], values: Sequence[float], values_shown: bool = False,
+          **style: object) -> None:
+    """Horizontal bars, each value written beside its bar if asked."""
+    ax.barh(labels, values, color="tab:blue", **style)
+    ax.tick_params(axis="y", labelsize=8)
+    for y, value in enumerate(values if values_shown else ()):
+        ax.text(value, y, f" {value:.1f}", va="center", fontsize=8)
+
+
+def _frame(ax, title: str, xlabel: str, ylabel: str = "", log_x: int = 0,
+           log_y: bool = False, legend: bool = True) -> None:
+    """Labels, title and grid of a panel, its x axis logarithmic to base `log_x` if set."""
+    if log_x:
+        ax.set_xscale("log", base=log_x)
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    if legend:
+        ax.legend(fontsize=8)
 
 
 def _time_axis_from_zero(ax, values_ms: Sequence[float]) -> None:
@@ -134,22 +153,13 @@ def _attention_panels(rows: Sequence[Result], value: Callable[[Result], float | 
     colour = _colours(_impl_order({impl for _, impl, _ in points}))
     fig, axes = _figure(1, len(head_dims), (5.5 * len(head_dims), 4.2))
     for ax, head_dim in zip(axes[0], head_dims, strict=True):
-        xs = sorted({n for d, _, n in points if d == head_dim})
-        for impl in colour:
-            by_x = {n: value(r) for (d, i, n), r in points.items() if d == head_dim and i == impl}
-            if by_x:
-                _plot_series(ax, xs, by_x, impl, colour[impl])
-        ax.set_xscale("log", base=2)
-        if log_y:
-            ax.set_yscale("log")
-        else:
+        _lines(ax, {impl: by_x for impl in colour if (by_x := {
+            n: value(r) for (d, i, n), r in points.items() if d == head_dim and i == impl})},
+            colour)
+        if not log_y:
             ax.set_ylim(bottom=0)
-        ax.set_xlabel("sequence length (tokens)")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"d = {head_dim}, {dtype}{', causal' if causal else ''}, "
-                     f"batch x heads {batch_heads}", fontsize=10)
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
+        _frame(ax, f"d = {head_dim}, {dtype}{', causal' if causal else ''}, batch x heads "
+               f"{batch_heads}", "sequence length (tokens)", ylabel, log_x=2, log_y=log_y)
     fig.suptitle(f"{title}\nfrom {_source(rows)}", fontsize=10)
     return _save(fig, path)
 
@@ -227,24 +237,17 @@ def train_step_recipes(results: Sequence[Result], path: Path) -> Path | None:
         ax.set_visible(False)
     for ax, panel in zip(axes.flat, panels, strict=False):
         recipes = sorted(by_panel[panel].items(), key=lambda kv: -kv[1].median)
-        labels = [f"{name}\n({'device' if r.time_kind != keys.EAGER_TIME else 'eager'})"
-                  for name, r in recipes]
         times = [r.median * 1e3 for _, r in recipes]
-        ax.barh(labels, times, color="tab:blue")
-        for y, ms in enumerate(times):
-            ax.text(ms, y, f" {ms:.1f}", va="center", fontsize=8)
+        _bars(ax, [f"{name}\n({'device' if r.time_kind != keys.EAGER_TIME else 'eager'})"
+                   for name, r in recipes], times, values_shown=True)
         floors = {r.get(_FLOPS) / (r.get(_PEAK_TFLOPS) * 1e12) * 1e3 for _, r in recipes
                   if r.get(_FLOPS) and r.get(_PEAK_TFLOPS)}
         if len(floors) == 1:
             (floor,) = floors
             ax.axvline(floor, color="black", linestyle="--",
                        label=f"floor {floor:.1f} ms: model FLOPs at the nominal peak")
-            ax.legend(fontsize=8, loc="lower right")
         ax.set_xlim(0, max(times) * 1.2)
-        ax.set_xlabel("train step, median ms")
-        ax.set_title(panel, fontsize=10)
-        ax.tick_params(axis="y", labelsize=8)
-        ax.grid(alpha=0.3, axis="x")
+        _frame(ax, panel, "train step, median ms", legend=len(floors) == 1)
     fig.suptitle("Train step per recipe (forward, loss, backward, AdamW; bf16)\n"
                  f"from {_source(rows)}", fontsize=10)
     return _save(fig, path)
@@ -261,24 +264,15 @@ def model_step_times(results: Sequence[Result], path: Path) -> Path | None:
     rows = [r for r in rows if r.get(keys.MODE) == mode]
     context = _most_common(rows, keys.SEQ_LEN)
     rows = [r for r in rows if r.get(keys.SEQ_LEN) == context]
-    sizes = sorted({r.get(keys.SIZE) for r in rows}, key=list(MODEL_CONFIGS).index)
-    variants = sorted({(r.get(keys.PRECISION), bool(r.get(keys.COMPILED))) for r in rows})
-    fig, axes = _figure(1, 1, (max(6, 1.6 * len(sizes)), 4.5))
-    ax = axes[0, 0]
-    width = 0.8 / len(variants)
-    for i, (precision, compiled) in enumerate(variants):
-        by_size = {r.get(keys.SIZE): r for r in rows
-                   if (r.get(keys.PRECISION), bool(r.get(keys.COMPILED))) == (precision, compiled)}
-        xs = [j + i * width for j, s in enumerate(sizes) if s in by_size]
-        ax.bar(xs, [by_size[s].mean * 1e3 for s in sizes if s in by_size], width,
-               yerr=[by_size[s].stddev * 1e3 for s in sizes if s in by_size],
-               label=f"{precision}, {'compiled' if compiled else 'eager'}")
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))], sizes)
-    ax.set_xlabel("model size")
-    ax.set_ylabel(f"{mode} time (ms)")
-    ax.set_title(f"{mode} by model size, context {context}, batch 4")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, axis="y")
+    bars = sorted(_newest(rows, lambda r: (r.get(keys.SIZE), str(r.get(keys.PRECISION)),
+                                           bool(r.get(keys.COMPILED)))).items(),
+                  key=lambda kv: (list(MODEL_CONFIGS).index(kv[0][0]), kv[0][1:]))
+    fig, axes = _figure(1, 1, (7, 1.2 + 0.35 * len(bars)))
+    _bars(axes[0, 0], [f"{size}, {precision}, {'compiled' if compiled else 'eager'}"
+                       for (size, precision, compiled), _ in bars],
+          [r.mean * 1e3 for _, r in bars], xerr=[r.stddev * 1e3 for _, r in bars])
+    _frame(axes[0, 0], f"{mode} by model size, context {context}, batch 4",
+           f"{mode} time (ms), mean and standard deviation", legend=False)
     return _save(fig, path)
 
 
@@ -313,26 +307,17 @@ def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
                    key=lambda r: (r.get(keys.WORLD_SIZE) or 0, str(r.get(keys.VARIANT))),
                    reverse=True)
     fig, axes = _figure(1, 2 if swept else 1, (12 if swept else 6, 5))
-    ax = axes[0, 0]
-    ax.barh([_ddp_label(r) for r in fixed], [_step_ms(r) for r in fixed])
-    ax.set_xlabel("train step time (ms), slowest rank")
-    ax.set_title("Data-parallel variants")
-    ax.tick_params(axis="y", labelsize=8)
-    ax.grid(alpha=0.3, axis="x")
+    _bars(axes[0, 0], [_ddp_label(r) for r in fixed], [_step_ms(r) for r in fixed])
+    _frame(axes[0, 0], "Data-parallel variants", "train step time (ms), slowest rank",
+           legend=False)
     if swept:
         ax = axes[0, 1]
-        for world, points in groupby(swept, key=lambda r: r.get(keys.WORLD_SIZE)):
-            points = list(points)
-            ax.plot([r.get(keys.BUCKET_SIZE_MB) for r in points], [_step_ms(r) for r in points],
-                    marker="o", label=f"{world} ranks",
-                    linestyle="-" if len(points) > 1 else "none")
+        _lines(ax, {f"{world} ranks": {r.get(keys.BUCKET_SIZE_MB): _step_ms(r) for r in points}
+                    for world, points in groupby(swept, key=lambda r: r.get(keys.WORLD_SIZE))},
+               {})
         _time_axis_from_zero(ax, [_step_ms(r) for r in swept])
-        ax.legend(fontsize=8, loc="upper right")
-        ax.set_xscale("log")
-        ax.set_xlabel("bucket size (MB)")
-        ax.set_ylabel("train step time (ms), slowest rank")
-        ax.set_title("Bucketed DDP: bucket size sweep")
-        ax.grid(alpha=0.3, which="both")
+        _frame(ax, "Bucketed DDP: bucket size sweep", "bucket size (MB)",
+               "train step time (ms), slowest rank", log_x=10)
     return _save(fig, path)
 
 
@@ -342,20 +327,13 @@ def allreduce_bandwidth(results: Sequence[Result], path: Path) -> Path | None:
     if not rows:
         return None
     metric = keys.BUSBW if any(r.get(keys.BUSBW) for r in rows) else keys.ALGBW
-    lines: dict[str, list[Result]] = defaultdict(list)
+    lines: dict[str, dict[float, float]] = defaultdict(dict)
     for r in rows:
-        lines[f"{r.get(keys.BACKEND, '?')}, {r.get(keys.WORLD_SIZE, '?')} ranks"].append(r)
+        lines[f"{r.get(keys.BACKEND, '?')}, {r.get(keys.WORLD_SIZE, '?')} ranks"][
+            r.get(keys.SIZE_BYTES) / 1e6] = keys.gb_per_s(r.get(metric))
     fig, axes = _figure(1, 1, (7, 4.5))
-    ax = axes[0, 0]
-    for label, points in sorted(lines.items()):
-        points.sort(key=lambda r: r.get(keys.SIZE_BYTES))
-        ax.plot([r.get(keys.SIZE_BYTES) / 1e6 for r in points],
-                [keys.gb_per_s(r.get(metric)) for r in points], marker="o", label=label)
-    ax.set_xscale("log")
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("message size (MB)")
-    ax.set_ylabel(f"{'bus' if metric == keys.BUSBW else 'algorithm'} bandwidth (GB/s)")
-    ax.set_title("All-reduce bandwidth")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, which="both")
+    _lines(axes[0, 0], dict(sorted(lines.items())), {})
+    axes[0, 0].set_ylim(bottom=0)
+    _frame(axes[0, 0], "All-reduce bandwidth", "message size (MB)",
+           f"{'bus' if metric == keys.BUSBW else 'algorithm'} bandwidth (GB/s)", log_x=10)
     return _save(fig, path)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.docgen import doc_attention, doc_backward, doc_profiles, doc_recipes
+from tools.docgen import doc_breakdowns
 from tools.docgen.__main__ import default_docs, main
 from tools.docgen.claim_scan import scan, scan_docs
 from tools.docgen.doc_blocks import BlockError, render
@@ -57,12 +57,11 @@ def test_committed_docs_type_no_performance_number_by_hand() -> None:
 def test_attention_doc_takes_its_numbers_from_the_baseline() -> None:
     text = (REPO / "docs" / "attention.md").read_text()
     baseline = ".benchmarks/NVIDIA_H100_80GB_HBM3/baseline_1gpu.json"
-    for block in ("attention-eager", "attention-device-time"):
-        assert f"<!-- generated: {block} {baseline}" in text
-    assert f"From `{baseline}` (commit " in text
-    assert "Time: eager end-to-end (host included)" in text
-    assert "Time: device time (CUDA-graph replay)" in text
-    assert "Time: device time (do_bench)" in text
+    assert f"<!-- generated: ratios {baseline} " in text
+    assert f"From `{baseline}` (NVIDIA H100 80GB HBM3; commit " in text
+    for clock in ("eager end-to-end (host included)", "device time (CUDA-graph replay)",
+                  "device time (do_bench"):
+        assert f"Time: {clock}" in text
 
 
 # A fixture repository: one history, one doc.
@@ -103,228 +102,95 @@ def _write_history(repo: Path, ours_median: float = 0.002) -> str:
     return name
 
 
-DOC = """# Notes
+WIDE = "ratios {history} ours=triton layout=wide time=median"
+DOC = f"""# Notes
 
 Prose stays as it is.
 
-<!-- generated: attention-eager {history} 1 -->
+<!-- generated: {WIDE} where=test:test_attention clock=eager -->
 stale text
 <!-- end generated -->
 
 Between blocks.
 
-<!-- generated: attention-device-time {history} -->
+<!-- generated: {WIDE} where=test:test_attention_device_time clock='device time (graphs)' -->
 <!-- end generated -->
 """
+
+
+def _ratios(tmp_path: Path, history: str, options: str) -> str:
+    return render(f"<!-- generated: ratios {history} {options} clock=c -->\n"
+                  "<!-- end generated -->\n", generators(tmp_path))
 
 
 def test_blocks_are_filled_from_the_history_with_medians_time_kind_file_and_commit(
         tmp_path: Path) -> None:
     history = _write_history(tmp_path)
     out = render(DOC.format(history=history), generators(tmp_path))
-    assert out.startswith("# Notes\n\nProse stays as it is.\n\n<!-- generated: attention-eager")
+    assert out.startswith("# Notes\n\nProse stays as it is.\n\n<!-- generated: ratios")
     assert "stale text" not in out and "Between blocks." in out
     eager, device = out.split("Between blocks.")
-    assert "| 1x4096x64 | bf16 | causal | 2.000 | 4.000 | 1.000 | 0.50 | 2.00 |" in eager
+    assert "| workload | triton ms | triton / sdpa_flash | triton / sdpa_cudnn |" in eager
+    assert "| 1x4096x64 | 2.000 | 0.500 | 2.000 |" in eager
     assert "8192" not in eager  # a shape we did not measure is no claim of ours
-    assert "Ours takes less time than (ours / rival below 1): SDPA flash: 1x4096x64; " \
-        "SDPA cuDNN: none." in eager
-    assert (f"Time: eager end-to-end (host included); medians in ms. From `{history}` "
-            "(commit abcdef0, recorded 2026-11-22).") in eager
-    assert "| 1x4096x64 | bf16 | causal | 0.500 | 0.400 | 1.25 |" in device
-    assert "Time: device time (CUDA-graph replay)" in device
+    assert ("Time: eager; ms: the median" in eager and f"From `{history}` (GPU fixture; "
+            "commit abcdef0, recorded 2026-11-22).") in eager
+    assert "| 1x4096x64 | 0.500 | 1.250 |" in device
     assert render(out, generators(tmp_path)) == out  # rewriting is stable
 
 
-def _write_variants_run(repo: Path, name: str, medians: dict[str, float]) -> str:
-    """One run of the leaderboard case: ours with each backward and SDPA cuDNN."""
-    path = repo / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    benchmarks = [_bench(f"test_attention_leaderboard[{impl}-16x16384x64-bf16-causal-"
-                         "leaderboard]", impl, median, [1, 16, 16384, 64])
-                  for impl, median in medians.items()]
-    path.write_text(json.dumps({
-        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-24T01:02:03",
-        "commit_info": {"id": "0123456789abcdef", "dirty": False}, "benchmarks": benchmarks}))
-    return name
-
-
-def test_variants_block_takes_the_median_of_runs_and_each_runs_own_ratio(
-        tmp_path: Path) -> None:
-    """Three runs: times are the medians over runs; a ratio is the median of each run's
-    ratio (not the ratio of medians), with its lowest and highest."""
-    runs = [_write_variants_run(tmp_path, f"hist/run{n}.json",
-                                {"triton": ours, "triton_gluon_bwd": ordered,
-                                 "triton_gluon_bwd_unordered": 0.0045, "sdpa_cudnn": cudnn})
-            for n, (ours, ordered, cudnn) in enumerate([(0.0050, 0.0044, 0.0040),
-                                                        (0.0052, 0.0050, 0.0050),
-                                                        (0.0048, 0.0046, 0.0046)])]
-    block = (f"<!-- generated: attention-backward-variants {' '.join(runs)} -->\n"
-             "<!-- end generated -->\n")
-    out = render(block, generators(tmp_path))
-    # ours / cuDNN per run: 1.25, 1.04, 1.043 (the medians' ratio would be 1.09); ordered:
-    # 1.1, 1.0, 1.0; unordered: 1.125, 0.9, 0.978
-    assert ("| 16x16384x64 | bf16 | causal | eager | 5.000 | 4.600 | 4.500 | 4.600 | "
-            "1.04 (1.04–1.25) | 1.00 (1.00–1.10) | 0.98 (0.90–1.12) |") in out
-    assert "the median of 3 runs" in out and "hist/run2.json` (commit 0123456" in out
-    with pytest.raises(BlockError):
-        render("<!-- generated: attention-backward-variants -->\n<!-- end generated -->\n",
-               generators(tmp_path))
-
-
-def test_do_bench_tables_take_many_matrix_cases_beside_the_leaderboard(tmp_path: Path) -> None:
-    """do_bench medians of forward + backward cases of 16 matrices and of the leaderboard
-    case fill the do_bench tables; a single pass's do_bench (the full profile's passes at
-    the leaderboard shape) is not a forward + backward and stays out."""
-    wide, board = [16, 1, 16384, 128], [16, 16384, 64]
-    benchmarks = [
-        _bench("test_attention[triton-16x1x16384x128]", "triton", 0.0090, wide,
-               do_bench_median_ms=7.0),
-        _bench("test_attention[sdpa_cudnn-16x1x16384x128]", "sdpa_cudnn", 0.0095, wide,
-               do_bench_median_ms=7.5),
-        _bench("test_attention[triton_gluon_bwd-16x1x16384x128]", "triton_gluon_bwd", 0.0093,
-               wide, do_bench_median_ms=7.2),
-        _bench("test_attention[triton-16x1x16384x64-forward]", "triton", 0.0012,
-               [16, 1, 16384, 64], mode="forward", do_bench_median_ms=1.2),
-        _bench("test_attention_leaderboard[triton-16x16384x64]", "triton", 0.0050, board,
-               mode="forward_backward(o.sum())", do_bench_median_ms=4.9),
-        _bench("test_attention_leaderboard[sdpa_cudnn-16x16384x64]", "sdpa_cudnn", 0.0046,
-               board, mode="forward_backward(o.sum())", do_bench_median_ms=4.5),
-    ]
-    name = "hist/do_bench.json"
-    (tmp_path / "hist").mkdir()
-    (tmp_path / name).write_text(json.dumps({
-        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-25T01:02:03",
-        "commit_info": {"id": "fedcba9876543210", "dirty": False}, "benchmarks": benchmarks}))
-    device = render(f"<!-- generated: attention-device-time {name} -->\n"
-                    "<!-- end generated -->\n", generators(tmp_path))
-    assert "| 16x16384x128 | bf16 | causal | 7.000 | 7.500 | 0.93 |" in device
-    assert "| 16x16384x64 | bf16 | causal | 4.900 | 4.500 | 1.09 |" in device
-    assert "1.200" not in device and "Time: device time (do_bench)" in device
-    variants = render(f"<!-- generated: attention-backward-variants {name} -->\n"
-                      "<!-- end generated -->\n", generators(tmp_path))
-    assert ("| 16x16384x128 | bf16 | causal | do_bench | 7.000 | 7.200 | - | 7.500 | 0.93 | "
-            "0.96 | - |") in variants
-    # No Gluon backward at the leaderboard shape here: only the default's row, left out.
-    assert "16x16384x64" not in variants
-
-
-def test_interleaved_block_shows_the_rounds_taken_in_turn(tmp_path: Path) -> None:
+def test_rounds_taken_in_turn_are_read_from_a_history(tmp_path: Path) -> None:
+    """Eager medians taken in turn, and device-time rounds taken in turn, whose ratio is
+    the median of the per-round ratios (not the medians' ratio)."""
     history = _write_history(tmp_path)
-    block = f"<!-- generated: attention-eager-interleaved {history} -->\n<!-- end generated -->\n"
-    out = render(block, generators(tmp_path))
-    assert "| 1x4096x64 | bf16 | causal | 2.100 | 4.200 | 0.700 | 0.50 | 3.00 |" in out
-    assert "medians in ms of 30 rounds per implementation, taken in turn in one run" in out
-    assert "Time: eager end-to-end (host included)" in out
-    (tmp_path / "other.json").write_text((tmp_path / history).read_text().replace(
-        "interleaved_medians_s", "something_else"))
-    with pytest.raises(BlockError, match="no interleaved attention rounds"):
-        render(block.replace(history, "other.json"), generators(tmp_path))
-
-
-def test_device_rounds_in_turn_show_each_rounds_ratio_not_the_medians_ratio(
-        tmp_path: Path) -> None:
-    """Ours over cuDNN is the median of the per-round ratios (with their range), which can
-    differ from the ratio of the two medians; a leaderboard case is named as such."""
-    def case(test: str, impl: str, shape: list[int], rounds: dict) -> dict:
-        return _bench(f"{test}[{impl}]", impl, 0.007, shape, interleaved_device_ms=rounds)
-
+    eager = _ratios(tmp_path, history, "ours=ours layout=wide time=eager_in_turn")
+    assert "| 1x4096x64 | triton | 2.100 | 0.500 | 3.000 |" in eager
     name = "hist/GPU/in_turn.json"
-    (tmp_path / name).parent.mkdir(parents=True)
     (tmp_path / name).write_text(json.dumps({
         "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-22T01:02:03",
-        "commit_info": {"id": "abcdef0123456789"}, "benchmarks": [
+        "commit_info": {"id": "abcdef0123456789"}, "benchmarks": [_bench(
+            "test_attention[triton_gluon_bwd]", "triton_gluon_bwd", 0.007, [16, 1, 16384, 128],
             # Per round 0.9, 1.0, 1.2: median 1.0; the medians' ratio 7.2 / 7.0 is not it.
-            case("test_attention", "triton_gluon_bwd", [16, 1, 16384, 128],
-                 {"triton_gluon_bwd": [6.3, 7.2, 8.4], "sdpa_cudnn": [7.0, 7.2, 7.0],
-                  "sdpa_flash": [9.0, 9.6, 12.0]}),
-            case("test_attention_leaderboard", "triton", [16, 16384, 64],
-                 {"triton": [4.4, 4.5], "sdpa_cudnn": [4.6, 4.5]}),
-            case("test_attention", "sdpa_cudnn", [16, 1, 16384, 128], {})]}))
-    block = f"<!-- generated: attention-device-in-turn {name} -->\n<!-- end generated -->\n"
-    out = render(block, generators(tmp_path))
-    assert ("| 16x16384x128 | bf16 | forward + backward | ours + Gluon ordered | 7.200 | "
-            "7.000 | 9.600 | 1.000 (0.900–1.200) | 0.700 (0.700–0.750) |") in out
-    assert ("| 16x16384x64 | bf16 | leaderboard: o.sum(), backward | ours (default) | "
-            "4.450 | 4.550 | - | 0.978 (0.957–1.000) | - |") in out
-    assert ("SDPA cuDNN: ours + Gluon ordered at 16x16384x128, ours (default) at "
-            "16x16384x64; SDPA flash: ours + Gluon ordered at 16x16384x128.") in out
-    assert "over 2 or 3 rounds taken in turn" in out and "Time: device time (do_bench)" in out
-    (tmp_path / "none.json").write_text((tmp_path / name).read_text().replace(
-        "interleaved_device_ms", "something_else"))
-    with pytest.raises(BlockError, match="no device-time rounds taken in turn"):
-        render(block.replace(name, "none.json"), generators(tmp_path))
+            interleaved_device_ms={"triton_gluon_bwd": [6.3, 7.2, 8.4],
+                                   "sdpa_cudnn": [7.0, 7.2, 7.0], "fa4": [7.0, 7.2, 7.0]})]}))
+    device = _ratios(tmp_path, name, "ours=ours layout=wide")
+    assert ("| 16x16384x128 | triton_gluon_bwd | 7.200 | 1.000 (0.900–1.200) | "
+            "1.000 (0.900–1.200) |") in device
 
 
-def test_flash_attention_4_has_columns_where_a_case_timed_it(tmp_path: Path) -> None:
-    def run(rounds: dict) -> str:
-        (tmp_path / "t.json").write_text(json.dumps({
-            "machine_info": {"device_name": "GPU"}, "datetime": "2026-11-22T01:02:03",
-            "commit_info": {"id": "abcdef0"}, "benchmarks": [_bench(
-                "test_attention_table[triton]", "triton", 0.002, [4, 16, 4096, 64],
-                interleaved_device_ms=rounds)]}))
-        return doc_attention.attention_device_in_turn(tmp_path, "t.json", "test_attention_table")
-
-    with_fa4 = run({"triton": [1.4, 1.4], "sdpa_cudnn": [1.3, 1.3], "sdpa_flash": [2.1, 2.1],
-                    "fa4": [1.6, 1.4]})
-    assert "| FlashAttention-4 ms | ours / SDPA cuDNN |" in with_fa4
-    assert ("| 1.500 | 1.077 (1.077–1.077) | 0.667 (0.667–0.667) | 0.938 (0.875–1.000) |"
-            in with_fa4)
-    assert "FlashAttention-4: ours (default) at 64x4096x64." in with_fa4
-    without = run({"triton": [1.4], "sdpa_cudnn": [1.3], "sdpa_flash": [2.1]})
-    assert "FlashAttention-4" not in without
+def test_do_bench_medians_and_several_times_in_one_table(tmp_path: Path) -> None:
+    wide = [16, 1, 16384, 128]
+    benchmarks = [_bench(f"test_attention[{impl}]", impl, seconds, wide, do_bench_median_ms=ms)
+                  for impl, seconds, ms in (("triton", 0.0090, 7.0), ("sdpa_cudnn", 0.0095, 7.5),
+                                            ("triton_gluon_bwd", 0.0093, 7.2))]
+    (tmp_path / "run.json").write_text(json.dumps({
+        "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-25T01:02:03",
+        "commit_info": {"id": "fedcba9876543210"}, "benchmarks": benchmarks}))
+    out = _ratios(tmp_path, "run.json", "against=sdpa_cudnn layout=wide time=median,do_bench")
+    assert "| workload | variant | sdpa_cudnn ms | triton / sdpa_cudnn |" in out
+    assert "| 16x16384x128 | do_bench | 7.500 | 0.933 | 0.960 |" in out
+    assert "| 16x16384x128 | median | 9.500 | 0.947 | 0.979 |" in out
 
 
-def test_fa4_history_gives_each_run_its_ratio_per_shape(tmp_path: Path) -> None:
-    def run(name: str, gpu: str, commit: str, cases: dict) -> str:
-        (tmp_path / name).write_text(json.dumps({
-            "machine_info": {"device_name": gpu}, "datetime": "2026-11-22T01:02:03",
-            "commit_info": {"id": commit}, "benchmarks": [
-                _bench(f"test_attention_table[triton-{shape}]", "triton", 0.002,
-                       [int(n) for n in shape.split("x")], interleaved_device_ms=rounds)
-                for shape, rounds in cases.items()]}))
-        return name
-
-    old = run("old.json", "GPU A", "aaaaaaa0", {"4x16x4096x64": {
-        "triton": [1.2, 1.3, 1.1], "fa4": [1.0, 1.0, 1.0], "sdpa_cudnn": [1.3] * 3}})
-    new = run("new.json", "GPU B", "bbbbbbb0", {
-        "4x16x4096x64": {"triton": [1.05, 1.1], "fa4": [1.0, 1.0]},
-        "1x16x16384x128": {"triton": [2.0, 2.0], "fa4": [1.6, 1.6]}})
-    block = doc_attention.fa4_history(tmp_path, old, new)
-    assert "| GPU | commit | recorded | 64x4096x64 | 16x16384x128 |" in block
-    assert "| GPU A | aaaaaaa | 2026-11-22 | 1.200 | - |" in block
-    assert "| GPU B | bbbbbbb | 2026-11-22 | 1.075 | 1.250 |" in block
-    assert "`old.json`, `new.json`" in block
-    run("none.json", "GPU C", "c", {"4x16x4096x64": {"triton": [1.0], "sdpa_cudnn": [1.0]}})
-    with pytest.raises(ValueError, match="no case timed with FlashAttention-4"):
-        doc_attention.fa4_history(tmp_path, "none.json")
-
-
-def test_a_ratio_of_a_host_bound_case_is_marked_and_claims_no_win(tmp_path: Path) -> None:
-    """Medians of host-bound eager cases time the host at two moments: their ratio is shown
-    marked, and is not listed as a win, whichever side was host-bound."""
-    def case(impl: str, seq: int, median: float, enqueue: float) -> dict:
-        return _bench(f"test_attention[{impl}-1x1x{seq}x64]", impl, median, [1, 1, seq, 64],
+def test_a_ratio_of_a_host_bound_case_is_marked(tmp_path: Path) -> None:
+    """Medians of host-bound eager cases time the host at two moments: their ratio is
+    marked, whichever side was host-bound."""
+    def case(impl: str, seq: int, enqueue: float) -> dict:
+        return _bench(f"test_attention[{impl}-1x1x{seq}x64]", impl,
+                      0.0005 if impl == "triton" else 0.0006, [1, 1, seq, 64],
                       timing="wall", host_enqueue_s_median=enqueue)
 
-    name = "hist/GPU/host_bound.json"
-    (tmp_path / name).parent.mkdir(parents=True)
-    (tmp_path / name).write_text(json.dumps({
+    (tmp_path / "run.json").write_text(json.dumps({
         "machine_info": {"device_name": "GPU fixture"}, "datetime": "2026-11-22T01:02:03",
         "commit_info": {"id": "abcdef0123456789"}, "benchmarks": [
-            case("triton", 1024, 0.0005, 0.00049),   # ours host-bound
-            case("sdpa_flash", 1024, 0.0006, 0.0001),
-            case("triton", 2048, 0.0005, 0.0001),
-            case("sdpa_flash", 2048, 0.0006, 0.00058),  # the rival host-bound
-            case("triton", 4096, 0.0005, 0.0001),    # neither: a win
-            case("sdpa_flash", 4096, 0.0006, 0.0001)]}))
-    block = f"<!-- generated: attention-eager {name} 1 -->\n<!-- end generated -->\n"
-    out = render(block, generators(tmp_path))
-    assert "| 1x1024x64 | bf16 | causal | 0.500 | 0.600 | 0.83 † |" in out
-    assert "| 1x2048x64 | bf16 | causal | 0.500 | 0.600 | 0.83 † |" in out
-    assert "| 1x4096x64 | bf16 | causal | 0.500 | 0.600 | 0.83 |" in out
-    assert "Ours takes less time than (ours / rival below 1): SDPA flash: 1x4096x64." in out
-    assert "† host-bound: ours or the rival spent 90% or more of each round enqueueing" in out
+            case("triton", 1024, 0.00049), case("sdpa_flash", 1024, 0.0001),
+            case("triton", 2048, 0.0001), case("sdpa_flash", 2048, 0.00058),
+            case("triton", 4096, 0.0001), case("sdpa_flash", 4096, 0.0001)]}))
+    out = _ratios(tmp_path, "run.json", "ours=triton layout=wide time=median")
+    assert "| 1x1024x64 | 0.500 | 0.833 † |" in out
+    assert "| 1x2048x64 | 0.500 | 0.833 † |" in out
+    assert "| 1x4096x64 | 0.500 | 0.833 |" in out
+    assert "† host-bound: one side spent 90% or more of each round enqueueing" in out
 
 
 def test_a_hand_edit_or_a_new_measurement_makes_the_doc_differ(tmp_path: Path) -> None:
@@ -347,7 +213,7 @@ def test_the_doc_generator_rewrites_the_docs_blocks(tmp_path: Path) -> None:
     page = docs / "RESULTS.md"
     assert results_page_main(["--root", str(tmp_path / "hist"), "--out", str(page)]) == 0
     assert main(["--repo", str(tmp_path)]) == 0
-    assert "| 2.000 | 4.000 |" in note.read_text()
+    assert "| 2.000 | 0.500 |" in note.read_text()
     assert (tmp_path / "README.md").read_text() == "No blocks here.\n"
     assert default_docs(tmp_path) == [tmp_path / "README.md", note]
 
@@ -370,7 +236,7 @@ def test_the_doc_generator_writes_the_results_page_first_when_asked(tmp_path: Pa
     ("text\n<!-- end generated -->\n", "never opened"),
     ("<!-- generated: gate-constants -->\n<!-- generated: gate-constants -->\n"
      "<!-- end generated -->\n", "inside the one at line 1"),
-    ("<!-- generated: attention-eager missing.json 1 -->\n<!-- end generated -->\n",
+    ("<!-- generated: ratios missing.json ours=triton clock=c -->\n<!-- end generated -->\n",
      "missing.json"),
 ])
 def test_bad_blocks_are_errors_naming_the_doc_and_line(text: str, why: str,
@@ -415,46 +281,6 @@ def test_findings_count_lines_of_the_whole_doc() -> None:
     text = "a\n<!-- generated: x -->\nb\nc\n<!-- end generated -->\nd 5 ms\n"
     (finding,) = scan(text)
     assert finding.line == 6
-
-
-def _write_profile(repo: Path, name: str, host: dict, **extra: object) -> str:
-    (repo / name).write_text(json.dumps({"label": name.split(".")[0], "gpu": "GPU fixture",
-                                         "torch": "9.9", "host_profile": host, **extra}))
-    return name
-
-
-def test_host_profile_blocks_quote_the_profile_files(tmp_path: Path) -> None:
-    # The script's first version stored ours unkeyed; the later one keys by implementation.
-    before = _write_profile(tmp_path, "before.json", {
-        "enqueue_us_per_call": 782.3, "profiled_us_per_call_by_group": {"allocation": 76.1}})
-    after = _write_profile(tmp_path, "after.json", {
-        "triton": {"enqueue_us_per_call": 228.9,
-                   "profiled_us_per_call_by_group": {"allocation": 39.9, "input checks": 5.2}},
-        "sdpa_flash": {"enqueue_us_per_call": 181.5}},
-        timings=[{"shape": [1, 1, 1024, 64], "dtype": "bfloat16", "impl": impl,
-                  "median_ms": ms, "rounds": 11}
-                 for impl, ms in (("triton", 0.251), ("sdpa_flash", 0.178))])
-    profile = generators(tmp_path)["attention-host-profile"]("triton", before, after)
-    assert "| enqueue per call (not profiled) | 782 | 229 |" in profile
-    assert "| allocation | 76 | 40 |" in profile and "| input checks | - | 5 |" in profile
-    assert "From `before.json`, `after.json` (GPU fixture, torch 9.9; the files record no " \
-        "commit)." in profile
-    timings = generators(tmp_path)["attention-host-timings"](after)
-    assert "| 1x1x1024x64 | bf16 | 0.251 | 0.178 | 1.41 |" in timings
-    assert "medians of 11 interleaved rounds" in timings and "host queueing" not in timings
-
-    # Later files time the host's queueing of the same calls; a skipped implementation
-    # (no median) leaves its cell empty.
-    queued = _write_profile(tmp_path, "queued.json", {}, timings=[
-        {"shape": [1, 1, 128, 64], "dtype": "bfloat16", "impl": impl, "median_ms": ms,
-         "host_median_ms": host_ms, "rounds": 7}
-        for impl, ms, host_ms in (("triton", 0.267, 0.251), ("sdpa_flash", 0.225, 0.140))
-    ] + [{"shape": [1, 1, 128, 64], "dtype": "bfloat16", "impl": "sdpa_cudnn",
-          "skipped": "unsupported"}])
-    timings = generators(tmp_path)["attention-host-timings"](queued)
-    assert "| ours, host queueing ms | SDPA flash, host queueing ms |" in timings
-    assert "| 1x1x128x64 | bf16 | 0.267 | 0.225 | 0.251 | 0.140 | 1.19 |" in timings
-    assert "where close to the call's time the calls are host-bound" in timings
 
 
 GATE_TABLE = """- perf gate: medians vs base/line.json -
@@ -507,95 +333,6 @@ def test_markers_in_fenced_code_are_examples_left_alone(tmp_path: Path) -> None:
     assert render(text, generators(tmp_path)) == text
 
 
-def test_recipe_ratios_are_same_run_medians_of_the_committed_baseline() -> None:
-    name = ".benchmarks/NVIDIA_H100_80GB_HBM3/baseline_1gpu.json"
-    run = json.loads((REPO / name).read_text())
-    medians = {(b["params"]["size"], b["params"]["seq_len"], b["params"]["recipe"]):
-               b["stats"]["median"] for b in run["benchmarks"] if "recipe" in b["params"]}
-    block = doc_recipes.recipe_ratios(REPO, name)
-    ours, theirs = medians[("2.7b", 512, "optimized")], medians[("2.7b", 512, "pytorch_baseline")]
-    row = f"| 2.7b | 512 | {theirs * 1e3:.1f} | {ours * 1e3:.1f} | {ours / theirs:.3f} |"
-    assert row in block
-    assert f"commit {run['commit_info']['id'][:7]}" in block and "CUDA-graph replays" in block
-
-
-def test_recipe_ratios_of_several_files_pair_medians_within_each_file(tmp_path: Path) -> None:
-    def run(size: str, ours_s: float, theirs_s: float) -> dict:
-        return {"commit_info": {"id": f"{size}abcdef"}, "datetime": "2026-01-02T00:00:00",
-                "machine_info": {"device_name": "GPU"},
-                "benchmarks": [
-                    {"name": f"test_training_recipe[{size}-{recipe}]",
-                     "fullname": f"t.py::test_training_recipe[{size}-{recipe}]",
-                     "params": {"size": size, "seq_len": 512, "recipe": recipe},
-                     "extra_info": {"size": size, "seq_len": 512, "recipe": recipe},
-                     "stats": {"median": median, "min": median, "mean": median, "iqr": 0.0,
-                               "stddev": 0.0, "rounds": 3, "data": [median] * 3}}
-                    for recipe, median in (("optimized", ours_s),
-                                           ("pytorch_baseline", theirs_s))]}
-
-    # Each file alone would pair its own two medians; a pairing across files would not.
-    (tmp_path / "a.json").write_text(json.dumps(run("small", 0.008, 0.010)))
-    (tmp_path / "b.json").write_text(json.dumps(run("xl", 0.030, 0.040)))
-    block = doc_recipes.recipe_ratios(tmp_path, "a.json", "b.json")
-    assert "| a | small | 512 | 10.0 | 8.0 | 0.800 |" in block
-    assert "| b | xl | 512 | 40.0 | 30.0 | 0.750 |" in block
-    assert "`a.json` (commit smallab" in block and "`b.json` (commit xlabcde" in block
-    assert "both medians of a ratio from one file" in block
-    with pytest.raises(ValueError, match="at least one history file"):
-        doc_recipes.recipe_ratios(tmp_path)
-
-
-def _recipe_row(size: str, recipe: str, median: float, attention: str) -> dict:
-    info = {"size": size, "seq_len": 2048, "recipe": recipe, "attention": attention}
-    return {"name": f"test_training_recipe[{size}-{recipe}-{attention}]",
-            "fullname": f"t.py::test_training_recipe[{size}-{recipe}-{attention}]",
-            "params": {"size": size, "seq_len": 2048, "recipe": recipe},
-            "extra_info": info,
-            "stats": {"median": median, "min": median - 0.002, "mean": median, "iqr": 0.0,
-                      "stddev": 0.0, "rounds": 3, "max": median + 0.003,
-                      "data": [median - 0.002, median, median + 0.003]}}
-
-
-def test_a_step_with_other_attention_is_set_beside_the_recipe_s_own(tmp_path: Path) -> None:
-    rows = [_recipe_row("2.7b", "optimized", 0.340, "triton"),
-            _recipe_row("2.7b", "optimized", 0.350, "triton_two_pass"),
-            _recipe_row("2.7b", "pytorch_baseline", 0.370, "sdpa")]
-    def run(benchmarks: list[dict]) -> str:
-        return json.dumps({"commit_info": {"id": "abcdef123"}, "datetime": "2026-01-02T00:00:00",
-                           "machine_info": {"device_name": "GPU"}, "benchmarks": benchmarks})
-
-    (tmp_path / "run.json").write_text(run(rows))
-    block = doc_recipes.recipe_attention(tmp_path, "run.json")
-    assert "| 2.7b | 2048 | optimized | `triton` (its own) | 340.0 | 338.0–343.0 | 1.000 |" in block
-    assert "| 2.7b | 2048 | optimized | `triton_two_pass` | 350.0 | 348.0–353.0 | 1.029 |" in block
-    assert "pytorch_baseline" not in block.split("Time:")[0]  # timed with its own only
-    # The ratio block pairs each recipe's own attention only, not the two-pass step.
-    ratios = doc_recipes.recipe_ratios(tmp_path, "run.json")
-    assert "| 2.7b | 2048 | 370.0 | 340.0 | 0.919 |" in ratios
-    (tmp_path / "own.json").write_text(run(rows[:1]))
-    with pytest.raises(ValueError, match="no recipe timed with attention other"):
-        doc_recipes.recipe_attention(tmp_path, "own.json")
-
-
-def test_graph_kernels_compare_two_trees_kernel_by_kernel(tmp_path: Path) -> None:
-    def run(host_us: float, **kernels: tuple[float, float]) -> dict:
-        return {"replays": 5, "host_us_median": host_us,
-                "kernels": {name: {"per_replay": calls, "us_per_replay": us}
-                            for name, (calls, us) in kernels.items()}}
-
-    (tmp_path / "before.json").write_text(json.dumps(
-        run(700.0, gemm=(4, 3000.0), norm=(2, 500.0), gone=(1, 20.0))))
-    (tmp_path / "after.json").write_text(json.dumps(
-        run(750.0, gemm=(4, 3100.0), norm=(2, 490.0), new=(3, 60.0))))
-    block = doc_recipes.graph_kernels(tmp_path, "before.json", "after.json")
-    assert "| before | 7 | 3.52 | 700 |" in block and "| after | 9 | 3.65 | 750 |" in block
-    rows = [line for line in block.splitlines() if line.startswith("| `")]
-    assert rows == ["| `gemm` | 4 | 4 | +100.0 |", "| `new` | 0 | 3 | +60.0 |",
-                    "| `gone` | 1 | 0 | -20.0 |", "| `norm` | 2 | 2 | -10.0 |"]
-    with pytest.raises(ValueError, match="not a graph_kernels.py output"):
-        doc_recipes.graph_kernels(tmp_path, "before.json", "missing.json")
-
-
 def test_breakdowns_stand_side_by_side_per_category(tmp_path: Path) -> None:
     def record(recipe: str, optimizer_ms: float) -> dict:
         return {"recipe": recipe, "machine": "GPU", "measured": "replays", "steps": 3,
@@ -605,388 +342,30 @@ def test_breakdowns_stand_side_by_side_per_category(tmp_path: Path) -> None:
 
     for name, optimizer_ms in (("before", 4.0), ("after", 2.5)):
         (tmp_path / f"{name}.json").write_text(json.dumps(record("optimized", optimizer_ms)))
-    block = doc_recipes.breakdown_side_by_side(tmp_path, "before.json", "after.json")
+    block = doc_breakdowns.breakdown_side_by_side(tmp_path, "before.json", "after.json")
     assert "| optimizer | 4.0 | 2.5 | 2.0 |" in block
     assert "| matmul | 7.0 | 7.0 | - |" in block
     assert "| step (unprofiled) | 14.0 | 12.5 | - |" in block
     assert "the files record no commit" in block
     with pytest.raises(ValueError, match="not a breakdown record"):
-        doc_recipes.breakdown_side_by_side(tmp_path, "missing.json")
+        doc_breakdowns.breakdown_side_by_side(tmp_path, "missing.json")
 
 
-def test_host_profile_block_names_each_file_s_commit_when_recorded(tmp_path: Path) -> None:
-    def record(label: str, commit: str | None, launch_us: float) -> dict:
-        return {"label": label, "commit": commit, "gpu": "GPU", "torch": "2",
-                "host_profile": {"triton": {"enqueue_us_per_call": 2 * launch_us,
-                                            "profiled_us_per_call_by_group": {
-                                                "kernel launch": launch_us}}}}
-
-    for label, commit, launch_us in (("before", "abc1234", 80.0), ("after", "def5678", 20.0)):
-        (tmp_path / f"{label}.json").write_text(json.dumps(record(label, commit, launch_us)))
-    block = doc_profiles.host_profile(tmp_path, "triton", "before.json", "after.json")
-    assert "| kernel launch | 80 | 20 |" in block
-    assert "| enqueue per call (not profiled) | 160 | 40 |" in block
-    assert "commits abc1234 (before), def5678 (after)" in block
-    (tmp_path / "after.json").write_text(json.dumps(record("after", None, 20.0)))
-    block = doc_profiles.host_profile(tmp_path, "triton", "before.json", "after.json")
-    assert "the files record no commit" in block
-
-
-def _write_experiment(path: Path, rows: list[dict]) -> None:
-    """A backward experiment's JSON as the scripts save it, of commit abc1234 on GPU X."""
-    path.write_text(json.dumps({"device": "GPU X", "torch": "2.0", "triton": "3.6",
-                                "commit": "abc1234", "rows": rows}))
-
-
-def test_backward_block_sets_each_backward_beside_cudnn_s(tmp_path: Path) -> None:
-    shape = {"batch": 16, "seq": 16384, "head_dim": 64, "dtype": "bf16", "causal": True}
-    rows = [
-        {**shape, "kind": "two_pass", "forward_ms": 1.0, "backward_ms": 3.0},
-        {**shape, "kind": "fused_tma_reduce", "config": [32, 128, 4, 3], "backward_ms": 3.6,
-         "dq_run_to_run": 2.5e-4},
-        {**shape, "kind": "fused_tma_reduce", "config": [16, 64, 4, 3], "backward_ms": 4.5,
-         "dq_run_to_run": 0.0},
-        {**shape, "kind": "fused_tma_reduce", "config": [64, 128, 8, 3],
-         "error": "OutOfResources: shared memory"},
-        {**shape, "kind": "cudnn", "forward_ms": 1.1, "backward_ms": 2.0},
-    ]
-    _write_experiment(tmp_path / "run.json", rows)
-    block = doc_backward.backward_passes(tmp_path, "run.json")
-    # ours / cuDNN = 3.0 / 2.0; the best fused tiles' backward / ours = 3.6 / 3.0
-    assert ("| 16x16384x64 | 1.000 | 1.100 | 3.000 | 3.600 | (32, 128, 4, 3) | 2.000 | 1.50 "
-            "| 1.20 |" in block)
-    assert "| 16x16384x64 | (16, 64, 4, 3) | 4.500 | 0.0e+00 |" in block
-    # A causal backward is 2.5 forwards: 2.5 * 4 * 16 * 16384^2 * 64 / 2 = 1.374e12 FLOPs,
-    # over cuDNN's 2 ms; ours runs 7/5 of them in 3 ms; 7/5 of them in cuDNN's 2 ms is
-    # 962 TFLOP/s, 129% of the 743 TFLOP/s ceiling.
-    assert "| 16x16384x64 | 687 | 641 | 962 | 129% |" in block
-    assert "failed: OutOfResources: shared memory" in block
-    assert "each pass alone, bf16, causal;" in block
-    assert "GPU X, torch 2.0, Triton 3.6; kernels of commit abc1234" in block
-    (tmp_path / "other.json").write_text(json.dumps({"host_profile": {}}))
-    with pytest.raises(ValueError, match="not a backward experiment"):
-        doc_backward.backward_passes(tmp_path, "other.json")
-
-
-def _gluon_row(shape: dict, mode: str, ms: float, run_to_run: float = 4.9e-4,
-               async_mma: bool = False, **config: object) -> dict:
-    """A Gluon config's row as the study saves it; ablations record no run-to-run dQ."""
-    ablation = mode in ("discard", "skip")
-    return {**shape, "kind": "gluon", "ablation": ablation, "backward_ms": ms,
-            **({} if ablation else {"dq_run_to_run": run_to_run}),
-            "config": {"async_mma": async_mma, "dq_mode": mode, "keys_fastest": True,
-                       "longest_first": True, **config}}
-
-
-def test_gluon_block_picks_the_fastest_complete_backward_not_an_ablation(tmp_path: Path
-                                                                          ) -> None:
-    shape = {"batch": 16, "seq": 16384, "head_dim": 128, "dtype": "bf16", "causal": True}
-
-    def gluon(mode: str, ms: float, **config: bool) -> dict:
-        return _gluon_row(shape, mode, ms, **config)
-
-    rows = [{**shape, "kind": "two_pass", "backward_ms": 6.5, "dq_pass_ms": 2.5,
-             "dkdv_pass_ms": 4.0},
-            {**shape, "kind": "cudnn", "backward_ms": 5.0},
-            gluon("tma", 5.2), gluon("tma", 6.0, longest_first=False),
-            gluon("atomic", 6.8, keys_fastest=False), gluon("skip", 3.9),
-            {**shape, "kind": "gluon", "config": {"dq_mode": "tma"}, "error": "hang"}]
-    _write_experiment(tmp_path / "run.json", rows)
-    block = doc_backward.gluon_backward(tmp_path, "run.json")
-    # The skip ablation (3.9 ms) is faster but computes no dQ: 5.2 ms is the best backward.
-    assert ("| 16x16384x128 | 2.500 | 4.000 | 6.500 | 5.000 | 5.200 | sync, dQ tma, keys "
-            "fastest, longest first | 0.80 | 1.04 | 1.30 |" in block)
-    assert ("| sync, dQ atomic, matrices fastest, longest first | 6.800 | 1.05 | 1.36 | "
-            "4.9e-04 |" in block)
-    assert "| sync, dQ tma, keys fastest, shortest first | 6.000 |" in block
-    assert "| 3.900 | 0.60 | 0.78 | ablation: not checked |" in block
-    # A config saved before the order fields existed ran matrices fastest, shortest first.
-    assert "| sync, dQ tma, matrices fastest, shortest first | failed: hang |" in block
-    assert "kernels of commit abc1234" in block
-
-
-def test_gluon_block_names_the_fastest_deterministic_backward_and_the_totals(tmp_path: Path
-                                                                              ) -> None:
-    shape = {"batch": 16, "seq": 16384, "head_dim": 64, "dtype": "bf16", "causal": True}
-
-    def gluon(mode: str, ms: float, run_to_run: float, **config: object) -> dict:
-        return _gluon_row(shape, mode, ms, run_to_run, async_mma=True, **config)
-
-    rows = [{**shape, "kind": "two_pass", "forward_ms": 1.0, "backward_ms": 4.0,
-             "dq_pass_ms": 1.5, "dkdv_pass_ms": 2.5},
-            {**shape, "kind": "cudnn", "forward_ms": 1.2, "backward_ms": 3.8},
-            gluon("tma_wg", 3.5, 4.9e-4),
-            # Equal dQs by chance do not make an unordered add deterministic.
-            gluon("tma", 3.7, 0.0),
-            gluon("tma_ordered", 3.9, 0.0, writers=2),
-            {**shape, "kind": "summary", "prepare_finish_ms": 0.125}]
-    _write_experiment(tmp_path / "run.json", rows)
-    block = doc_backward.gluon_backward(tmp_path, "run.json")
-    assert ("| 3.500 | async, dQ tma_wg, keys fastest, longest first | 0.88 | 0.92 | 1.05 "
-            "| 3.900 | 1.03 |" in block)
-    # Totals over cuDNN's 5.0 ms: (1 + 4) / 5, (1 + 3.5) / 5, (1 + 3.9) / 5.
-    assert "| 16x16384x64 | 1.000 | 1.200 | 1.00 | 0.90 | 0.98 |" in block
-    assert "| async, dQ tma_ordered, keys fastest, longest first, 2 writers | 3.900 |" in block
-    assert "together 16x16384x64: 0.125 ms" in block
-
-
-def test_gluon_block_reads_the_library_configs_and_cudnns_own_run_to_run(tmp_path: Path
-                                                                         ) -> None:
-    """Runs of the library's kernel name the order by `ordered` and run key blocks fastest;
-    a cuDNN row that recorded two of its dQs gets a row of its own."""
-    shape = {"batch": 16, "seq": 16384, "head_dim": 64, "dtype": "bf16", "causal": True}
-
-    def library(ordered: bool, ms: float, run_to_run: float, **tiles: int) -> dict:
-        return {**shape, "kind": "gluon", "backward_ms": ms, "dq_run_to_run": run_to_run,
-                "config": {"async_mma": True, "ordered": ordered, "longest_first": not ordered,
-                           "writers": 2 if ordered else 1, **tiles}}
-
-    rows = [{**shape, "kind": "two_pass", "forward_ms": 1.0, "backward_ms": 4.0,
-             "dq_pass_ms": 1.5, "dkdv_pass_ms": 2.5},
-            {**shape, "kind": "cudnn", "forward_ms": 1.0, "backward_ms": 3.2,
-             "dq_run_to_run": 2.4e-4},
-            library(False, 3.1, 4.9e-4, block_m=64), library(True, 3.3, 0.0),
-            library(False, 3.15, 4.9e-4, block_m=128)]
-    _write_experiment(tmp_path / "run.json", rows)
-    block = doc_backward.gluon_backward(tmp_path, "run.json")
-    assert "| async, dQ any order, keys fastest, longest first | 3.100 |" in block
-    # The tile height is named where it is not the 64 rows of the runs before it.
-    assert ("| async, dQ any order, keys fastest, longest first, 128-row query tiles | 3.150 |"
-            in block)
-    # The ordered config with equal dQs is the fastest deterministic one: 3.3 / 3.2.
-    assert "| 3.300 | 1.03 |" in block
-    assert "| 16x16384x64 | cuDNN (SDPA) | 3.200 | 0.80 | 1.00 | 2.4e-04 |" in block
-
-
-def _write_breakdown_run(repo: Path, name: str, ours_backward: float) -> str:
-    """One kernel-breakdown run at d = 64: ours with the unordered Gluon backward, cuDNN."""
-    def row(impl: str, kernels: dict[str, float], events: float) -> dict:
-        return {"implementation": impl, "head_dim": 64, "batch": 16, "seq": 16384,
-                "event_ms_per_step": events, "kernel_ms_per_step": sum(kernels.values()),
-                "kernels": kernels}
-
-    rows = [row("triton_gluon_bwd_unordered",
-                {"flash_forward_kernel": 1.0, "prepare_kernel": 0.1,
-                 "gluon_backward_kernel": ours_backward, "finish_kernel": 0.1,
-                 "vectorized_elementwise_kernel<FillFunctor>": 0.2}, 4.5),
-            row("sdpa_cudnn", {"cudnn_sm90_flash_fprop_64x128": 1.2,
-                               "cudnn::fusion::compute_dot_do_o<64>": 0.1,
-                               "cudnn_sm90_flash_bprop_64x64": 2.6,
-                               "cudnn::fusion::convert_dq_to_16bits": 0.1}, 4.0),
-            {"implementation": "triton_gluon_bwd", "head_dim": 64, "error": "unsupported"}]
-    path = repo / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"commit": "abc1234", "header": "GPU fixture.", "rows": rows}))
-    return name
-
-
-def test_kernel_breakdown_groups_kernels_by_part_and_takes_each_runs_ratio(
-        tmp_path: Path) -> None:
-    runs = [_write_breakdown_run(tmp_path, f"k/run{n}.json", backward)
-            for n, backward in enumerate((2.6, 3.0, 2.8))]
-    out = render(f"<!-- generated: attention-kernel-breakdown {' '.join(runs)} -->\n"
-                 "<!-- end generated -->\n", generators(tmp_path))
-    # ours: 1.0 + 0.1 + backward + 0.1 + 0.2 (other) against cuDNN's 4.0 in every run:
-    # ratios 1.0, 1.1, 1.05; parts are medians over the runs.
-    assert ("| 64 | ours + Gluon unordered | 1.000 | 0.100 | 2.800 | 0.100 | 0.200 | 4.200 | "
-            "4.500 | 1.05 (1.00–1.10) |") in out
-    assert ("| 64 | SDPA cuDNN | 1.200 | 0.100 | 2.600 | 0.100 | 0.000 | 4.000 | 4.000 | "
-            "1.00 (1.00–1.00) |") in out
-    assert "ordered |" not in out.replace("unordered |", "")  # the row that failed is left out
-    assert "medians over 3 run(s)" in out and "`k/run2.json` (commit abc1234)" in out
-
-
-def test_gluon_forward_block_divides_by_the_triton_forward_and_cudnns_step_per_round(
-        tmp_path: Path) -> None:
-    base = {"batch": 16, "seq": 16384, "head_dim": 128}
-    rows = [{**base, "kind": "triton_forward", "ms": 2.0, "o_vs_ref": 0.01, "lse_vs_ref": 2e-6},
-            {**base, "kind": "gluon_forward", "num_stages": 3, "async_mma": True,
-             "pingpong": True, "ms": 1.8, "o_vs_ref": 0.01, "lse_vs_ref": 2e-6},
-            {**base, "kind": "gluon_forward", "num_stages": 2, "async_mma": False,
-             "pingpong": False, "error": "OutOfResources"},
-            {**base, "kind": "gluon_forward", "num_stages": 3, "async_mma": False,
-             "pingpong": True, "persistent": True, "ms": 1.7, "o_vs_ref": 0.01,
-             "lse_vs_ref": 2e-6},
-            {**base, "kind": "rounds", "name": "step sdpa_cudnn", "ms_per_round": [7.0, 8.0, 7.2],
-             "median_ms": 7.2, "over_cudnn_median": 1.0, "over_cudnn_range": [1.0, 1.0]},
-            {**base, "kind": "rounds", "name": "step triton_gluon_bwd_unordered",
-             "ms_per_round": [7.1, 7.2, 7.0], "median_ms": 7.1, "over_cudnn_median": 0.986,
-             "over_cudnn_range": [0.9, 1.014]},
-            {**base, "kind": "rounds", "name": "forward gluon", "ms_per_round": [1.8, 1.9, 1.7],
-             "median_ms": 1.8}]
-    (tmp_path / "f.json").write_text(json.dumps({"commit": "abc1234", "device": "GPU",
-                                                 "rows": rows}))
-    out = render("<!-- generated: attention-gluon-forward f.json -->\n<!-- end generated -->\n",
-                 generators(tmp_path))
-    assert "| 128 | Gluon: 3 stages, softmax overlapped, ping-pong | 1.800 | 0.90 |" in out
-    assert "| 128 | Gluon: 2 stages, no overlap, no ping-pong | failed: OutOfResources |" in out
-    assert "| 128 | Gluon: 3 stages, no overlap, ping-pong, persistent | 1.700 | 0.85 |" in out
-    assert ("| 128 | step triton_gluon_bwd_unordered | 7.100 | 7.000–7.200 | "
-            "0.986 (0.900–1.014) |") in out
-    assert "| 128 | forward gluon | 1.800 | 1.700–1.900 | - |" in out
-    assert "3 rounds" in out and "commit abc1234" in out
-
-
-def test_claims_summary_block_gathers_one_files_claims_and_names_it(tmp_path: Path) -> None:
+def test_headline_gives_one_line_per_topic_with_gpu_time_kind_and_file(tmp_path: Path) -> None:
     history = _write_history(tmp_path)
-    out = render(f"<!-- generated: claims-summary {history} -->\n<!-- end generated -->\n",
-                 generators(tmp_path))
-    assert "| attention | triton | sdpa_flash | eager end-to-end (host included) |" in out
-    assert f"From `{history}` (recorded 2026-11-22)." in out and "GPU: GPU fixture." in out
-    with pytest.raises(BlockError):
-        render("<!-- generated: claims-summary hist/none.json -->\n<!-- end generated -->\n",
-               generators(tmp_path))
+    out = render(f"<!-- generated: headline {history} triton sdpa_cudnn -->\n"
+                 "<!-- end generated -->\n", generators(tmp_path))
+    line = out.splitlines()[1]
+    assert line.startswith("- **Attention** on GPU fixture, eager end-to-end (host included): ")
+    assert "ours (triton) / cuDNN (SDPA) 2.00 (" in line and f"`{history}`, 2026-11-22" in line
+    # Eager and CUDA-graph replay against SDPA flash: the kind of most claims (a tie: the
+    # first counted) is taken.
+    flash = render(f"<!-- generated: headline {history} triton sdpa_flash -->\n"
+                   "<!-- end generated -->\n", generators(tmp_path)).splitlines()[1]
+    assert "eager end-to-end (host included): ours (triton) / SDPA flash 0.50 (" in flash
+    for args in ("hist/none.json triton sdpa_cudnn", f"{history} triton fa4"):  # no file, rival
+        with pytest.raises(BlockError):
+            render(f"<!-- generated: headline {args} -->\n<!-- end generated -->\n",
+                   generators(tmp_path))
 
 
-def test_orders_block_lists_each_config_timed_in_all_three_tile_end_orders(
-        tmp_path: Path) -> None:
-    shape = {"batch": 64, "seq": 4096, "head_dim": 64, "dtype": "bf16", "causal": True}
-
-    def config(ms: float, overlap: bool, dq_first: bool, schedule: str = "longest_first",
-               block_m: int = 128, chains: int = 1) -> dict:
-        return {**shape, "kind": "gluon", "backward_ms": ms,
-                "config": {"block_m": block_m, "ordered": True, "schedule": schedule,
-                           "writers": 1, "async_mma": overlap, "dq_first": dq_first,
-                           "chains": chains}}
-
-    rows = [config(0.90, False, False), config(0.87, True, False), config(0.84, True, True),
-            # only two orders timed: left out
-            config(1.10, False, False, "alternating"), config(1.11, True, True, "alternating"),
-            # chains set a config apart
-            config(1.20, False, False, "descending", chains=4),
-            config(1.30, True, False, "descending", chains=4),
-            config(1.25, True, True, "descending", chains=4),
-            # another tile height: not the library's
-            config(0.50, True, True, block_m=64),
-            {**shape, "kind": "gluon", "config": {"block_m": 128}, "error": "hang"}]
-    _write_experiment(tmp_path / "run.json", rows)
-    block = doc_backward.tile_end_orders(tmp_path, "run.json")
-    assert ("| 64x4096x64 | ordered, longest first, 1 writer | 0.900 | 0.870 | 0.840 | 0.93 |"
-            in block)
-    assert ("| 64x4096x64 | ordered, descending, 1 writer, 4 chains | 1.200 | 1.300 | 1.250 "
-            "| 1.04 |") in block
-    assert "alternating" not in block and "0.500" not in block
-    assert "`./` (run.json; GPU X, commit abc1234)" in block
-    with pytest.raises(ValueError, match="at least one run file"):
-        doc_backward.tile_end_orders(tmp_path)
-
-
-def test_chains_block_sets_longest_first_on_each_chain_count_beside_alternating(
-        tmp_path: Path) -> None:
-    shape = {"batch": 16, "seq": 16384, "head_dim": 64, "dtype": "bf16", "causal": True}
-
-    def config(ms: float, ordered: bool, schedule: str, writers: int, chains: int = 1,
-               block_m: int = 128) -> dict:
-        return {**shape, "kind": "gluon", "backward_ms": ms,
-                "config": {"block_m": block_m, "ordered": ordered, "schedule": schedule,
-                           "writers": writers, "chains": chains}}
-
-    rows = [config(2.70, False, "longest_first", 2), config(3.06, True, "alternating", 2),
-            config(4.70, True, "longest_first", 1), config(4.59, True, "longest_first", 2),
-            config(2.92, True, "longest_first", 1, chains=2),
-            config(2.90, True, "longest_first", 2, chains=2),
-            config(2.95, True, "longest_first", 1, chains=4),
-            # descending on chains is another schedule; another tile height is not the
-            # library's
-            config(2.00, True, "descending", 2, chains=2),
-            config(1.00, True, "longest_first", 1, chains=2, block_m=64)]
-    _write_experiment(tmp_path / "run.json", rows)
-    block = doc_backward.longest_first_chains(tmp_path, "run.json")
-    assert "| 16x16384x64 | 2.700 | 3.060 | 4.590 | 2.900 | 2.950 | 0.95 |" in block
-    assert "`./` (run.json; GPU X, commit abc1234)" in block
-    _write_experiment(tmp_path / "none.json", [{**shape, "kind": "cudnn", "backward_ms": 1.0}])
-    with pytest.raises(ValueError, match="no Gluon configs"):
-        doc_backward.longest_first_chains(tmp_path, "none.json")
-    with pytest.raises(ValueError, match="at least one run file"):
-        doc_backward.longest_first_chains(tmp_path)
-
-
-def test_launch_orders_block_sets_each_order_unordered_beside_ordered(tmp_path: Path
-                                                                      ) -> None:
-    shape = {"batch": 16, "seq": 16384, "head_dim": 128, "dtype": "bf16", "causal": True}
-
-    def config(ms: float, ordered: bool, schedule: str, writers: int = 1, chains: int = 1,
-               block_m: int = 64) -> dict:
-        return {**shape, "kind": "gluon", "backward_ms": ms,
-                "config": {"block_m": block_m, "ordered": ordered, "schedule": schedule,
-                           "writers": writers, "chains": chains}}
-
-    rows = [config(4.95, False, "longest_first"), config(5.21, True, "alternating", 2),
-            config(4.96, False, "longest_first", 2), config(5.19, True, "longest_first", 2),
-            config(5.10, False, "alternating", 2), config(5.23, True, "alternating"),
-            # chains and other tile heights stay out
-            config(4.00, True, "longest_first", chains=2),
-            config(3.00, False, "alternating", block_m=128)]
-    _write_experiment(tmp_path / "run.json", rows)
-    block = doc_backward.launch_orders(tmp_path, "run.json")
-    assert "| 16x16384x128 | longest first | 4.950 | 5.190 | 1.05 |" in block
-    assert "| 16x16384x128 | alternating | 5.100 | 5.210 | 1.02 |" in block
-    with pytest.raises(ValueError, match="at least one run file"):
-        doc_backward.launch_orders(tmp_path)
-
-
-def test_split_block_sets_each_forward_and_backward_beside_flashattention_4s(
-        tmp_path: Path) -> None:
-    def row(name: str, forward: float, backward: float) -> dict:
-        return {"shape": [1, 16, 16384, 128], "implementation": name,
-                "forward_ms": forward, "forward_over_fa4": forward / 1.8,
-                "forward_over_fa4_range": [1.0, 1.1],
-                "backward_ms": backward, "backward_over_fa4": backward / 4.6,
-                "backward_over_fa4_range": [1.1, 1.2]}
-
-    (tmp_path / "split.json").write_text(json.dumps(
-        {"device": "GPU X", "torch": "2.11", "triton": "3.6", "commit": "abc1234",
-         "rows": [row("triton", 1.89, 5.29), row("fa4", 1.8, 4.6)]}))
-    block = doc_backward.forward_backward_split(tmp_path, "split.json")
-    assert ("| 1x16x16384x128 | ours (default) | 1.890 | 1.050 (1.000–1.100) | 5.290 "
-            "| 1.150 (1.100–1.200) |") in block
-    assert "| FlashAttention-4 | 1.800 | 1.000" in block
-    assert "From `split.json` (GPU X, torch 2.11, Triton 3.6, commit abc1234)" in block
-
-
-def test_trees_block_gives_each_mode_its_ratio_and_the_bitwise_check(tmp_path: Path) -> None:
-    def row(same: bool) -> dict:
-        return {"shape": "1x16x16384x128", "other": "old/src", "ordered_dq_bit_identical": same,
-                "ordered_this_ms": 5.1, "ordered_other_ms": 5.3,
-                "ordered_this_over_other": 0.96, "ordered_ratio_range": [0.95, 0.97],
-                "unordered_this_ms": 4.9, "unordered_other_ms": 5.0,
-                "unordered_this_over_other": 0.98, "unordered_ratio_range": [0.97, 0.99]}
-
-    (tmp_path / "against.json").write_text(json.dumps(
-        {"device": "GPU X", "torch": "2.11", "triton": "3.6", "commit": "abc1234",
-         "rounds": 3, "rows": [row(True), {**row(False), "shape": "4x16x4096x64"}]}))
-    block = doc_backward.trees_in_turn(tmp_path, "against.json")
-    assert ("| 1x16x16384x128 | ordered | 5.100 | 5.300 | 0.960 (0.950–0.970) | yes |"
-            in block)
-    assert "| 1x16x16384x128 | unordered | 4.900 | 5.000 | 0.980 (0.970–0.990) |  |" in block
-    assert "| 4x16x4096x64 | ordered | 5.100 | 5.300 | 0.960 (0.950–0.970) | no |" in block
-    assert "| abc1234 ms | other ms | abc1234 / other |" in block
-    assert "medians over 3 rounds" in block and "`old/src`" in block
-
-
-def test_schedules_block_compares_the_ordered_launch_orders_at_the_librarys_tile_height(
-        tmp_path: Path) -> None:
-    shape = {"batch": 64, "seq": 4096, "head_dim": 64, "dtype": "bf16", "causal": True}
-
-    def config(ms: float, ordered: bool, schedule: str, writers: int, block_m: int = 128
-               ) -> dict:
-        return {**shape, "kind": "gluon", "backward_ms": ms,
-                "config": {"block_m": block_m, "ordered": ordered, "schedule": schedule,
-                           "writers": writers, "async_mma": False}}
-
-    rows = [{**shape, "kind": "two_pass", "backward_ms": 1.0},
-            {**shape, "kind": "cudnn", "backward_ms": 0.95},
-            config(0.87, False, "longest_first", 2),  # the library's unordered config first
-            config(1.10, True, "alternating", 2), config(0.91, True, "longest_first", 1),
-            config(0.93, True, "longest_first", 2), config(0.95, True, "shortest_first", 1),
-            config(0.92, True, "shortest_first", 2),
-            # other tile heights are not the library's: left out, however fast
-            config(0.50, True, "longest_first", 1, block_m=64),
-            {**shape, "kind": "gluon", "config": {"block_m": 128, "ordered": True,
-                                                  "schedule": "alternating", "writers": 1},
-             "error": "hang"}]
-    _write_experiment(tmp_path / "run.json", rows)
-    block = doc_backward.ordered_schedules(tmp_path, "run.json")
-    assert ("| 64x4096x64 | 1.000 | 0.950 | 0.870 | 1.100 | 0.910 | 0.920 | 0.83 | 0.96 |"
-            in block)
-    assert "`./` (run.json; GPU X, commit abc1234)" in block

@@ -1,0 +1,208 @@
+"""The two generated blocks every study shares (`tools.docgen.timings` reads any saved run):
+
+    <!-- generated: ratios FILE... against=WHO clock="..." [OPTION=VALUE...] -->
+    <!-- generated: history FILE... ours=WHO against=WHO clock="..." [where=K:V,...] -->
+
+(`ratios` options: time=FIELD, where=K:V,..., fastest=yes or fastest=FIELD,...,
+layout=wide, ours=WHO (wide: ours / each other), rate=yes (wide: the FLOP rate).)
+
+`ratios`: per workload, each implementation's median time and its ratio to `against` at
+the same step; `history`: one row per run, its ratio of `ours` to `against` per workload.
+A ratio is the median of the per-round ratios (lowest–highest) where both took the same
+rounds in turn, the one the run stored where it kept no rounds, else a ratio of medians.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+from systems.common.formatting import markdown_table
+from systems.profiling.step_breakdown import DEFAULT_MATMUL_TFLOPS
+from systems.runs.gate import HOST_BOUND_SHARE
+from tools.docgen.timings import Source, Timed, read_timings
+
+HOST_BOUND_MARK = "†"
+
+
+def _options(args: tuple[str, ...], allowed: set[str]) -> tuple[list[str], dict[str, str]]:
+    files = [a for a in args if "=" not in a]
+    options = dict(a.split("=", 1) for a in args if "=" in a)
+    if unknown := set(options) - allowed:
+        raise ValueError(f"unknown option(s) {sorted(unknown)}; known: {sorted(allowed)}")
+    if not files or "clock" not in options:
+        raise ValueError("needs at least one run file and clock=... (what its times measure)")
+    return files, options
+
+
+def _where(text: str) -> dict[str, str]:
+    return dict(pair.split(":", 1) for pair in text.split(",")) if text else {}
+
+
+def ratio(t: Timed, reference: Timed) -> tuple[float, float, float]:
+    """(median, lowest, highest) of t over reference (see the module's docstring)."""
+    if len(t.ms) > 1 and len(t.ms) == len(reference.ms):
+        each = [a / b for a, b in zip(t.ms, reference.ms, strict=True)]
+        return statistics.median(each), min(each), max(each)
+    if reference.who in t.stored:
+        return t.stored[reference.who]
+    return (t.median / reference.median,) * 3
+
+
+def _ratio_cell(t: Timed, reference: Timed | None) -> str:
+    if reference is None:
+        return "-"
+    median, low, high = ratio(t, reference)
+    return (f"{median:.3f}" + (f" ({low:.3f}–{high:.3f})" if high > low else "")
+            + (f" {HOST_BOUND_MARK}" if t.host_bound or reference.host_bound else ""))
+
+
+def _reference(timings: list[Timed], t: Timed, against: str) -> Timed | None:
+    """`against`'s timing at t's workload and step."""
+    return next((r for r in timings
+                 if (r.workload, r.what, r.who) == (t.workload, t.what, against)), None)
+
+
+def _fastest(timings: list[Timed], against: str, fields: list[str]) -> list[Timed]:
+    """Per workload and step: `against` and, of each other implementation, the fastest of
+    each set of values of the config `fields` (none: the fastest of all)."""
+    kept, best = [t for t in timings if t.who == against], {}
+    for t in timings:
+        key = (t.workload, t.what, *((t.who, *(str(t.config.get(f)) for f in fields))
+                                     if fields else ()))
+        if t.who != against and (key not in best or t.median < best[key].median):
+            best[key] = t
+    return sorted([*kept, *best.values()], key=timings.index)
+
+
+def _labelled(timings: list[Timed], fields: list[str] | None = None) -> list[Timed]:
+    """Each implementation's rows of one workload told apart by the config `fields` (the
+    same in every workload, so that a wide table keeps one column each), else by the
+    config values that differ between them."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for t in timings:
+        groups.setdefault((t.workload, t.who), []).append(t.config)
+    out = []
+    for t in timings:
+        configs = groups[(t.workload, t.who)]
+        label = ", ".join(f"{k}={v}" for k, v in t.config.items()
+                          if (k in fields if fields is not None
+                              else len({str(c.get(k)) for c in configs}) > 1))
+        out.append(replace(t, who=f"{t.who} ({label})" if label else t.who))
+    return out
+
+
+def _long(timings: list[Timed], against: str, steps: bool) -> tuple[list[str], list[list]]:
+    """One row per implementation and workload (with its fastest and slowest round where
+    a run kept them)."""
+    rounds, rows = any(t.extremes for t in timings), []
+    for t in timings:
+        reference = _reference(timings, t, against)
+        cell = "1" if t.who == against and not t.stored else _ratio_cell(t, reference)
+        rows.append([t.workload, t.who, *([t.what] if steps else []), _ms(t),
+                     *([f"{t.extremes[0]:.1f}–{t.extremes[1]:.1f}" if t.extremes else "-"]
+                       if rounds else []), cell])
+    return ["workload", "implementation", *(["variant"] if steps else []), "ms",
+            *(["fastest–slowest round ms"] if rounds else []), f"/ {against}"], rows
+
+
+def _wide(timings: list[Timed], against: str, steps: bool, ours: str = "",
+          rate: bool = False) -> tuple[list[str], list[list]]:
+    """One row per workload (and variant): the reference's time, then each other's ratio
+    to it (`against`), or its ratio to each other (`ours`); with `rate`, the reference's
+    FLOP rate beside the bf16 matmul ceiling."""
+    base = ours or against
+    others = list(dict.fromkeys(t.who for t in timings if t.who != base))
+    by_key: dict[tuple[str, str], dict[str, Timed]] = {}
+    for t in timings:
+        by_key.setdefault((t.workload, t.what), {})[t.who] = t
+    rows = []
+    for (workload, what), found in by_key.items():
+        if ours and ours not in found:
+            continue
+        cells = ["-" if n not in found else _ratio_cell(found[ours], found[n]) if ours
+                 else _ratio_cell(found[n], found.get(against)) for n in others]
+        if others and set(cells) == {"-"}:
+            continue  # nothing compared here: no claim to show
+        tflops = (found[base].flops / found[base].median / 1e9
+                  if base in found and found[base].flops else None)
+        rows.append([workload, *([what] if steps else []),
+                     _ms(found[base]) if base in found else "-", *cells,
+                     *(([f"{tflops:.0f}", f"{tflops / DEFAULT_MATMUL_TFLOPS:.1%}"] if tflops
+                        else ["-", "-"]) if rate else [])])
+    headers = ["workload", *(["variant"] if steps else []), f"{base} ms",
+               *((f"{ours} / {n}" if ours else f"{n} / {against}") for n in others),
+               *([f"{base} TFLOP/s", f"of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s"] if rate else [])]
+    if rows:  # a column compared nowhere says nothing
+        keep = [i for i in range(len(headers)) if any(row[i] != "-" for row in rows)]
+        headers, rows = [headers[i] for i in keep], [[row[i] for i in keep] for row in rows]
+    return headers, rows
+
+
+def _ms(t: Timed) -> str:
+    return f"{t.median:.3f}"
+
+
+def ratios(repo: Path, *args: str) -> str:
+    """The `ratios` block (see the module's docstring): a row per implementation and
+    workload, or with layout=wide a row per workload and a ratio column per implementation."""
+    files, options = _options(args, {"against", "ours", "clock", "time", "where", "fastest",
+                                     "layout", "rate"})
+    against, shown, sources = options.get("against", ""), [], []
+    runs = [read_timings(repo, name, options.get("time", ""), _where(options.get("where", "")))
+            for name in files]
+    # A workload in several runs is told apart by each run's commit (or file, if shared).
+    seen = Counter(w for timings, _ in runs for w in {t.workload for t in timings})
+    commits = Counter(source.commit for _, source in runs)
+    for name, (timings, source) in zip(files, runs, strict=True):
+        run = source.commit if commits[source.commit] == 1 else Path(name).stem
+        if not timings:
+            raise ValueError(f"{name}: nothing timed matches {options.get('where', '')!r}")
+        fields = None
+        if "fastest" in options:
+            fields = [f for f in options["fastest"].split(",") if f and f != "yes"]
+            timings = _fastest(timings, against, fields)
+        shown += [replace(t, workload=f"{t.workload} ({run})")
+                  if seen[t.workload] > 1 else t for t in _labelled(timings, fields)]
+        sources.append(source)
+    steps = any(t.what for t in shown)
+    if options.get("layout") == "wide":
+        headers, rows = _wide(shown, against, steps, options.get("ours", ""),
+                              "rate" in options)
+    else:
+        headers, rows = _long(shown, against, steps)
+    if not rows:
+        raise ValueError(f"{', '.join(files)}: no row has {options.get('ours')}")
+    marked = any(HOST_BOUND_MARK in str(cell) for row in rows for cell in row)
+    return (markdown_table(headers, rows) + _closing(options["clock"], sources)
+            + (f"\n{HOST_BOUND_MARK} host-bound: one side spent {HOST_BOUND_SHARE:.0%} or "
+               "more of each round enqueueing, so the ratio compares the host's speed at two "
+               "moments, not the kernels.\n" if marked else ""))
+
+
+def _closing(clock: str, sources: list[Source]) -> str:
+    return (f"\n\nTime: {clock}; ms: the median over a run's rounds (its one time where it "
+            "took one); a ratio: the median of the per-round ratios (lowest–highest) where "
+            "both took the same rounds in turn, else as the run stored it or of medians. "
+            f"From {', '.join(map(str, sources))}.\n")
+
+
+def history(repo: Path, *args: str) -> str:
+    """The `history` block (see the module's docstring)."""
+    files, options = _options(args, {"ours", "against", "clock", "where"})
+    runs = []
+    for name in files:
+        timings, source = read_timings(repo, name, where=_where(options.get("where", "")))
+        cells = {t.workload: ratio(t, ref)[0] for t in timings if t.who == options["ours"]
+                 if (ref := _reference(timings, t, options["against"]))}
+        if not cells:
+            raise ValueError(f"{name}: no {options['ours']} timed with {options['against']}")
+        runs.append((source, cells))
+    workloads = list(dict.fromkeys(w for _, cells in runs for w in cells))
+    rows = [[s.device, s.commit, s.recorded, *(f"{cells[w]:.3f}" if w in cells else "-"
+                                               for w in workloads)] for s, cells in runs]
+    return (markdown_table(["GPU", "commit", "recorded", *workloads], rows)
+            + f"\n\nEach cell: {options['ours']} / {options['against']}."
+            + _closing(options["clock"], [s for s, _ in runs]))
