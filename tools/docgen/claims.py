@@ -27,20 +27,6 @@ RIVAL_DDP = {"naive": "torch_ddp", "flat": "torch_ddp", "individual": "torch_ddp
              "bucketed": "torch_ddp", "fsdp": "torch_fsdp2"}
 
 
-def rounds_in_turn(r: Result) -> dict[str, list[float]] | None:
-    """{implementation: ms per round} of a case that took device-time rounds in turn with
-    its own implementation among them (`keys.INTERLEAVED_DEVICE_MS`); None otherwise."""
-    rounds = r.get(keys.INTERLEAVED_DEVICE_MS)
-    if not isinstance(rounds, dict) or str(r.get(keys.IMPLEMENTATION)) not in rounds:
-        return None
-    return {str(name): [float(ms) for ms in per_round] for name, per_round in rounds.items()}
-
-
-def round_ratios(rounds: dict[str, list[float]], ours: str, rival: str) -> list[float]:
-    """Ours / rival in each round taken in turn."""
-    return [o / t for o, t in zip(rounds[ours], rounds[rival], strict=True)]
-
-
 @dataclass(frozen=True)
 class Side:
     """One side of a claim: a name, its median in seconds and what that time measures."""
@@ -84,21 +70,24 @@ def _pairs(results: Sequence[Result], kind: str, workload: Callable[[Result], tu
                 if our_name in by_name and rival_name in by_name and our_name != rival_name:
                     pair = (group, by_name[our_name], by_name[rival_name])
                     key = (group[2:], our_name, rival_name)
-                    if key not in newest or _when(pair) > _when(newest[key]):
+                    if key not in newest or _when(pair[1]) > _when(newest[key][1]):
                         newest[key] = pair
     return list(newest.values())
 
 
-def _when(pair: tuple[tuple, Result, Result]) -> tuple[str, str]:
-    return pair[1].datetime, pair[1].file
+def _when(r: Result) -> tuple[str, str]:
+    return r.datetime, r.file
 
 
-def _round_claim(label: str, group: tuple, ours: Result, rival: Result, our_name: str,
-                 rival_name: str) -> Claim:
-    """A claim from the pytest-benchmark rounds' medians."""
-    return Claim(label, Side(our_name, ours.median, ours.time_kind),
-                 Side(rival_name, rival.median, rival.time_kind), group[0], group[1],
-                 recorded=ours.datetime)
+def _claim(label: str, where: tuple, ours: Result, names: tuple[str, str],
+           seconds: tuple[float, float], kinds: tuple[str, str],
+           paired: float | None = None) -> Claim:
+    return Claim(label, Side(names[0], seconds[0], kinds[0]),
+                 Side(names[1], seconds[1], kinds[1]), where[0], where[1], paired, ours.datetime)
+
+
+def _impl(r: Result) -> str:
+    return str(r.get(keys.IMPLEMENTATION))
 
 
 def attention_claims(results: Sequence[Result]) -> list[Claim]:
@@ -111,17 +100,15 @@ def attention_claims(results: Sequence[Result]) -> list[Claim]:
                 r.get(keys.HEAD_DIM))
 
     claims = []
-    for group, ours, rival in _pairs(results, "attention", workload,
-                                     lambda r: str(r.get(keys.IMPLEMENTATION)),
+    for group, ours, rival in _pairs(results, "attention", workload, _impl,
                                      OUR_ATTENTION, RIVAL_ATTENTION):
-        label = _attention_label(ours)
-        our_name, rival_name = (str(r.get(keys.IMPLEMENTATION)) for r in (ours, rival))
-        claims.append(_round_claim(label, group, ours, rival, our_name, rival_name))
+        label, names = _attention_label(ours), (_impl(ours), _impl(rival))
+        claims.append(_claim(label, group, ours, names, (ours.median, rival.median),
+                             (ours.time_kind, rival.time_kind)))
         device = [r.get(keys.DO_BENCH_MEDIAN_MS) for r in (ours, rival)]
         if all(isinstance(ms, int | float) for ms in device):
-            claims.append(Claim(label, Side(our_name, device[0] / 1e3, keys.DO_BENCH_TIME),
-                                Side(rival_name, device[1] / 1e3, keys.DO_BENCH_TIME),
-                                *group[:2], recorded=ours.datetime))
+            claims.append(_claim(label, group, ours, names, (device[0] / 1e3, device[1] / 1e3),
+                                 (keys.DO_BENCH_TIME,) * 2))
     return claims
 
 
@@ -131,29 +118,28 @@ def _attention_label(r: Result) -> str:
 
 
 def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
-    """Per case of ours that took device-time rounds in turn (any of our implementations),
-    from its newest run: ours / each rival timed in those rounds."""
+    """Per case of ours that took device-time rounds in turn (its own implementation among
+    them, `keys.INTERLEAVED_DEVICE_MS`), from its newest run: ours / each rival timed in
+    those rounds, the median of the rounds' ratios."""
     newest: dict[tuple, Result] = {}
     for r in results:
-        if r.kind != "attention" or rounds_in_turn(r) is None:
+        rounds = r.get(keys.INTERLEAVED_DEVICE_MS)
+        if r.kind != "attention" or not isinstance(rounds, dict) or _impl(r) not in rounds:
             continue
         key = (r.name, r.get(keys.BATCH_HEADS), r.get(keys.SEQ_LEN), r.get(keys.HEAD_DIM))
-        if key not in newest or (r.datetime, r.file) > (newest[key].datetime,
-                                                         newest[key].file):
+        if key not in newest or _when(r) > _when(newest[key]):
             newest[key] = r
     claims = []
     for r in newest.values():
-        impl, rounds = str(r.get(keys.IMPLEMENTATION)), rounds_in_turn(r)
-        for rival in RIVAL_ATTENTION:
-            if rival not in rounds:
-                continue
-            per_round = round_ratios(rounds, impl, rival)
-            claims.append(Claim(
-                _attention_label(r),
-                Side(impl, statistics.median(rounds[impl]) / 1e3, keys.IN_TURN_TIME),
-                Side(rival, statistics.median(rounds[rival]) / 1e3, keys.IN_TURN_TIME),
-                *r.measured_in, paired_ratio=statistics.median(per_round),
-                recorded=r.datetime))
+        impl = _impl(r)
+        rounds = {str(name): [float(ms) for ms in per_round]
+                  for name, per_round in r.get(keys.INTERLEAVED_DEVICE_MS).items()}
+        for rival in (rival for rival in RIVAL_ATTENTION if rival in rounds):
+            per_round = [o / t for o, t in zip(rounds[impl], rounds[rival], strict=True)]
+            claims.append(_claim(
+                _attention_label(r), r.measured_in, r, (impl, rival),
+                (statistics.median(rounds[impl]) / 1e3, statistics.median(rounds[rival]) / 1e3),
+                (keys.IN_TURN_TIME,) * 2, statistics.median(per_round)))
     return claims
 
 
@@ -162,17 +148,18 @@ def recipe_claims(results: Sequence[Result]) -> list[Claim]:
     def workload(r: Result) -> tuple:
         return str(r.get(keys.SIZE)), r.get(keys.SEQ_LEN), str(r.get(keys.MODE))
 
-    return [_round_claim(f"train step {g[2]}, ctx {g[3]}", g, ours, rival, OUR_RECIPE,
-                         RIVAL_RECIPE)
+    return [_claim(f"train step {g[2]}, ctx {g[3]}", g, ours, (OUR_RECIPE, RIVAL_RECIPE),
+                   (ours.median, rival.median), (ours.time_kind, rival.time_kind))
             for g, ours, rival in _pairs(results, "recipe", workload,
                                          lambda r: str(r.get(keys.RECIPE)),
                                          [OUR_RECIPE], [RIVAL_RECIPE])]
 
 
-def _ddp_name(r: Result) -> str:
-    name = str(r.get(keys.VARIANT))
+def ddp_name(r: Result, ranks: bool = False) -> str:
+    """A DDP case's variant, with its world size (`ranks`), bucket and optimizer if set."""
+    name = f"{r.get(keys.VARIANT)}{f', {r.get(keys.WORLD_SIZE)} ranks' if ranks else ''}"
     if r.get(keys.BUCKET_SIZE_MB) is not None:
-        name += f" {r.get(keys.BUCKET_SIZE_MB)} MB"
+        name += f"{',' if ranks else ''} {r.get(keys.BUCKET_SIZE_MB)} MB"
     if r.get(keys.OPTIMIZER) not in (None, "adamw"):
         name += f", {r.get(keys.OPTIMIZER)}"
     return name
@@ -190,15 +177,14 @@ def ddp_claims(results: Sequence[Result],
     claims = []
     with_steps = [r for r in results if isinstance(r.get(keys.STEP_S), int | float)]
     for variant, rival_name in rivals.items():
-        ours = sorted({_ddp_name(r) for r in with_steps if r.get(keys.VARIANT) == variant})
-        for group, our, rival in _pairs(with_steps, "ddp", workload, _ddp_name, ours,
+        ours = sorted({ddp_name(r) for r in with_steps if r.get(keys.VARIANT) == variant})
+        for group, our, rival in _pairs(with_steps, "ddp", workload, ddp_name, ours,
                                         [rival_name]):
             world, model, batch, context, backend = group[2:]
-            label = f"DDP {model}, {world} ranks ({backend}), batch {batch}/rank, ctx {context}"
-            claims.append(Claim(label, Side(_ddp_name(our), our.get(keys.STEP_S),
-                                            keys.RANK_EVENT_TIME),
-                                Side(rival_name, rival.get(keys.STEP_S), keys.RANK_EVENT_TIME),
-                                *group[:2], recorded=our.datetime))
+            claims.append(_claim(
+                f"DDP {model}, {world} ranks ({backend}), batch {batch}/rank, ctx {context}",
+                group, our, (ddp_name(our), rival_name),
+                (our.get(keys.STEP_S), rival.get(keys.STEP_S)), (keys.RANK_EVENT_TIME,) * 2))
     return claims
 
 
@@ -208,25 +194,26 @@ def topic(claim: Claim) -> str:
         claim.group.split()[0], claim.group)
 
 
+def ratio_text(claims: Sequence[Claim]) -> str:
+    """The claims' median ratio (lowest–highest), or the one ratio."""
+    ratios = sorted(c.ratio for c in claims)
+    return (f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}–{ratios[-1]:.2f})"
+            if len(ratios) > 1 else f"{ratios[0]:.2f}")
+
+
 def summary_table(claims: Sequence[Claim]) -> str:
     """One row per comparison (topic, ours, rival, kind of time): how many workloads it
-    was measured at, at how many ours took less time, the median of the claims' ratios
-    with the lowest and highest, and the newest history file among them. A single claim
-    shows its workload instead of a count."""
+    was measured at (a single claim: its workload), at how many ours took less time, the
+    claims' ratios (`ratio_text`), and the newest history file among them."""
     groups: dict[tuple[str, str, str, str], list[Claim]] = {}
     for c in claims:
         kinds = (c.ours.time_kind if c.ours.time_kind == c.rival.time_kind
                  else f"ours: {c.ours.time_kind}; rival: {c.rival.time_kind}")
         groups.setdefault((topic(c), c.ours.name, c.rival.name, kinds), []).append(c)
-    rows = []
-    for (subject, ours, rival, kinds), members in sorted(groups.items()):
-        ratios = sorted(c.ratio for c in members)
-        spread = (f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}–{ratios[-1]:.2f})"
-                  if len(ratios) > 1 else f"{ratios[0]:.2f}")
-        newest = max(members, key=lambda c: (c.recorded, c.file))
-        where = members[0].group if len(members) == 1 else f"{len(members)} workloads"
-        rows.append([subject, ours, rival, kinds, where,
-                     sum(r < 1 for r in ratios), spread, newest.file])
+    rows = [[*key, members[0].group if len(members) == 1 else f"{len(members)} workloads",
+             sum(c.ratio < 1 for c in members), ratio_text(members),
+             max(members, key=lambda c: (c.recorded, c.file)).file]
+            for key, members in sorted(groups.items())]
     return markdown_table(["comparison", "ours", "rival", "time", "measured at",
                            "ours takes less time at", "ours / rival: median (lowest–highest)",
                            "newest history file"], rows)

@@ -3,12 +3,11 @@ line for one topic, ours against its rivals."""
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 from pathlib import Path
 
 from systems.runs.history import Run, load_run
-from tools.docgen.claims import Claim, all_claims, ddp_claims, topic
+from tools.docgen.claims import all_claims, ddp_claims, ratio_text, topic
 
 # The names a reader knows the rivals by.
 RIVAL_LABELS = {"sdpa_cudnn": "cuDNN (SDPA)", "sdpa_flash": "SDPA flash",
@@ -23,13 +22,6 @@ def _load(repo: Path, history_name: str) -> Run:
     if not path.is_file():
         raise ValueError(f"{history_name}: no such history file")
     return load_run(path, path.parent)
-
-
-def _ratio_text(claims: list[Claim]) -> str:
-    ratios = sorted(c.ratio for c in claims)
-    if len(ratios) == 1:
-        return f"{ratios[0]:.2f}"
-    return f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}–{ratios[-1]:.2f})"
 
 
 def headline(repo: Path, history_name: str, ours: str, *rivals: str) -> str:
@@ -55,7 +47,7 @@ def headline(repo: Path, history_name: str, ours: str, *rivals: str) -> str:
               for rival, found in by_rival.items()}
     workloads = max(len(found) for found in chosen.values())
     first = next(iter(chosen.values()))[0]
-    parts = [f"{RIVAL_LABELS.get(rival, rival)} {_ratio_text(found)}"
+    parts = [f"{RIVAL_LABELS.get(rival, rival)} {ratio_text(found)}"
              for rival, found in chosen.items()]
     where = first.group if workloads == 1 else f"{workloads} workloads"
     return (f"- **{topic(first).capitalize()}** on {run.device}, "

@@ -3,10 +3,8 @@
 Every figure compares within one run of one history file (the one with the most points it
 can draw), names that file, and says what its times measure. A series of one point is a
 marker, never a line; a line breaks where a point is missing; time and throughput axes
-start at zero unless the axis says it is logarithmic.
-
-Figures are drawn on matplotlib's non-interactive Agg canvas, chosen per figure; importing
-this module selects no backend.
+start at zero unless the axis says it is logarithmic. Figures are drawn on matplotlib's
+Agg canvas, chosen per figure: importing this module selects no backend.
 """
 
 from __future__ import annotations
@@ -20,9 +18,9 @@ from pathlib import Path
 from systems.model import MODEL_CONFIGS
 from systems.runs import keys
 from systems.runs.history import Result
+from tools.docgen.claims import ddp_name
 
-_FLOPS = "flops"
-_PEAK_TFLOPS = "peak_tflops"
+_FLOPS, _PEAK_TFLOPS = "flops", "peak_tflops"
 # Attention series in the order a reader compares them: ours first, then the rivals.
 _ATTENTION_ORDER = ("triton", "triton_gluon_bwd", "triton_gluon_bwd_unordered",
                     "triton_compiled", "sdpa_cudnn", "sdpa_flash", "flex_compiled",
@@ -50,8 +48,7 @@ def _colours(names: Sequence[str]) -> dict[str, object]:
     """One colour per name in every panel, so a series can be followed across panels."""
     from matplotlib import colormaps
 
-    palette = colormaps["tab10"]
-    return {name: palette(i % 10) for i, name in enumerate(names)}
+    return {name: colormaps["tab10"](i % 10) for i, name in enumerate(names)}
 
 
 def _most_common(results: Sequence[Result], *fields: str) -> object:
@@ -61,9 +58,8 @@ def _most_common(results: Sequence[Result], *fields: str) -> object:
 
 def _one_run(results: Sequence[Result],
              enough: Callable[[list[Result]], int]) -> list[Result] | None:
-    """The results of one run (history file and run): of those with the most `enough`
-    (0: nothing to draw), the newest. A figure compares within a run, never across runs,
-    and shows the newest code that it can."""
+    """The results of one run: of those with the most `enough` (0: nothing to draw), the
+    newest. A figure compares within a run and shows the newest code that it can."""
     by_run: dict[tuple[str, str], list[Result]] = defaultdict(list)
     for r in results:
         by_run[r.measured_in].append(r)
@@ -80,8 +76,8 @@ def _source(results: Sequence[Result]) -> str:
 
 
 def _lines(ax, series: dict[str, dict[float, float]], colours: dict[str, object]) -> None:
-    """A line per series over the panel's x values, marked at every point: a gap (NaN)
-    where a series has no point, so no line bridges it, and no line through one point."""
+    """A line per series, marked at every point: a gap (NaN) where a series has no point,
+    so no line bridges it, and no line through one point."""
     xs = sorted({x for points in series.values() for x in points})
     for name, points in series.items():
         ax.plot(xs, [points.get(x, math.nan) for x in xs], marker="o", label=name,
@@ -90,7 +86,6 @@ def _lines(ax, series: dict[str, dict[float, float]], colours: dict[str, object]
 
 def _bars(ax, labels: Sequence[str], values: Sequence[float], values_shown: bool = False,
           **style: object) -> None:
-    """Horizontal bars, each value written beside its bar if asked."""
     ax.barh(labels, values, color="tab:blue", **style)
     ax.tick_params(axis="y", labelsize=8)
     for y, value in enumerate(values if values_shown else ()):
@@ -112,33 +107,34 @@ def _frame(ax, title: str, xlabel: str, ylabel: str = "", log_x: int = 0,
         ax.legend(fontsize=8)
 
 
-def _time_axis_from_zero(ax, values_ms: Sequence[float]) -> None:
-    """Time axes start at zero, so a 2% difference looks like 2%; the spread is written in
-    the corner instead."""
-    ax.set_ylim(0, max(values_ms) * 1.1)
-    low, high = min(values_ms), max(values_ms)
-    ax.text(0.02, 0.03, f"min {low:.1f} ms, max {high:.1f} ms (+{high / low - 1:.1%})",
-            transform=ax.transAxes, fontsize=8)
-
-
 def _newest(results: Sequence[Result], key: Callable[[Result], tuple]) -> dict[tuple, Result]:
     """The newest result per key (a run may repeat a case)."""
-    out: dict[tuple, Result] = {}
-    for r in sorted(results, key=lambda r: (r.datetime, r.file)):
-        out[key(r)] = r
-    return out
+    return {key(r): r for r in sorted(results, key=lambda r: (r.datetime, r.file))}
 
 
-def _impl_order(names: set[str]) -> list[str]:
-    return sorted(names, key=lambda n: (_ATTENTION_ORDER.index(n)
-                                        if n in _ATTENTION_ORDER else len(_ATTENTION_ORDER), n))
+def _size_order(size: object) -> int:
+    return list(MODEL_CONFIGS).index(size) if size in MODEL_CONFIGS else 99
+
+
+def _series_points(rows: Sequence[Result]) -> dict[tuple, Result]:
+    """(head dim, implementation, sequence length) -> result, of series of three or more
+    sequence lengths (a line against sequence length needs them)."""
+    points = _newest(rows, lambda r: (r.get(keys.HEAD_DIM), str(r.get(keys.IMPLEMENTATION)),
+                                      r.get(keys.SEQ_LEN)))
+    lengths = Counter((d, impl) for d, impl, _ in points)
+    return {key: r for key, r in points.items() if lengths[key[:2]] >= 3}
+
+
+def _two_series(rows: list[Result]) -> int:
+    """1 where two or more implementations are drawn at one head dim, else 0."""
+    series = Counter(d for d, _ in {key[:2] for key in _series_points(rows)})
+    return int(any(n >= 2 for n in series.values()))
 
 
 def _attention_panels(rows: Sequence[Result], value: Callable[[Result], float | None],
                       ylabel: str, title: str, path: Path, log_y: bool = False
                       ) -> Path | None:
-    """A panel per head dim (of those with two or more sequence lengths), a line per
-    implementation against sequence length, from one run."""
+    """A panel per head dim, a line per implementation against sequence length, of one run."""
     if not rows:
         return None
     facet = (keys.DTYPE, keys.CAUSAL, keys.PASS, keys.BATCH_HEADS)
@@ -147,10 +143,11 @@ def _attention_panels(rows: Sequence[Result], value: Callable[[Result], float | 
                      and value(r) is not None], _two_series)
     if rows is None:
         return None  # no run compares two implementations over sequence length
-    points = {key: r for key, r in _series_points(rows).items()}
+    points = _series_points(rows)
     head_dims = sorted({d for d, _, _ in points})
     dtype, causal, _, batch_heads = common
-    colour = _colours(_impl_order({impl for _, impl, _ in points}))
+    colour = _colours(sorted({impl for _, impl, _ in points}, key=lambda n: (
+        _ATTENTION_ORDER.index(n) if n in _ATTENTION_ORDER else len(_ATTENTION_ORDER), n)))
     fig, axes = _figure(1, len(head_dims), (5.5 * len(head_dims), 4.2))
     for ax, head_dim in zip(axes[0], head_dims, strict=True):
         _lines(ax, {impl: by_x for impl in colour if (by_x := {
@@ -164,46 +161,25 @@ def _attention_panels(rows: Sequence[Result], value: Callable[[Result], float | 
     return _save(fig, path)
 
 
-def _series_points(rows: Sequence[Result]) -> dict[tuple, Result]:
-    """(head dim, implementation, sequence length) -> result, keeping only series of
-    three or more sequence lengths (a line against sequence length needs them)."""
-    points = _newest(rows, lambda r: (r.get(keys.HEAD_DIM), str(r.get(keys.IMPLEMENTATION)),
-                                      r.get(keys.SEQ_LEN)))
-    lengths = Counter((d, impl) for d, impl, _ in points)
-    return {key: r for key, r in points.items() if lengths[key[:2]] >= 3}
-
-
-def _two_series(rows: list[Result]) -> int:
-    """1 where two or more implementations are drawn over sequence length at one head
-    dim, else 0 (any such run will do: the newest is drawn)."""
-    series = Counter(d for d, _ in {key[:2] for key in _series_points(rows)})
-    return int(any(n >= 2 for n in series.values()))
-
-
-def _forward_backward(r: Result) -> bool:
-    return str(r.get(keys.PASS, "")).startswith("forward_backward")
+def _attention_rows(results: Sequence[Result], time_kind: str) -> list[Result]:
+    return [r for r in results if r.kind == "attention" and r.time_kind == time_kind
+            and str(r.get(keys.PASS, "")).startswith("forward_backward") and r.get(keys.SEQ_LEN)]
 
 
 def attention_device(results: Sequence[Result], path: Path) -> Path | None:
-    """Achieved TFLOP/s (the case's FLOPs over its median device time, CUDA-graph replay)
-    against sequence length, per implementation and head dim: forward + backward."""
-    rows = [r for r in results if r.kind == "attention" and r.time_kind == keys.REPLAY_TIME
-            and _forward_backward(r) and r.get(keys.SEQ_LEN) and r.get(_FLOPS)]
-
-    def tflops(r: Result) -> float:
-        return r.get(_FLOPS) / r.median / 1e12
-
-    return _attention_panels(rows, tflops, "achieved TFLOP/s (FLOPs / median)",
+    """Achieved TFLOP/s (FLOPs over the median device time, CUDA-graph replay) against
+    sequence length, per implementation and head dim: forward + backward."""
+    rows = [r for r in _attention_rows(results, keys.REPLAY_TIME) if r.get(_FLOPS)]
+    return _attention_panels(rows, lambda r: r.get(_FLOPS) / r.median / 1e12,
+                             "achieved TFLOP/s (FLOPs / median)",
                              "Attention forward + backward, device time (CUDA-graph replay)",
                              path)
 
 
 def attention_eager(results: Sequence[Result], path: Path) -> Path | None:
-    """Eager forward + backward latency (host included, what a caller sees) at batch 1
-    against sequence length, per implementation and head dim."""
-    rows = [r for r in results if r.kind == "attention" and r.time_kind == keys.EAGER_TIME
-            and r.name.startswith("test_attention[") and _forward_backward(r)
-            and r.get(keys.BATCH_HEADS) == 1 and r.get(keys.SEQ_LEN)]
+    """Eager forward + backward latency (host included) at batch 1 against sequence length."""
+    rows = [r for r in _attention_rows(results, keys.EAGER_TIME)
+            if r.name.startswith("test_attention[") and r.get(keys.BATCH_HEADS) == 1]
     return _attention_panels(rows, lambda r: r.median * 1e3, "median ms (log scale)",
                              "Attention forward + backward at batch 1, eager end-to-end "
                              "(host included)", path, log_y=True)
@@ -220,16 +196,14 @@ def _recipe_panels(rows: Sequence[Result]) -> dict[str, dict[str, Result]]:
 
 
 def train_step_recipes(results: Sequence[Result], path: Path) -> Path | None:
-    """Train step time per recipe, a panel per model size (of those with two or more
-    recipes), beside the step's floor: its model FLOPs at the GPU's nominal dense peak."""
+    """Train step time per recipe, a panel per model size, beside the step's floor: its
+    model FLOPs at the GPU's nominal dense peak."""
     rows = _one_run([r for r in results if r.kind == "recipe"],
                     lambda rs: len(_recipe_panels(rs)))
     if rows is None:
         return None
     by_panel = _recipe_panels(rows)
-    panels = sorted(by_panel, key=lambda k: (
-        list(MODEL_CONFIGS).index(k.split(",")[0]) if k.split(",")[0] in MODEL_CONFIGS
-        else 99, k))
+    panels = sorted(by_panel, key=lambda k: (_size_order(k.split(",")[0]), k))
     cols = min(2, len(panels))
     grid_rows = -(-len(panels) // cols)
     fig, axes = _figure(grid_rows, cols, (max(9.0, 6.5 * cols), 2.8 * grid_rows + 0.9))
@@ -282,15 +256,6 @@ def _step_ms(result: Result) -> float:
     return (step if step is not None else result.mean) * 1e3
 
 
-def _ddp_label(result: Result) -> str:
-    label = f"{result.get(keys.VARIANT)}, {result.get(keys.WORLD_SIZE)} ranks"
-    if result.get(keys.BUCKET_SIZE_MB) is not None:
-        label += f", {result.get(keys.BUCKET_SIZE_MB)} MB"
-    if result.get(keys.OPTIMIZER) not in (None, "adamw"):
-        label += f", {result.get(keys.OPTIMIZER)}"
-    return label
-
-
 def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
     """Step time per DDP variant (bars) and, when present, against bucket size (line)."""
     rows = [r for r in results if r.kind == "ddp"]
@@ -307,15 +272,18 @@ def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
                    key=lambda r: (r.get(keys.WORLD_SIZE) or 0, str(r.get(keys.VARIANT))),
                    reverse=True)
     fig, axes = _figure(1, 2 if swept else 1, (12 if swept else 6, 5))
-    _bars(axes[0, 0], [_ddp_label(r) for r in fixed], [_step_ms(r) for r in fixed])
+    _bars(axes[0, 0], [ddp_name(r, ranks=True) for r in fixed], [_step_ms(r) for r in fixed])
     _frame(axes[0, 0], "Data-parallel variants", "train step time (ms), slowest rank",
            legend=False)
     if swept:
-        ax = axes[0, 1]
+        ax, times = axes[0, 1], [_step_ms(r) for r in swept]
         _lines(ax, {f"{world} ranks": {r.get(keys.BUCKET_SIZE_MB): _step_ms(r) for r in points}
                     for world, points in groupby(swept, key=lambda r: r.get(keys.WORLD_SIZE))},
                {})
-        _time_axis_from_zero(ax, [_step_ms(r) for r in swept])
+        # From zero, so a 2% difference looks like 2%; the spread is written in the corner.
+        ax.set_ylim(0, max(times) * 1.1)
+        ax.text(0.02, 0.03, f"min {min(times):.1f} ms, max {max(times):.1f} ms "
+                f"(+{max(times) / min(times) - 1:.1%})", transform=ax.transAxes, fontsize=8)
         _frame(ax, "Bucketed DDP: bucket size sweep", "bucket size (MB)",
                "train step time (ms), slowest rank", log_x=10)
     return _save(fig, path)
