@@ -13,29 +13,25 @@ from systems import accounting as acc
 from systems.common.formatting import fmt, markdown_table
 from systems.model import MODEL_CONFIGS
 
+BATCH, CONTEXT = 4, 512  # the shape of the end-to-end benchmarks
 
-# ------------------------------------------------------------------ activation checkpointing
+
 def checkpointed_activation_bytes(
     layer_bytes: int, boundary_bytes: int, num_layers: int, segment: int
 ) -> int:
-    """Peak saved activations when only every `segment`-th block input is kept.
-
-    Forward keeps ceil(L / segment) block inputs; backward recomputes one segment at a time,
-    holding its `segment` blocks' activations on top of the kept inputs.
-    """
+    """Peak saved activations when only every `segment`-th block input is kept: forward
+    keeps ceil(L / segment) block inputs; backward recomputes one segment at a time."""
     if not 1 <= segment <= num_layers:
         raise ValueError(f"segment must lie in [1, {num_layers}], got {segment}")
     return math.ceil(num_layers / segment) * boundary_bytes + segment * layer_bytes
 
 
 def best_checkpoint_segment(layer_bytes: int, boundary_bytes: int, num_layers: int) -> int:
-    """The segment length minimising `checkpointed_activation_bytes` (about sqrt(L) when a
-    block's activations are a fixed multiple of its input)."""
+    """The segment length minimising `checkpointed_activation_bytes` (about sqrt(L))."""
     return min(range(1, num_layers + 1), key=lambda s: checkpointed_activation_bytes(
         layer_bytes, boundary_bytes, num_layers, s))
 
 
-# ------------------------------------------------------------------------ the XXL FFN model
 @dataclass(frozen=True)
 class FFNStack:
     """A stack of two-matmul FFN blocks (d_model -> d_ff -> d_model, no biases)."""
@@ -72,54 +68,32 @@ class FFNStack:
         return devices
 
 
-# ------------------------------------------------------------------------------ communication
-def ring_all_reduce_bytes(tensor_bytes: float, world_size: int) -> float:
-    """Bytes each rank sends in a ring all-reduce (a reduce-scatter then an all-gather)."""
-    return 2 * ring_all_gather_bytes(tensor_bytes, world_size)
-
-
-def ring_all_gather_bytes(tensor_bytes: float, world_size: int) -> float:
-    """Bytes each rank sends in a ring all-gather, or equally a reduce-scatter."""
+def data_parallel_bytes_per_step(param_bytes: float, world_size: int, scheme: str) -> float:
+    """Bytes each rank sends per step, in ring collectives. "ddp": all-reduce the gradients
+    (a reduce-scatter then an all-gather); "sharded_optimizer": the same, then each rank
+    broadcasts the parameters it updated; "zero1": reduce-scatter the gradients, all-gather
+    the updated parameters."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    return tensor_bytes * (world_size - 1) / world_size
-
-
-def data_parallel_bytes_per_step(
-    param_bytes: float, world_size: int, scheme: str
-) -> float:
-    """Bytes each rank sends per step.
-
-    "ddp": all-reduce the gradients. "sharded_optimizer": the same all-reduce, then every
-    rank broadcasts the parameters it updated (each rank sends its shard to the others once).
-    "zero1": reduce-scatter the gradients so each rank gets only its shard's, then all-gather
-    the updated parameters: the volume of a plain all-reduce.
-    """
-    all_reduce = ring_all_reduce_bytes(param_bytes, world_size)
-    gather = ring_all_gather_bytes(param_bytes, world_size)
-    volumes = {"ddp": all_reduce, "sharded_optimizer": all_reduce + gather,
-               "zero1": 2 * gather}
+    gather = param_bytes * (world_size - 1) / world_size  # an all-gather or reduce-scatter
+    volumes = {"ddp": 2 * gather, "sharded_optimizer": 3 * gather, "zero1": 2 * gather}
     if scheme not in volumes:
         raise ValueError(f"unknown scheme {scheme!r}; choose one of {sorted(volumes)}")
     return volumes[scheme]
 
 
-# ----------------------------------------------------------------------------- the tables
-_GIB = 2**-30
-BATCH, CONTEXT = 4, 512  # the shape of the end-to-end benchmarks
+def _gib(value: float) -> str:
+    return fmt(value, ".2f", 2**-30)
 
 
 def config_memory_table() -> str:
     rows = []
     for name, c in MODEL_CONFIGS.items():
-        if name == "tiny":
-            continue
-        fp32 = acc.step_memory(c, BATCH, CONTEXT, "fp32")
-        bf16 = acc.step_memory(c, BATCH, CONTEXT, "bf16")
-        rows.append([name, fmt(c.num_parameters(), ".0f", 1e-6), fmt(fp32.parameters, ".2f", _GIB),
-                     fmt(fp32.gradients, ".2f", _GIB), fmt(fp32.optimizer_state, ".2f", _GIB),
-                     fmt(fp32.activations, ".2f", _GIB), fmt(bf16.activations, ".2f", _GIB),
-                     fmt(fp32.peak, ".2f", _GIB), fmt(bf16.peak, ".2f", _GIB)])
+        if name != "tiny":
+            fp32, bf16 = (acc.step_memory(c, BATCH, CONTEXT, p) for p in ("fp32", "bf16"))
+            rows.append([name, fmt(c.num_parameters(), ".0f", 1e-6),
+                         *map(_gib, (fp32.parameters, fp32.gradients, fp32.optimizer_state,
+                                     fp32.activations, bf16.activations, fp32.peak, bf16.peak))])
     return markdown_table(
         ["size", "params (M)", "params GiB", "grads GiB", "AdamW GiB", "activations fp32 GiB",
          "activations bf16 GiB", "peak fp32 GiB", "peak bf16 GiB"], rows)
@@ -133,11 +107,9 @@ def checkpointing_table() -> str:
         boundary = acc.residual_stream_bytes(c, BATCH, CONTEXT)
         sqrt_n = max(1, round(math.sqrt(c.num_layers)))
         best = best_checkpoint_segment(layer, boundary, c.num_layers)
-        rows.append([name, c.num_layers, fmt(layer * c.num_layers, ".2f", _GIB), sqrt_n,
-                     fmt(checkpointed_activation_bytes(layer, boundary, c.num_layers, sqrt_n),
-                         ".2f", _GIB), best,
-                     fmt(checkpointed_activation_bytes(layer, boundary, c.num_layers, best),
-                         ".2f", _GIB)])
+        rows.append([name, c.num_layers, _gib(layer * c.num_layers), *(
+            cell for segment in (sqrt_n, best) for cell in (segment, _gib(
+                checkpointed_activation_bytes(layer, boundary, c.num_layers, segment))))])
     return markdown_table(["size", "layers", "block activations GiB", "sqrt(L) segment",
                            "checkpointed GiB", "best segment", "best checkpointed GiB"], rows)
 
@@ -145,12 +117,10 @@ def checkpointing_table() -> str:
 def xxl_table(device_bytes: Sequence[tuple[str, int]] = (("H100 80GB", 80 * 10**9),
                                                           ("TPU v5p 95GB", 95 * 10**9))) -> str:
     model = FFNStack()
-    rows = []
-    for tokens in (1, 1024, 16384):
-        rows.append([f"{tokens:,}", fmt(model.state_bytes(), ".1f", 1e-9),
-                     fmt(model.activation_bytes(tokens), ".2f", 1e-9),
-                     *(model.min_fsdp_devices(tokens, limit) or "none fits"
-                       for _, limit in device_bytes)])
+    rows = [[f"{tokens:,}", fmt(model.state_bytes(), ".1f", 1e-9),
+             fmt(model.activation_bytes(tokens), ".2f", 1e-9),
+             *(model.min_fsdp_devices(tokens, limit) or "none fits" for _, limit in device_bytes)]
+            for tokens in (1, 1024, 16384)]
     header = (f"FFN stack d_model {model.d_model}, d_ff {model.d_ff}, {model.num_blocks} blocks: "
               f"{model.parameters / 1e9:.1f} B parameters; fp32 weights + grads + AdamW = "
               f"{model.state_bytes() / 1e12:.2f} TB "
@@ -161,12 +131,9 @@ def xxl_table(device_bytes: Sequence[tuple[str, int]] = (("H100 80GB", 80 * 10**
 
 
 def communication_table(world_sizes: Sequence[int] = (2, 4, 8)) -> str:
-    rows = []
-    for name in ("xl", "2.7b"):
-        param_bytes = MODEL_CONFIGS[name].num_parameters() * acc.FP32
-        for n in world_sizes:
-            rows.append([name, n, *(fmt(data_parallel_bytes_per_step(param_bytes, n, s),
-                                        ".2f", 1e-9)
-                                    for s in ("ddp", "sharded_optimizer", "zero1"))])
+    rows = [[name, n, *(fmt(data_parallel_bytes_per_step(
+                MODEL_CONFIGS[name].num_parameters() * acc.FP32, n, s), ".2f", 1e-9)
+                for s in ("ddp", "sharded_optimizer", "zero1"))]
+            for name in ("xl", "2.7b") for n in world_sizes]
     return markdown_table(["size", "ranks", "DDP GB/rank", "sharded optimizer GB/rank",
                            "ZeRO-1 GB/rank"], rows)

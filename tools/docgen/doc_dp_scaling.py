@@ -1,8 +1,8 @@
-"""Generated doc block for data-parallel scaling: all-reduce bus bandwidth by message size
-at each world size against the largest measured there, each variant's step and tokens/s at
-1, 2 and 4 GPUs with scaling efficiency, and each variant against the no-communication step
-(and its torch rival) round by round. Source: the study's files
-`<folder>/world{1,2,4}.json` (studies/dp_scaling/study.py)."""
+"""Generated doc block for data-parallel scaling, from the study's files
+`<folder>/world{1,2,4}.json` (studies/dp_scaling/study.py): all-reduce bus bandwidth by
+message size against the largest measured at each world size, each variant's step and
+tokens/s at 1, 2 and 4 GPUs with scaling efficiency, and each variant against the
+no-communication step (and its torch rival) round by round."""
 
 from __future__ import annotations
 
@@ -16,13 +16,8 @@ WORLD_SIZES = (1, 2, 4)
 RIVALS = {"bucketed": "torch_ddp", "fsdp": "torch_fsdp2"}
 
 
-def _runs(repo: Path, folder: str) -> dict[int, dict]:
-    found = {}
-    for world in WORLD_SIZES:
-        name = f"{folder}/world{world}.json"
-        if (repo / name).is_file():
-            found[world] = read_source(repo, name, "dp_scaling study run")
-    return found
+def _cell(value: float | None, fmt: str, scale: float = 1) -> str:
+    return "-" if value is None else format(value * scale, fmt)
 
 
 def _busbw_table(runs: dict[int, dict]) -> str:
@@ -32,15 +27,10 @@ def _busbw_table(runs: dict[int, dict]) -> str:
     by_world = {w: {row["size_bytes"]: row["busbw_gbps"] for row in runs[w]["allreduce"]}
                 for w in measured}
     peaks = {w: max(by_world[w].values()) for w in measured}
-    sizes = sorted({size for rows in by_world.values() for size in rows})
-    rows = []
-    for size in sizes:
-        row: list[object] = [f"{size / 2**20:g}"]
-        for w in measured:
-            busbw = by_world[w].get(size)
-            row += (["-", "-"] if busbw is None
-                    else [f"{busbw:.1f}", f"{busbw / peaks[w]:.0%}"])
-        rows.append(row)
+    rows = [[f"{size / 2**20:g}", *(cell for w in measured for cell in (
+        ("-", "-") if size not in by_world[w]
+        else (f"{by_world[w][size]:.1f}", f"{by_world[w][size] / peaks[w]:.0%}")))]
+        for size in sorted({size for rows in by_world.values() for size in rows})]
     headers = ["MiB", *(h for w in measured for h in (f"busbw {w} GPUs GB/s", "of peak"))]
     peak_text = ", ".join(f"{peaks[w]:.1f} GB/s at {w} GPUs" for w in measured)
     return (markdown_table(headers, rows) + "\n\nPeak: the largest bus bandwidth measured at "
@@ -48,26 +38,16 @@ def _busbw_table(runs: dict[int, dict]) -> str:
             "median over iterations of the slowest rank.\n")
 
 
-def _cell(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
 def _scaling_table(runs: dict[int, dict]) -> str:
-    names = [n for n in dict.fromkeys(n for w in sorted(runs) for n in runs[w]["summary"])]
     rows = []
-    for name in names:
-        rows_of = {w: runs[w]["summary"].get(name, {}) for w in runs}
-        steps = {w: row.get("step_s") for w, row in rows_of.items()}
-        tokens = {w: row.get("tokens_per_s") for w, row in rows_of.items()}
-        single = tokens.get(1)
-        efficiency = {w: None if single is None or tokens.get(w) is None
-                      else tokens[w] / (w * single) for w in WORLD_SIZES[1:]}
-        rows.append([name,
-                     *(_cell(None if steps.get(w) is None else steps[w] * 1e3, ".1f")
-                       for w in WORLD_SIZES),
-                     *(_cell(tokens.get(w), ".0f") for w in WORLD_SIZES),
-                     *(_cell(efficiency[w], ".2f") for w in WORLD_SIZES[1:])])
-    headers = [*("variant",), *(f"ms {w} GPU{'s' if w > 1 else ''}" for w in WORLD_SIZES),
+    for name in dict.fromkeys(n for w in sorted(runs) for n in runs[w]["summary"]):
+        of = {w: runs[w]["summary"].get(name, {}) if w in runs else {} for w in WORLD_SIZES}
+        tokens = {w: of[w].get("tokens_per_s") for w in WORLD_SIZES}
+        rows.append([name, *(_cell(of[w].get("step_s"), ".1f", 1e3) for w in WORLD_SIZES),
+                     *(_cell(tokens[w], ".0f") for w in WORLD_SIZES),
+                     *(_cell(None if None in (tokens[1], tokens[w]) else tokens[w]
+                             / (w * tokens[1]), ".2f") for w in WORLD_SIZES[1:])])
+    headers = ["variant", *(f"ms {w} GPU{'s' if w > 1 else ''}" for w in WORLD_SIZES),
                *(f"tokens/s {w}" for w in WORLD_SIZES),
                *(f"efficiency {w}" for w in WORLD_SIZES[1:])]
     return (markdown_table(headers, rows) + "\n\nWeak scaling (the same per-rank batch): "
@@ -93,15 +73,12 @@ def _in_turn_table(runs: dict[int, dict]) -> str:
     worlds = [w for w in WORLD_SIZES[1:] if w in runs]
     if not worlds:
         return ""
-    names = list(dict.fromkeys(n for w in worlds for n in runs[w]["summary"]))
     rows = []
-    for name in names:
+    for name in dict.fromkeys(n for w in worlds for n in runs[w]["summary"]):
         rival = next((r for prefix, r in RIVALS.items() if name.startswith(prefix)), None)
-        row = [name]
-        for w in worlds:
-            row += ["-" if name == "none" else _ratios(runs[w], name, "none"),
-                    _ratios(runs[w], name, rival) if rival else "-", _spread(runs[w], name)]
-        rows.append(row)
+        rows.append([name, *(cell for w in worlds for cell in (
+            "-" if name == "none" else _ratios(runs[w], name, "none"),
+            _ratios(runs[w], name, rival) if rival else "-", _spread(runs[w], name)))])
     headers = ["variant", *(h for w in worlds
                             for h in (f"vs none, {w} GPUs", f"vs torch rival, {w} GPUs",
                                       f"spread, {w} GPUs"))]
@@ -114,7 +91,8 @@ def _in_turn_table(runs: dict[int, dict]) -> str:
 def dp_scaling(repo: Path, folder: str) -> str:
     """The three tables from `folder/world{1,2,4}.json` (relative to `repo`); a line saying
     what is missing when none exists."""
-    runs = _runs(repo, folder)
+    runs = {w: read_source(repo, f"{folder}/world{w}.json", "dp_scaling study run")
+            for w in WORLD_SIZES if (repo / f"{folder}/world{w}.json").is_file()}
     if not runs:
         return (f"Not measured yet: no `{folder}/world{{1,2,4}}.json` (run "
                 "`studies/dp_scaling/run_4gpu.sh` on a 4-GPU machine).\n")
