@@ -21,91 +21,69 @@ from tools.docgen import claims
 from tools.docgen import results_plots as plots
 from tools.docgen import results_tables as tables
 
-_COMMAND = "python -m tools.docgen --results"
-
 
 def _section(title: str, body: str, note: str = "") -> list[str]:
     return [f"### {title}\n", *([note] if note else []), body, ""] if body else []
 
 
-def _of_kind(results: Sequence[Result], kind: str) -> list[Result]:
-    return [r for r in results if r.kind == kind]
-
-
-def claims_section(results: Sequence[Result]) -> list[str]:
-    return _section(
-        "Claims: ours vs the rivals, same run",
-        claims.summary_table(claims.all_claims(results)),
-        "Each claim is a ratio of medians of ours and a rival measured in the same run of "
-        "the same history file (the newest run that measured both), never across runs; "
-        "below 1 ours takes less time. A row gathers the claims of one comparison and one "
-        "kind of time: eager end-to-end includes the host (what a caller sees; below "
-        "about 1 ms it is host-bound), device time is CUDA-graph replay or do_bench of the "
-        "kernels alone. Per-shape tables: docs/attention.md, docs/training_recipes.md, "
-        "docs/distributed_notes.md.\n")
-
-
+_CLAIMS_NOTE = (
+    "Each claim is a ratio of medians of ours and a rival measured in the same run of the "
+    "same history file (the newest run that measured both), never across runs; below 1 ours "
+    "takes less time. A row gathers the claims of one comparison and one kind of time: eager "
+    "end-to-end includes the host (what a caller sees; below about 1 ms it is host-bound), "
+    "device time is CUDA-graph replay or do_bench of the kernels alone. Per-shape tables: "
+    "docs/attention.md, docs/training_recipes.md, docs/distributed_notes.md.\n")
+_RECIPES_NOTE = (
+    "Train steps (forward, loss, backward, AdamW; batch 4, bf16) of the recipes in "
+    "`systems.model.recipes`, side by side when measured in one run; times and speedups are "
+    "medians; cold s: the first step alone, compilation and autotuning included. ")
+# (title, plot, file name, whether it picks one run among all of them, not the newest results)
 _FIGURES = (
     ("Attention: achieved TFLOP/s against sequence length (device time)",
-     plots.attention_device, "attention_device"),
+     plots.attention_device, "attention_device", True),
     ("Attention: eager forward + backward at batch 1 (what a caller sees)",
-     plots.attention_eager, "attention_eager"),
-    ("Train step per recipe, beside its floor", plots.train_step_recipes, "train_step"),
-    ("Model step time by size and precision", plots.model_step_times, "model_steps"),
-    ("DDP variants and bucket sweep", plots.ddp_variants, "ddp"),
-    ("All-reduce bandwidth vs size", plots.allreduce_bandwidth, "allreduce"),
+     plots.attention_eager, "attention_eager", True),
+    ("Train step per recipe, beside its floor", plots.train_step_recipes, "train_step", True),
+    ("Model step time by size and precision", plots.model_step_times, "model_steps", False),
+    ("DDP variants and bucket sweep", plots.ddp_variants, "ddp", False),
+    ("All-reduce bandwidth vs size", plots.allreduce_bandwidth, "allreduce", False),
 )
 
 
-def figures_section(device: str, every: Sequence[Result], latest: Sequence[Result],
-                    img_dir: Path, page_dir: Path) -> list[str]:
-    """The plots; the attention and recipe figures pick one run among all of them, the
-    others draw the newest result of each case."""
-    lines = []
-    for title, plot, name in _FIGURES:
-        print(f"  plotting {name} ...", file=sys.stderr)
-        source = every if plot in (plots.attention_device, plots.attention_eager,
-                                   plots.train_step_recipes) else latest
-        path = plot(source, img_dir / f"{slugify(device)}_{name}.png")
-        if path is not None:
-            lines += [f"### {title}\n", f"![{title}]({path.relative_to(page_dir).as_posix()})\n"]
-    return lines
-
-
-def topic_tables(results: Sequence[Result]) -> list[str]:
-    """One compact table per topic, from the newest results."""
-    lines = _section("Training recipes: eager vs PyTorch-only baseline vs ours",
-                     tables.recipes_table(results),
-                     "Train steps (forward, loss, backward, AdamW; batch 4, bf16) of the recipes "
-                     "in `systems.model.recipes`, side by side when measured in one run; "
-                     "times and speedups are medians; cold s: the first step alone, "
-                     "compilation and autotuning included. "
-                     + tables.provenance(_of_kind(results, "recipe"), "recipe"))
-    lines += _section("Data-parallel training", tables.ddp_table(results),
-                      tables.provenance(_of_kind(results, "ddp")))
-    return lines
-
-
 def device_section(device: str, runs: Sequence[Run], img_dir: Path, page_dir: Path) -> list[str]:
+    """A GPU's claims, figures and topic tables (these from the newest results)."""
     every = [r for run in runs for r in run.results]
     latest = latest_results(runs)
     print(f"{device}: {len(runs)} runs, {len(latest)} benchmarks", file=sys.stderr)
     lines = [f"## {device}\n",
              f"{len(runs)} saved runs of {len(latest)} benchmarks. The newest result of each: "
              f"`systems report latest --gpu \"{device}\"`; two runs side by side: "
-             "`systems report compare OLD NEW`.\n"]
-    lines += claims_section(every)
-    lines += figures_section(device, every, latest, img_dir, page_dir)
-    lines += topic_tables(latest)
-    return lines
+             "`systems report compare OLD NEW`.\n",
+             *_section("Claims: ours vs the rivals, same run",
+                       claims.summary_table(claims.all_claims(every)), _CLAIMS_NOTE)]
+    for title, plot, name, one_run in _FIGURES:
+        print(f"  plotting {name} ...", file=sys.stderr)
+        path = plot(every if one_run else latest, img_dir / f"{slugify(device)}_{name}.png")
+        if path is not None:
+            lines += [f"### {title}\n", f"![{title}]({path.relative_to(page_dir).as_posix()})\n"]
+
+    def of_kind(kind: str) -> list[Result]:
+        return [r for r in latest if r.kind == kind]
+
+    return [*lines, *_section("Training recipes: eager vs PyTorch-only baseline vs ours",
+                              tables.recipes_table(latest),
+                              _RECIPES_NOTE + tables.provenance(of_kind("recipe"), "recipe")),
+            *_section("Data-parallel training", tables.ddp_table(latest),
+                      tables.provenance(of_kind("ddp")))]
 
 
 def results_page(runs: Sequence[Run], out_dir: Path, img_dir: Path) -> str:
     """The whole page; plots are written under `img_dir` and linked relative to `out_dir`."""
     lines = ["# Results\n",
-             f"Generated by `{_COMMAND}` (`make report`) from the saved runs under "
-             "`.benchmarks/`; do not edit by hand. Histories are per GPU model: numbers from "
-             "different GPUs are never mixed, and a ratio is only formed within one run.\n"]
+             "Generated by `python -m tools.docgen --results` (`make report`) from the saved "
+             "runs under `.benchmarks/`; do not edit by hand. Histories are per GPU model: "
+             "numbers from different GPUs are never mixed, and a ratio is only formed within "
+             "one run.\n"]
     by_device = runs_by_device(runs)
     if not by_device:
         lines.append("No saved benchmark runs yet: run `make bench` on a GPU, commit "

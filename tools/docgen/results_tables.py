@@ -3,7 +3,7 @@ data-parallel steps."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from systems.common.formatting import fmt, markdown_table
@@ -28,20 +28,6 @@ def provenance(results: Sequence[Result], by: str | None = None) -> str:
             if results else "")
 
 
-def median_ms(result: Result, digits: int = 2) -> str:
-    """The statistic every ratio in the report is formed from."""
-    return f"{result.median * 1e3:.{digits}f}"
-
-
-def _sort_key(*fields: str) -> Callable[[Result], tuple]:
-    def key(result: Result) -> tuple:
-        values = [result.get(f) for f in fields]
-        return tuple((_SIZE_ORDER.get(v, len(_SIZE_ORDER)), "") if f == keys.SIZE
-                     else (0, str(v)) if isinstance(v, str) else (v is None, v or 0)
-                     for f, v in zip(fields, values, strict=True))
-    return key
-
-
 def _gib(value: object) -> str:
     return fmt(value, ".2f", 2**-30)
 
@@ -59,12 +45,11 @@ def recipes_table(results: Sequence[Result], baseline: str = "pytorch_baseline",
     rows = []
     for (size, context, _), recipes in sorted(
             by_workload.items(), key=lambda item: (_SIZE_ORDER.get(item[0][0], 99), str(item[0]))):
-        ours = recipes.get(contender)
-        if ours is None:
+        if (ours := recipes.get(contender)) is None:
             continue
         base, eager = recipes.get(baseline), recipes.get(plain)
         rows.append([
-            size, context, *(median_ms(r) if r else "-" for r in (eager, base, ours)),
+            size, context, *(f"{r.median * 1e3:.2f}" if r else "-" for r in (eager, base, ours)),
             *(f"{r.median / ours.median:.2f}x" if r else "-" for r in (base, eager)),
             fmt(ours.get(keys.MFU), ".1%"),
             *(fmt(r.get(keys.COLD_START_S), ".1f") if r else "-" for r in (base, ours)),
@@ -91,14 +76,19 @@ def overhead_vs_no_comm(result: Result, results: Sequence[Result]) -> float | No
     return result.get(keys.OVERHEAD_VS_NO_COMM)
 
 
+def _ddp_order(r: Result) -> tuple:
+    """World size, variant, bucket and optimizer; a missing value sorts last."""
+    return tuple((0, v) if isinstance(v, str) else (v is None, v or 0) for v in (
+        r.get(k) for k in (keys.WORLD_SIZE, keys.VARIANT, keys.BUCKET_SIZE_MB, keys.OPTIMIZER)))
+
+
 def ddp_table(results: Sequence[Result]) -> str:
-    rows = sorted((r for r in results if r.kind == "ddp"),
-                  key=_sort_key(keys.WORLD_SIZE, keys.VARIANT, keys.BUCKET_SIZE_MB, keys.OPTIMIZER))
+    rows = sorted((r for r in results if r.kind == "ddp"), key=_ddp_order)
     return markdown_table(
         ["variant", "optimizer", "world size", "bucket MB", "step ms (slowest rank, median)",
          "vs no communication", "waiting after backward", "peak GiB", "run"],
         [[r.get(keys.VARIANT), r.get(keys.OPTIMIZER, "-"), r.get(keys.WORLD_SIZE, "-"),
           r.get(keys.BUCKET_SIZE_MB, "-"), fmt(r.get(keys.STEP_S), ".1f", 1e3),
           fmt(overhead_vs_no_comm(r, results), "+.1%"),
-          fmt(r.get(keys.SYNC_WAIT_FRACTION), ".1%"), fmt(r.get(keys.PEAK_MEMORY), ".2f", 2**-30),
+          fmt(r.get(keys.SYNC_WAIT_FRACTION), ".1%"), _gib(r.get(keys.PEAK_MEMORY)),
           r.short_run] for r in rows])
