@@ -84,13 +84,13 @@ LEADERBOARD_RIVALS = ("triton", "sdpa_cudnn", "sdpa_flash")
 # our default at the leaderboard's size and d = 128 (and, in the full profile, replayed).
 GLUON_BACKWARDS = ("triton_gluon_bwd", "triton_gluon_bwd_unordered")
 # do_bench's warm-up and timed spans (ms) wherever a case records device time beside its
-# rounds: at 4 to 8 ms a call, a second's span holds well over a hundred calls.
-DO_BENCH_SPANS_MS = {"warmup_ms": 200, "rep_ms": 1000}
+# rounds: at 4 to 8 ms a call, half a second's span holds well over fifty calls.
+DO_BENCH_SPANS_MS = {"warmup_ms": 100, "rep_ms": 500}
 # Ours and a rival a few hundredths apart differ by less than the GPU's drift between two
 # cases timed minutes apart (up to a tenth at 16 x 16384): where a case records device
 # time, ours also takes do_bench rounds in turn with the SDPA backends, each round short.
-DEVICE_ROUNDS = 7
-DEVICE_ROUND_SPANS_MS = {"warmup_ms": 25, "rep_ms": 200}
+DEVICE_ROUNDS = 5
+DEVICE_ROUND_SPANS_MS = {"warmup_ms": 10, "rep_ms": 100}
 
 
 @dataclass(frozen=True)

@@ -85,16 +85,14 @@ def baseline_suite(gpus: int) -> str:
 
 
 # The single-GPU quick profile in parts, for hosts whose jobs have a time limit the whole
-# profile does not fit (cold compiles take most of each part): each part's pytest
+# profile does not fit (cold compiles take most of the training part): each part's pytest
 # arguments. Together they select every case of the profile once
-# (tests/correctness/runs/test_perf_baseline.py); they are sized from the cold starts and
-# rounds of one complete H100 run (study 0053).
+# (tests/correctness/runs/test_perf_baseline.py); on one H100 each part of a cold run takes
+# a few minutes.
 BASELINE_PARTS_1GPU: dict[str, tuple[str, ...]] = {
-    "attention": ("tests/perf/test_attention.py", "-k", "not test_attention_table"),
-    "table_end_to_end": ("tests/perf/test_attention.py::test_attention_table",
-                         "tests/perf/test_end_to_end.py", "tests/perf/test_distributed.py"),
-    "recipes_ctx512": ("tests/perf/test_training_recipes.py", "-k", "ctx512"),
-    "recipes_ctx2048": ("tests/perf/test_training_recipes.py", "-k", "ctx2048"),
+    "attention": ("tests/perf/test_attention.py",),
+    "training": ("tests/perf/test_end_to_end.py", "tests/perf/test_distributed.py",
+                 "tests/perf/test_training_recipes.py"),
 }
 
 

@@ -379,10 +379,10 @@ def test_a_baseline_part_runs_its_cases_as_a_study(monkeypatch, capsys) -> None:
     monkeypatch.setattr(baseline_module.subprocess, "run",
                         lambda command, check: ran.append(command) or
                         subprocess.CompletedProcess(command, 3))
-    assert baseline_main(["part", "recipes_ctx2048", "--benchmark-columns=median"]) == 3
+    assert baseline_main(["part", "training", "--benchmark-columns=median"]) == 3
     (command,) = ran
-    assert command[command.index("-k") + 1] == "ctx2048"
-    assert "--perf-study=baseline_part_recipes_ctx2048" in command
+    assert "tests/perf/test_training_recipes.py" in command
+    assert "--perf-study=baseline_part_training" in command
     assert "--perf-profile=quick" in command and command[-1] == "--benchmark-columns=median"
     with pytest.raises(SystemExit):
         baseline_main(["part", "everything"])

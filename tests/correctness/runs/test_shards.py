@@ -172,6 +172,9 @@ def test_the_code_key_follows_the_measured_code_only(tmp_path):
     (tmp_path / "src/lm_systems.egg-info").mkdir()
     (tmp_path / "src/lm_systems.egg-info/PKG-INFO").write_text("y\n")
     assert code_key(tmp_path) == key
+    (tmp_path / "tests/correctness/docgen").mkdir(parents=True)  # CPU tests of tools/
+    (tmp_path / "tests/correctness/docgen/test_doc.py").write_text("z = 1\n")
+    assert code_key(tmp_path) == key
     (tmp_path / "src/systems/a.py").write_text("x = 2\n")
     assert code_key(tmp_path) != key
 
@@ -182,7 +185,7 @@ def test_each_baseline_runs_parts_are_combined_from_the_newest_studies(tmp_path)
     assert len(names) == len(set(names))
     parts = list(shards.BASELINE_PARTS_1GPU)
     assert names[:len(parts) + 1] == [*(f"run1_{p}" for p in parts), "combine_run1"]
-    assert names.count("combine_run3") == 1 and names[-1] == f"injected_{parts[-1]}"
+    assert names.count("combine_run3") == 1 and names[-1] == f"rerun{shards.RERUNS}_{parts[-1]}"
     studies = tmp_path / "studies"
     studies.mkdir()
     for number, part in enumerate(parts, 1):
