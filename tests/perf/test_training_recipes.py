@@ -5,8 +5,8 @@
 records `recipe` and `cold_start_s` (the first step, compilation included) in extra_info.
 Profiles: `smoke` (tiny, CPU, no compile, no CUDA graph), `quick` (every recipe for 2.7b and
 small at ctx 512: the regression baseline, a few minutes on one H100), `full` (every size
-at ctx 512 and 2048; select parts with -k; with them, the 2.7b ctx 2048 step of ours on the two-pass attention
-kernels). Every recipe gets activation checkpointing by the same
+at ctx 512 and 2048; select parts with -k; with them, the 2.7b ctx 2048 step of ours on
+the two-pass attention kernels). Every recipe gets activation checkpointing by the same
 rule (`systems.bench.checkpoint_fit`): the fewest recomputed blocks with which its own step
 fits.
 """
