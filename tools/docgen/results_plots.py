@@ -104,7 +104,8 @@ def _newest(results: Sequence[Result], key: Callable[[Result], tuple]) -> dict[t
     return {key(r): r for r in sorted(results, key=lambda r: (r.datetime, r.file))}
 
 
-def _size_order(size: object) -> int:
+def size_order(size: object) -> int:
+    """A model size's place in `MODEL_CONFIGS` (an unknown one last)."""
     return list(MODEL_CONFIGS).index(size) if size in MODEL_CONFIGS else 99
 
 
@@ -198,7 +199,7 @@ def train_step_recipes(results: Sequence[Result], path: Path) -> Path | None:
     if rows is None:
         return None
     by_panel = _recipe_panels(rows)
-    panels = sorted(by_panel, key=lambda k: (_size_order(k.split(",")[0]), k))
+    panels = sorted(by_panel, key=lambda k: (size_order(k.split(",")[0]), k))
     cols = min(2, len(panels))
     grid_rows = -(-len(panels) // cols)
     fig, axes = _figure(grid_rows, cols, (max(9.0, 6.5 * cols), 2.8 * grid_rows + 0.9))
@@ -234,7 +235,7 @@ def model_step_times(results: Sequence[Result], path: Path) -> Path | None:
     context = _most_common(rows, keys.SEQ_LEN)
     bars = sorted(_newest([r for r in rows if r.get(keys.SEQ_LEN) == context], lambda r: (
         r.get(keys.SIZE), str(r.get(keys.PRECISION)), bool(r.get(keys.COMPILED)))).items(),
-                  key=lambda kv: (_size_order(kv[0][0]), kv[0][1:]))
+                  key=lambda kv: (size_order(kv[0][0]), kv[0][1:]))
     fig, axes = _figure(1, 1, (7, 1.2 + 0.35 * len(bars)))
     _bars(axes[0, 0], [f"{size}, {precision}, {'compiled' if compiled else 'eager'}"
                        for (size, precision, compiled), _ in bars],
