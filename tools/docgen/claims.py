@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +65,11 @@ class Claim:
 
 def _when(r: Result) -> tuple[str, str]:
     return r.datetime, r.file
+
+
+def newest(results: Iterable[Result], key: Callable[[Result], tuple]) -> dict[tuple, Result]:
+    """The newest result per key (a run may repeat a case: its last)."""
+    return {key(r): r for r in sorted(results, key=_when)}
 
 
 def _pairs(results: Sequence[Result], kind: str, workload: Callable[[Result], tuple],
@@ -128,15 +133,13 @@ def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
     """Per case of ours that took device-time rounds in turn (its own implementation among
     them, `keys.INTERLEAVED_DEVICE_MS`), from its newest run: ours / each rival timed in
     those rounds, the median of the rounds' ratios."""
-    newest: dict[tuple, Result] = {}
-    for r in results:
+    def took_turns(r: Result) -> bool:
         rounds = r.get(keys.INTERLEAVED_DEVICE_MS)
-        key = (r.name, r.get(keys.BATCH_HEADS), r.get(keys.SEQ_LEN), r.get(keys.HEAD_DIM))
-        if r.kind == "attention" and isinstance(rounds, dict) and _impl(r) in rounds and (
-                key not in newest or _when(r) > _when(newest[key])):
-            newest[key] = r
+        return r.kind == "attention" and isinstance(rounds, dict) and _impl(r) in rounds
+
     claims = []
-    for r in newest.values():
+    for r in newest(filter(took_turns, results), lambda r: (
+            r.name, r.get(keys.BATCH_HEADS), r.get(keys.SEQ_LEN), r.get(keys.HEAD_DIM))).values():
         rounds = {str(name): [float(ms) for ms in per_round]
                   for name, per_round in r.get(keys.INTERLEAVED_DEVICE_MS).items()}
         ours = rounds[_impl(r)]

@@ -17,7 +17,7 @@ from pathlib import Path
 from systems.model import MODEL_CONFIGS
 from systems.runs import keys
 from systems.runs.history import Result
-from tools.docgen.claims import ddp_name
+from tools.docgen.claims import ddp_name, newest
 
 _FLOPS, _PEAK_TFLOPS = "flops", "peak_tflops"
 # Attention series in the order a reader compares them: ours first, then the rivals.
@@ -99,11 +99,6 @@ def _frame(ax, title: str, xlabel: str, ylabel: str = "", log_x: int = 0,
         ax.legend(fontsize=8)
 
 
-def _newest(results: Sequence[Result], key: Callable[[Result], tuple]) -> dict[tuple, Result]:
-    """The newest result per key (a run may repeat a case)."""
-    return {key(r): r for r in sorted(results, key=lambda r: (r.datetime, r.file))}
-
-
 def size_order(size: object) -> int:
     """A model size's place in `MODEL_CONFIGS` (an unknown one last)."""
     return list(MODEL_CONFIGS).index(size) if size in MODEL_CONFIGS else 99
@@ -112,7 +107,7 @@ def size_order(size: object) -> int:
 def _series_points(rows: Sequence[Result]) -> dict[tuple, Result]:
     """(head dim, implementation, sequence length) -> result, of series of three or more
     sequence lengths (a line against sequence length needs them)."""
-    points = _newest(rows, lambda r: (r.get(keys.HEAD_DIM), str(r.get(keys.IMPLEMENTATION)),
+    points = newest(rows, lambda r: (r.get(keys.HEAD_DIM), str(r.get(keys.IMPLEMENTATION)),
                                       r.get(keys.SEQ_LEN)))
     lengths = Counter((d, impl) for d, impl, _ in points)
     return {key: r for key, r in points.items() if lengths[key[:2]] >= 3}
@@ -184,7 +179,7 @@ def attention_eager(results: Sequence[Result], path: Path) -> Path | None:
 def _recipe_panels(rows: Sequence[Result]) -> dict[str, dict[str, Result]]:
     """"size, ctx N" -> {recipe: result}, for workloads measured with two or more recipes."""
     by_panel: dict[str, dict[str, Result]] = defaultdict(dict)
-    for (size, seq_len, recipe), r in _newest(
+    for (size, seq_len, recipe), r in newest(
             rows, lambda r: (str(r.get(keys.SIZE)), r.get(keys.SEQ_LEN),
                              str(r.get(keys.RECIPE)))).items():
         by_panel[f"{size}, ctx {seq_len}"][recipe] = r
@@ -233,7 +228,7 @@ def model_step_times(results: Sequence[Result], path: Path) -> Path | None:
     mode = "train_step" if "train_step" in modes else _most_common(rows, keys.MODE)
     rows = [r for r in rows if r.get(keys.MODE) == mode]
     context = _most_common(rows, keys.SEQ_LEN)
-    bars = sorted(_newest([r for r in rows if r.get(keys.SEQ_LEN) == context], lambda r: (
+    bars = sorted(newest([r for r in rows if r.get(keys.SEQ_LEN) == context], lambda r: (
         r.get(keys.SIZE), str(r.get(keys.PRECISION)), bool(r.get(keys.COMPILED)))).items(),
                   key=lambda kv: (size_order(kv[0][0]), kv[0][1:]))
     fig, axes = _figure(1, 1, (7, 1.2 + 0.35 * len(bars)))
