@@ -1,9 +1,8 @@
 """Claims "ours vs a rival": same-run ratios of medians, generated, never typed by hand.
 
-A ratio is only formed between two results measured in one run of one history file (these
-machines move 5-10% between runs), and only between times of the same kind (eager
-end-to-end vs device time); each claim names both. Where ours took device-time rounds in
-turn with its rivals (`keys.INTERLEAVED_DEVICE_MS`), the claim's ratio is the median of the
+A ratio is only formed within one run of one history file (these machines move 5-10%
+between runs) and between times of one kind (eager end-to-end vs device time), both named.
+Where ours took device-time rounds in turn with its rivals, it is the median of the
 rounds' own ratios, each of two times taken moments apart.
 """
 
@@ -75,8 +74,8 @@ def newest(results: Iterable[Result], key: Callable[[Result], tuple]) -> dict[tu
 def _pairs(results: Sequence[Result], kind: str, workload: Callable[[Result], tuple],
            name: Callable[[Result], str], ours: Sequence[str],
            rivals: Sequence[str]) -> list[tuple[tuple, Result, Result]]:
-    """(file, run, *workload), ours, rival: for each workload and pair of names, from the
-    newest run that measured both."""
+    """(file, run, *workload), ours, rival: per workload and pair of names, of the newest
+    run that measured both."""
     groups: dict[tuple, dict[str, Result]] = {}
     for r in results:
         if r.kind == kind:
@@ -130,9 +129,8 @@ def attention_claims(results: Sequence[Result]) -> list[Claim]:
 
 
 def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
-    """Per case of ours that took device-time rounds in turn (its own implementation among
-    them, `keys.INTERLEAVED_DEVICE_MS`), from its newest run: ours / each rival timed in
-    those rounds, the median of the rounds' ratios."""
+    """Per case of ours that took device-time rounds in turn (`keys.INTERLEAVED_DEVICE_MS`),
+    of its newest run: the median of the rounds' ratios, ours / each rival."""
     def took_turns(r: Result) -> bool:
         rounds = r.get(keys.INTERLEAVED_DEVICE_MS)
         return r.kind == "attention" and isinstance(rounds, dict) and _impl(r) in rounds
@@ -176,9 +174,8 @@ def ddp_name(r: Result, ranks: bool = False) -> str:
 
 def ddp_claims(results: Sequence[Result],
                rivals: Mapping[str, str] = RIVAL_DDP) -> list[Claim]:
-    """Per world size and workload: each of our variants' step / its rival's (by default
-    PyTorch's DDP, or FSDP2 for our FSDP), from the slowest rank's median step (CUDA
-    events)."""
+    """Per world size and workload: each of our variants' slowest-rank median step (CUDA
+    events) / its rival's (by default PyTorch's DDP, or FSDP2 for our FSDP)."""
     def workload(r: Result) -> tuple:
         return (r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)), r.get("batch_per_rank"),
                 r.get(keys.SEQ_LEN), str(r.get(keys.BACKEND)))
