@@ -21,15 +21,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def default_docs(repo: Path) -> list[Path]:
-    """The prose docs: README.md, every .md under docs/ except the generated results page,
-    the READMEs of docs/' folders, the studies' index, and each study's README and the
-    earlier logs kept in its runs/ folder (a log quotes its runs in generated blocks)."""
+    """The prose docs: README.md, docs/ (but the generated results page) and its folders'
+    READMEs, the studies' index, READMEs and the logs in their runs/ folders."""
     return [repo / "README.md",
             *sorted(p for p in (repo / "docs").glob("*.md") if p.name != "RESULTS.md"),
-            *sorted((repo / "docs").glob("*/README.md")),
-            *sorted((repo / "studies").glob("README.md")),
-            *sorted((repo / "studies").glob("*/README.md")),
-            *sorted((repo / "studies").glob("*/runs/*.md"))]
+            *(path for pattern in ("docs/*/README.md", "studies/README.md",
+                                   "studies/*/README.md", "studies/*/runs/*.md")
+              for path in sorted(repo.glob(pattern)))]
 
 
 def main(argv: list[str]) -> int:

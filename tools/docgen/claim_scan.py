@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.docgen.doc_blocks import plain_lines
+from tools.docgen.doc_blocks import prose_lines
 
 _NUMBER = r"(?<![\w.])\d+(?:[.,]\d+)?(?:[-–]\d+(?:\.\d+)?)?"
 _MEASURE = re.compile(
@@ -69,18 +69,9 @@ def looks_like_a_claim(line: str) -> bool:
                 or (_COMPARISON.search(line) and _COMPARED_NUMBER.search(line)))
 
 
-def _prose(text: str, doc: str) -> Iterable[tuple[int, str]]:
-    fenced = False
-    for number, line in plain_lines(text, doc):
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-        elif not fenced:
-            yield number, line
-
-
 def scan(text: str, doc: str = "<doc>") -> list[Finding]:
     """Lines outside generated blocks and fenced code that look like a performance claim."""
-    return [Finding(doc, number, line) for number, line in _prose(text, doc)
+    return [Finding(doc, number, line) for number, line in prose_lines(text, doc)
             if looks_like_a_claim(line)]
 
 

@@ -1,21 +1,23 @@
 """Claims "ours vs a rival": same-run ratios of medians, generated, never typed by hand.
 
-A ratio is only formed between two results measured in one run of one history file (these
-machines move 5-10% between runs), and only between times of the same kind (eager
-end-to-end vs device time); each claim names both. Where ours took device-time rounds in
-turn with its rivals (`keys.INTERLEAVED_DEVICE_MS`), the claim's ratio is the median of the
+A ratio is only formed within one run of one history file (these machines move 5-10%
+between runs) and between times of one kind (eager end-to-end vs device time), both named.
+Where ours took device-time rounds in turn with its rivals, it is the median of the
 rounds' own ratios, each of two times taken moments apart.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from systems.common.formatting import markdown_table
 from systems.runs import keys
-from systems.runs.history import Result
+from systems.runs.history import Result, load_run
 
 # Attention: our kernel against PyTorch's best (SDPA backends, compiled flex_attention).
 OUR_ATTENTION = ("triton", "triton_compiled")
@@ -25,6 +27,12 @@ OUR_RECIPE, RIVAL_RECIPE = "optimized", "pytorch_baseline"
 # Data-parallel variants against PyTorch's own at the same world size and workload.
 RIVAL_DDP = {"naive": "torch_ddp", "flat": "torch_ddp", "individual": "torch_ddp",
              "bucketed": "torch_ddp", "fsdp": "torch_fsdp2"}
+# The names a reader knows the rivals by, in headlines.
+RIVAL_LABELS = {"sdpa_cudnn": "cuDNN (SDPA)", "sdpa_flash": "SDPA flash",
+                "flex_compiled": "compiled flex_attention", "fa4": "FlashAttention-4",
+                "pytorch_baseline": "PyTorch compiled in one CUDA graph",
+                "none": "no communication", "torch_ddp": "torch DDP",
+                "torch_fsdp2": "torch FSDP2"}
 
 
 @dataclass(frozen=True)
@@ -54,29 +62,32 @@ class Claim:
         return self.ours.seconds / self.rival.seconds
 
 
+def _when(r: Result) -> tuple[str, str]:
+    return r.datetime, r.file
+
+
+def newest(results: Iterable[Result], key: Callable[[Result], tuple]) -> dict[tuple, Result]:
+    """The newest result per key (a run may repeat a case: its last)."""
+    return {key(r): r for r in sorted(results, key=_when)}
+
+
 def _pairs(results: Sequence[Result], kind: str, workload: Callable[[Result], tuple],
            name: Callable[[Result], str], ours: Sequence[str],
            rivals: Sequence[str]) -> list[tuple[tuple, Result, Result]]:
-    """(file, run, *workload), ours, rival: for each workload and pair of names, from the
-    newest run that measured both."""
+    """(file, run, *workload), ours, rival: per workload and pair of names, of the newest
+    run that measured both."""
     groups: dict[tuple, dict[str, Result]] = {}
     for r in results:
         if r.kind == kind:
             groups.setdefault((*r.measured_in, *workload(r)), {})[name(r)] = r
     newest: dict[tuple, tuple[tuple, Result, Result]] = {}
-    for group, by_name in groups.items():
-        for our_name in ours:
-            for rival_name in rivals:
-                if our_name in by_name and rival_name in by_name and our_name != rival_name:
-                    pair = (group, by_name[our_name], by_name[rival_name])
-                    key = (group[2:], our_name, rival_name)
-                    if key not in newest or _when(pair[1]) > _when(newest[key][1]):
-                        newest[key] = pair
+    for (group, found), (our, rival) in itertools.product(groups.items(),
+                                                          itertools.product(ours, rivals)):
+        key = (group[2:], our, rival)
+        if our in found and rival in found and our != rival and (
+                key not in newest or _when(found[our]) > _when(newest[key][1])):
+            newest[key] = (group, found[our], found[rival])
     return list(newest.values())
-
-
-def _when(r: Result) -> tuple[str, str]:
-    return r.datetime, r.file
 
 
 def _claim(label: str, where: tuple, ours: Result, names: tuple[str, str],
@@ -88,6 +99,11 @@ def _claim(label: str, where: tuple, ours: Result, names: tuple[str, str],
 
 def _impl(r: Result) -> str:
     return str(r.get(keys.IMPLEMENTATION))
+
+
+def _attention_label(r: Result) -> str:
+    return (f"attention {r.get(keys.BATCH_HEADS)}x{r.get(keys.SEQ_LEN)}x{r.get(keys.HEAD_DIM)}"
+            f" {r.get(keys.DTYPE)}{' causal' if r.get(keys.CAUSAL) else ''}, {r.get(keys.PASS)}")
 
 
 def attention_claims(results: Sequence[Result]) -> list[Claim]:
@@ -112,33 +128,24 @@ def attention_claims(results: Sequence[Result]) -> list[Claim]:
     return claims
 
 
-def _attention_label(r: Result) -> str:
-    return (f"attention {r.get(keys.BATCH_HEADS)}x{r.get(keys.SEQ_LEN)}x{r.get(keys.HEAD_DIM)}"
-            f" {r.get(keys.DTYPE)}{' causal' if r.get(keys.CAUSAL) else ''}, {r.get(keys.PASS)}")
-
-
 def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
-    """Per case of ours that took device-time rounds in turn (its own implementation among
-    them, `keys.INTERLEAVED_DEVICE_MS`), from its newest run: ours / each rival timed in
-    those rounds, the median of the rounds' ratios."""
-    newest: dict[tuple, Result] = {}
-    for r in results:
+    """Per case of ours that took device-time rounds in turn (`keys.INTERLEAVED_DEVICE_MS`),
+    of its newest run: the median of the rounds' ratios, ours / each rival."""
+    def took_turns(r: Result) -> bool:
         rounds = r.get(keys.INTERLEAVED_DEVICE_MS)
-        if r.kind != "attention" or not isinstance(rounds, dict) or _impl(r) not in rounds:
-            continue
-        key = (r.name, r.get(keys.BATCH_HEADS), r.get(keys.SEQ_LEN), r.get(keys.HEAD_DIM))
-        if key not in newest or _when(r) > _when(newest[key]):
-            newest[key] = r
+        return r.kind == "attention" and isinstance(rounds, dict) and _impl(r) in rounds
+
     claims = []
-    for r in newest.values():
-        impl = _impl(r)
+    for r in newest(filter(took_turns, results), lambda r: (
+            r.name, r.get(keys.BATCH_HEADS), r.get(keys.SEQ_LEN), r.get(keys.HEAD_DIM))).values():
         rounds = {str(name): [float(ms) for ms in per_round]
                   for name, per_round in r.get(keys.INTERLEAVED_DEVICE_MS).items()}
+        ours = rounds[_impl(r)]
         for rival in (rival for rival in RIVAL_ATTENTION if rival in rounds):
-            per_round = [o / t for o, t in zip(rounds[impl], rounds[rival], strict=True)]
+            per_round = [o / t for o, t in zip(ours, rounds[rival], strict=True)]
             claims.append(_claim(
-                _attention_label(r), r.measured_in, r, (impl, rival),
-                (statistics.median(rounds[impl]) / 1e3, statistics.median(rounds[rival]) / 1e3),
+                _attention_label(r), r.measured_in, r, (_impl(r), rival),
+                (statistics.median(ours) / 1e3, statistics.median(rounds[rival]) / 1e3),
                 (keys.IN_TURN_TIME,) * 2, statistics.median(per_round)))
     return claims
 
@@ -167,9 +174,8 @@ def ddp_name(r: Result, ranks: bool = False) -> str:
 
 def ddp_claims(results: Sequence[Result],
                rivals: Mapping[str, str] = RIVAL_DDP) -> list[Claim]:
-    """Per world size and workload: each of our variants' step / its rival's (by default
-    PyTorch's DDP, or FSDP2 for our FSDP), from the slowest rank's median step (CUDA
-    events)."""
+    """Per world size and workload: each of our variants' slowest-rank median step (CUDA
+    events) / its rival's (by default PyTorch's DDP, or FSDP2 for our FSDP)."""
     def workload(r: Result) -> tuple:
         return (r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)), r.get("batch_per_rank"),
                 r.get(keys.SEQ_LEN), str(r.get(keys.BACKEND)))
@@ -186,6 +192,12 @@ def ddp_claims(results: Sequence[Result],
                 group, our, (ddp_name(our), rival_name),
                 (our.get(keys.STEP_S), rival.get(keys.STEP_S)), (keys.RANK_EVENT_TIME,) * 2))
     return claims
+
+
+def all_claims(results: Sequence[Result]) -> list[Claim]:
+    """Every claim over `results` (all runs of one GPU: each pair from its newest run)."""
+    return [*attention_claims(results), *in_turn_claims(results), *recipe_claims(results),
+            *ddp_claims(results)]
 
 
 def topic(claim: Claim) -> str:
@@ -219,7 +231,33 @@ def summary_table(claims: Sequence[Claim]) -> str:
                            "newest history file"], rows)
 
 
-def all_claims(results: Sequence[Result]) -> list[Claim]:
-    """Every claim over `results` (all runs of one GPU: each pair from its newest run)."""
-    return [*attention_claims(results), *in_turn_claims(results), *recipe_claims(results),
-            *ddp_claims(results)]
+def headline(repo: Path, history_name: str, ours: str, *rivals: str) -> str:
+    """The `headline` block: ours / each rival in `history_name`, median (lowest–highest)
+    over the workloads where both ran, under the kind of time of most claims common to all
+    rivals. A data-parallel rival (say `none`) is set against the variant `ours` names (its
+    first word)."""
+    if not (repo / history_name).is_file():
+        raise ValueError(f"{history_name}: no such history file")
+    run = load_run(repo / history_name, (repo / history_name).parent)
+    claims = [*all_claims(run.results),
+              *(c for rival in rivals for c in ddp_claims(run.results, {ours.split()[0]: rival}))]
+    by_rival = {rival: list({(c.group, c.ours.time_kind): c for c in claims
+                             if c.ours.name == ours and c.rival.name == rival}.values())
+                for rival in rivals}
+    if missing := [rival for rival, found in by_rival.items() if not found]:
+        raise ValueError(f"{history_name}: no claim of {ours} against {', '.join(missing)}")
+    kinds = Counter(c.ours.time_kind for found in by_rival.values() for c in found)
+    common = [k for k, _ in kinds.most_common()
+              if all(any(c.ours.time_kind == k for c in found) for found in by_rival.values())]
+    if not common:
+        raise ValueError(f"{history_name}: no kind of time common to {ours}'s rivals")
+    chosen = {rival: [c for c in found if c.ours.time_kind == common[0]]
+              for rival, found in by_rival.items()}
+    workloads = max(len(found) for found in chosen.values())
+    first = next(iter(chosen.values()))[0]
+    parts = [f"{RIVAL_LABELS.get(rival, rival)} {ratio_text(found)}"
+             for rival, found in chosen.items()]
+    where = first.group if workloads == 1 else f"{workloads} workloads"
+    return (f"- **{topic(first).capitalize()}** on {run.device}, "
+            f"{common[0]}: ours ({ours}) / {', / '.join(parts)} ({where}; below 1 ours "
+            f"takes less time; `{history_name}`, {run.datetime[:10]}).\n")

@@ -1,7 +1,5 @@
-"""Generated blocks of docs/accounting.md: the analytic memory and communication models of
-our models, computed from their configs (no measurement is read). The per-step memory and
-the activation count they build on are `systems.accounting`'s, which the benchmarks and the
-memory profiler use too."""
+"""Generated blocks of docs/accounting.md: analytic memory and communication models of our
+models from their configs (no measurement is read), on `systems.accounting`'s counts."""
 
 from __future__ import annotations
 
@@ -16,11 +14,10 @@ from systems.model import MODEL_CONFIGS
 BATCH, CONTEXT = 4, 512  # the shape of the end-to-end benchmarks
 
 
-def checkpointed_activation_bytes(
-    layer_bytes: int, boundary_bytes: int, num_layers: int, segment: int
-) -> int:
-    """Peak saved activations when only every `segment`-th block input is kept: forward
-    keeps ceil(L / segment) block inputs; backward recomputes one segment at a time."""
+def checkpointed_activation_bytes(layer_bytes: int, boundary_bytes: int, num_layers: int,
+                                  segment: int) -> int:
+    """Peak saved activations keeping every `segment`-th block input: forward keeps
+    ceil(L / segment) of them; backward recomputes one segment at a time."""
     if not 1 <= segment <= num_layers:
         raise ValueError(f"segment must lie in [1, {num_layers}], got {segment}")
     return math.ceil(num_layers / segment) * boundary_bytes + segment * layer_bytes
@@ -53,7 +50,7 @@ class FFNStack:
         return tokens * self.num_blocks * (self.d_model + self.d_ff) * acc.BF16
 
     def fsdp_bytes_per_device(self, tokens: int, devices: int) -> int:
-        """State and half of the activations sharded over `devices`; the other half replicated."""
+        """State and half the activations sharded over `devices`; the other half replicated."""
         half = self.activation_bytes(tokens) / 2
         return math.ceil(self.state_bytes() / devices + half / devices + half)
 
@@ -69,17 +66,16 @@ class FFNStack:
 
 
 def data_parallel_bytes_per_step(param_bytes: float, world_size: int, scheme: str) -> float:
-    """Bytes each rank sends per step, in ring collectives. "ddp": all-reduce the gradients
-    (a reduce-scatter then an all-gather); "sharded_optimizer": the same, then each rank
-    broadcasts the parameters it updated; "zero1": reduce-scatter the gradients, all-gather
-    the updated parameters."""
+    """Bytes each rank sends per step in ring collectives, in units of one all-gather (or
+    reduce-scatter): "ddp" all-reduces the gradients (two), "sharded_optimizer" then
+    broadcasts the updated parameters (three), "zero1" reduce-scatters the gradients and
+    all-gathers the parameters (two)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    gather = param_bytes * (world_size - 1) / world_size  # an all-gather or reduce-scatter
-    volumes = {"ddp": 2 * gather, "sharded_optimizer": 3 * gather, "zero1": 2 * gather}
-    if scheme not in volumes:
-        raise ValueError(f"unknown scheme {scheme!r}; choose one of {sorted(volumes)}")
-    return volumes[scheme]
+    gathers = {"ddp": 2, "sharded_optimizer": 3, "zero1": 2}
+    if scheme not in gathers:
+        raise ValueError(f"unknown scheme {scheme!r}; choose one of {sorted(gathers)}")
+    return gathers[scheme] * param_bytes * (world_size - 1) / world_size
 
 
 def _gib(value: float) -> str:

@@ -37,6 +37,9 @@ def read_source(repo: Path, name: str, kind: str) -> object:
 class BlockError(ValueError):
     """A doc's generated blocks cannot be rewritten; the message names the file and line."""
 
+    def __init__(self, doc: str, line: int, why: str) -> None:
+        super().__init__(f"{doc}:{line}: {why}")
+
 
 @dataclass(frozen=True)
 class Block:
@@ -44,10 +47,6 @@ class Block:
     args: tuple[str, ...]
     line: int  # 1-based line of the opening marker
     body: str
-
-
-def _fail(doc: str, line: int, why: str) -> BlockError:
-    return BlockError(f"{doc}:{line}: {why}")
 
 
 def split_blocks(text: str, doc: str = "<doc>") -> list[str | Block]:
@@ -65,14 +64,15 @@ def split_blocks(text: str, doc: str = "<doc>") -> list[str | Block]:
             fenced = not fenced
         start = None if fenced else _OPEN.match(stripped)
         if start and opened:
-            raise _fail(doc, number, f"generated block opened inside the one at line {opened[0]}")
+            raise BlockError(doc, number,
+                             f"generated block opened inside the one at line {opened[0]}")
         if start:
             plain.append(line)
             parts.append("".join(plain))
             plain, opened, body = [], (number, start["spec"]), []
         elif stripped == _CLOSE and not fenced:
             if not opened:
-                raise _fail(doc, number, "end of a generated block that was never opened")
+                raise BlockError(doc, number, "end of a generated block that was never opened")
             name, *args = shlex.split(opened[1])
             parts.append(Block(name, tuple(args), opened[0], "".join(body)))
             plain, opened = [line], None
@@ -81,7 +81,7 @@ def split_blocks(text: str, doc: str = "<doc>") -> list[str | Block]:
         else:
             plain.append(line)
     if opened:
-        raise _fail(doc, opened[0], f"generated block is never closed ({_CLOSE!r})")
+        raise BlockError(doc, opened[0], f"generated block is never closed ({_CLOSE!r})")
     parts.append("".join(plain))
     return parts
 
@@ -94,26 +94,29 @@ def render(text: str, generators: Mapping[str, Generator], doc: str = "<doc>") -
             out.append(part)
             continue
         if part.name not in generators:
-            raise _fail(doc, part.line, f"no generator named {part.name!r} (known: "
+            raise BlockError(doc, part.line, f"no generator named {part.name!r} (known: "
                         f"{', '.join(sorted(generators))})")
         try:
             body = generators[part.name](*part.args)
         except (ValueError, FileNotFoundError, TypeError) as error:
-            raise _fail(doc, part.line, f"{part.name}: {error}") from error
+            raise BlockError(doc, part.line, f"{part.name}: {error}") from error
         out.append(body.rstrip("\n") + "\n")
     return "".join(out)
 
 
-def plain_lines(text: str, doc: str = "<doc>") -> Iterable[tuple[int, str]]:
-    """(line number, line) of every line outside generated blocks and their markers."""
-    number = 0
+def prose_lines(text: str, doc: str = "<doc>") -> Iterable[tuple[int, str]]:
+    """(line number, line) of every line outside generated blocks, their markers and
+    fenced code."""
+    number, fenced = 0, False
     for part in split_blocks(text, doc):
         if isinstance(part, Block):
             number += part.body.count("\n")  # the closing marker opens the next part
             continue
         for line in part.splitlines():
             number += 1
-            if not _OPEN.match(line.strip()) and line.strip() != _CLOSE:
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            elif not fenced and not _OPEN.match(line.strip()) and line.strip() != _CLOSE:
                 yield number, line
 
 

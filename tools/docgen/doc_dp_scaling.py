@@ -1,23 +1,17 @@
-"""Generated doc block for data-parallel scaling, from the study's files
-`<folder>/world{1,2,4}.json` (studies/dp_scaling/study.py): all-reduce bus bandwidth by
-message size against the largest measured at each world size, each variant's step and
-tokens/s at 1, 2 and 4 GPUs with scaling efficiency, and each variant against the
-no-communication step (and its torch rival) round by round."""
+"""The `dp-scaling` block, from studies/dp_scaling/study.py's `<folder>/world{1,2,4}.json`:
+all-reduce bus bandwidth by message size, each variant's step, tokens/s and scaling
+efficiency, and each variant against no communication (and its torch rival) per round."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from systems.common.formatting import markdown_table
+from systems.common.formatting import fmt, markdown_table
 from tools.docgen.doc_blocks import read_source
 
 WORLD_SIZES = (1, 2, 4)
 # Each of our variants against the torch implementation it must beat.
 RIVALS = {"bucketed": "torch_ddp", "fsdp": "torch_fsdp2"}
-
-
-def _cell(value: float | None, fmt: str, scale: float = 1) -> str:
-    return "-" if value is None else format(value * scale, fmt)
 
 
 def _busbw_table(runs: dict[int, dict]) -> str:
@@ -43,9 +37,9 @@ def _scaling_table(runs: dict[int, dict]) -> str:
     for name in dict.fromkeys(n for w in sorted(runs) for n in runs[w]["summary"]):
         of = {w: runs[w]["summary"].get(name, {}) if w in runs else {} for w in WORLD_SIZES}
         tokens = {w: of[w].get("tokens_per_s") for w in WORLD_SIZES}
-        rows.append([name, *(_cell(of[w].get("step_s"), ".1f", 1e3) for w in WORLD_SIZES),
-                     *(_cell(tokens[w], ".0f") for w in WORLD_SIZES),
-                     *(_cell(None if None in (tokens[1], tokens[w]) else tokens[w]
+        rows.append([name, *(fmt(of[w].get("step_s"), ".1f", 1e3) for w in WORLD_SIZES),
+                     *(fmt(tokens[w], ".0f") for w in WORLD_SIZES),
+                     *(fmt(None if None in (tokens[1], tokens[w]) else tokens[w]
                              / (w * tokens[1]), ".2f") for w in WORLD_SIZES[1:])])
     headers = ["variant", *(f"ms {w} GPU{'s' if w > 1 else ''}" for w in WORLD_SIZES),
                *(f"tokens/s {w}" for w in WORLD_SIZES),

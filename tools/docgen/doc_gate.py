@@ -4,9 +4,9 @@ gate tables a perf session printed, and `tools.docgen.drift` over saved historie
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from systems.common.formatting import markdown_table
 from systems.runs import gate
@@ -32,75 +32,73 @@ _GATE_BASELINE = re.compile(r"(?:medians|perf gate: \S+) vs (?P<baseline>\S+)")
 _GATE_TALLY = re.compile(r"^\d+ (ok|SLOWER|faster|not gated)")
 
 
-@dataclass(frozen=True)
-class GateTable:
+class GateTable(NamedTuple):
     file: str
     baseline: str
     tally: str
-    rows: list[dict[str, str]]
+    rows: list[dict[str, str]]  # _GATE_ROW's fields, and "test": the case without its path
 
 
-def read_gate_table(repo: Path, name: str) -> GateTable:
+def _read_gate_table(repo: Path, name: str) -> GateTable:
     lines = (repo / name).read_text().splitlines()
     baseline = next((m["baseline"] for line in lines if (m := _GATE_BASELINE.search(line))), None)
     tally = next((line for line in lines if _GATE_TALLY.match(line)), None)
-    rows = [m.groupdict() for line in lines if (m := _GATE_ROW.match(line.strip()))]
+    rows = [{**m.groupdict(), "test": m["case"].split("::")[-1]}
+            for line in lines if (m := _GATE_ROW.match(line.strip()))]
     if baseline is None or tally is None or not rows:
         raise ValueError(f"{name}: not a gate table as the perf session prints it")
     return GateTable(name, baseline, tally, rows)
 
 
-def _gate_source(tables: Sequence[GateTable]) -> str:
+def _gate_block(repo: Path, files: tuple[str, ...], headers: list[str],
+                rows: Callable[[list[GateTable]], list[list]]) -> str:
+    """A table of rows from the printed gate tables `files`, and where they come from."""
+    tables = [_read_gate_table(repo, f) for f in files]
     baselines = sorted({t.baseline for t in tables})
-    return ("Time: each case's pytest-benchmark round medians (eager end-to-end, or device "
-            "time for CUDA-graph replay cases), run against the baseline's; quoted from the "
-            f"gate tables {', '.join(f'`{t.file}`' for t in tables)}, which compared with "
+    return (markdown_table(headers, rows(tables)) + "\n\nTime: each case's pytest-benchmark "
+            "round medians (eager end-to-end, or device time for CUDA-graph replay cases), "
+            "run against the baseline's; quoted from the gate tables "
+            f"{', '.join(f'`{t.file}`' for t in tables)}, which compared with "
             f"{', '.join(f'`{b}`' for b in baselines)} as it was then.\n")
 
 
 def gate_tallies(repo: Path, *files: str) -> str:
     """Per printed gate table: its tally and the cases it flagged."""
-    tables = [read_gate_table(repo, f) for f in files]
-    rows = [[f"`{Path(t.file).name}`", t.tally,
-             "; ".join(f"{_case(r['case'])}: {r['base']} -> {r['cur']} ms ({r['change']}, "
-                       f"threshold {r['threshold']}, {r['verdict']})"
-                       for r in t.rows if r["verdict"] in ("SLOWER", "faster")) or "none"]
-            for t in tables]
-    return (markdown_table(["gate table", "tally", "flagged cases"], rows) + "\n\n"
-            + _gate_source(tables))
-
-
-def _case(name: str) -> str:
-    return name.split("::")[-1]
+    return _gate_block(repo, files, ["gate table", "tally", "flagged cases"], lambda tables: [
+        [f"`{Path(name).name}`", tally, "; ".join(
+            f"{r['test']}: {r['base']} -> {r['cur']} ms ({r['change']}, threshold "
+            f"{r['threshold']}, {r['verdict']})"
+            for r in rows if r["verdict"] in ("SLOWER", "faster")) or "none"]
+        for name, _, tally, rows in tables])
 
 
 def gate_cases(repo: Path, file: str, match: str) -> str:
     """The rows of one printed gate table whose case name contains `match`."""
-    table = read_gate_table(repo, file)
-    rows = [[_case(r["case"]), r["base"], r["cur"], r["change"], r["threshold"], r["verdict"]]
-            for r in table.rows if match in r["case"]]
-    if not rows:
-        raise ValueError(f"{file}: no case matches {match!r}")
-    return (markdown_table(["case", "baseline ms", "current ms", "change", "threshold",
-                            "verdict"], rows) + "\n\n" + _gate_source([table]))
+    def rows(tables: list[GateTable]) -> list[list]:
+        found = [[r["test"], r["base"], r["cur"], r["change"], r["threshold"], r["verdict"]]
+                 for r in tables[0].rows if match in r["case"]]
+        if not found:
+            raise ValueError(f"{file}: no case matches {match!r}")
+        return found
+
+    return _gate_block(repo, (file,), ["case", "baseline ms", "current ms", "change",
+                                       "threshold", "verdict"], rows)
 
 
 def gate_noise(repo: Path, *files: str) -> str:
     """Across unchanged re-runs: per test function, the largest |change| of a case against
     the baseline, for cases under and over 1 ms."""
-    tables = [read_gate_table(repo, f) for f in files]
-    worst: dict[tuple[str, str], tuple[float, str]] = {}
-    for t in tables:
-        for r in t.rows:
-            test = _case(r["case"]).split("[")[0]
-            size = "< 1 ms" if float(r["base"]) < 1 else ">= 1 ms"
+    def rows(tables: list[GateTable]) -> list[list]:
+        worst: dict[tuple[str, str], tuple[float, str]] = {}
+        for r in (r for table in tables for r in table.rows):
+            key = (r["test"].split("[")[0], "< 1 ms" if float(r["base"]) < 1 else ">= 1 ms")
             change = float(r["change"].rstrip("%"))
-            if abs(change) > abs(worst.get((test, size), (0.0, ""))[0]):
-                worst[(test, size)] = (change, _case(r["case"]))
-    rows = [[test, size, f"{change:+.1f}%", case]
-            for (test, size), (change, case) in sorted(worst.items())]
-    return (markdown_table(["test", "baseline median", "largest change", "case"], rows)
-            + "\n\n" + _gate_source(tables))
+            if abs(change) > abs(worst.get(key, (0.0, ""))[0]):
+                worst[key] = (change, r["test"])
+        return [[test, size, f"{change:+.1f}%", case]
+                for (test, size), (change, case) in sorted(worst.items())]
+
+    return _gate_block(repo, files, ["test", "baseline median", "largest change", "case"], rows)
 
 
 def drift_summary(repo: Path, pattern: str, match: str = "") -> str:
@@ -109,18 +107,13 @@ def drift_summary(repo: Path, pattern: str, match: str = "") -> str:
     paths = sorted(repo.glob(pattern))
     if not paths:
         raise ValueError(f"no history files match {pattern}")
-    pairs = drift.drifts([read_run(p) for p in paths], match)
-    rows = []
-    for label, group in drift.judged_groups(pairs):
-        changes = [p.change for p in group]
-        rows.append([label, len(group), len({p.name for p in group}),
-                     *(f"{drift.quantile(changes, q):.1%}" if changes else "-"
-                       for q in (.5, .9, .95)),
-                     f"{max(changes):.1%}" if changes else "-"])
-    flagged = drift.flagged(drift.judged_groups(pairs)[-1][1])
+    groups = drift.judged_groups(drift.drifts([read_run(p) for p in paths], match))
+    rows = [[label, len(pairs), len({p.name for p in pairs}),
+             *(drift.change_quantiles(pairs) if pairs else ["-"] * 4)] for label, pairs in groups]
     return (markdown_table(["pairs", "count", "cases", "abs change p50", "p90", "p95", "max"],
                            rows)
-            + f"\n\nThe gate's thresholds would flag {len(flagged)} of the last row's pairs.\n\n"
-            f"Time: pytest-benchmark round medians of each case, consecutive distinct "
-            f"measurements{f' of cases containing `{match}`' if match else ''}. From the "
+            + f"\n\nThe gate's thresholds would flag {len(drift.flagged(groups[-1][1]))} of "
+            "the last row's pairs.\n\nTime: pytest-benchmark round medians of each case, "
+            "consecutive distinct measurements"
+            f"{f' of cases containing `{match}`' if match else ''}. From the "
             f"{len(paths)} files `{pattern}`.\n")

@@ -46,9 +46,7 @@ def ratio(t: Timed, reference: Timed) -> tuple[float, float, float]:
     if len(t.ms) > 1 and len(t.ms) == len(reference.ms):
         each = [a / b for a, b in zip(t.ms, reference.ms, strict=True)]
         return statistics.median(each), min(each), max(each)
-    if reference.who in t.stored:
-        return t.stored[reference.who]
-    return (t.median / reference.median,) * 3
+    return t.stored.get(reference.who) or (t.median / reference.median,) * 3
 
 
 def _ratio_cell(t: Timed, reference: Timed | None) -> str:
@@ -68,13 +66,14 @@ def _reference(timings: list[Timed], t: Timed, against: str) -> Timed | None:
 def _fastest(timings: list[Timed], against: str, fields: list[str]) -> list[Timed]:
     """Per workload and step: `against` and, of each other implementation, the fastest of
     each set of values of the config `fields` (none: the fastest of all)."""
-    kept, best = [t for t in timings if t.who == against], {}
+    best: dict[tuple, Timed] = {}
     for t in timings:
         key = (t.workload, t.what, *((t.who, *(str(t.config.get(f)) for f in fields))
                                      if fields else ()))
         if t.who != against and (key not in best or t.median < best[key].median):
             best[key] = t
-    return sorted([*kept, *best.values()], key=timings.index)
+    chosen = {id(t) for t in best.values()}
+    return [t for t in timings if t.who == against or id(t) in chosen]
 
 
 def _labelled(timings: list[Timed], fields: list[str] | None = None) -> list[Timed]:
@@ -86,33 +85,30 @@ def _labelled(timings: list[Timed], fields: list[str] | None = None) -> list[Tim
         groups.setdefault((t.workload, t.who), []).append(t.config)
     out = []
     for t in timings:
-        configs = groups[(t.workload, t.who)]
         label = ", ".join(f"{k}={v}" for k, v in t.config.items()
-                          if (k in fields if fields is not None
-                              else len({str(c.get(k)) for c in configs}) > 1))
+                          if (k in fields if fields is not None else
+                              len({str(c.get(k)) for c in groups[(t.workload, t.who)]}) > 1))
         out.append(replace(t, who=f"{t.who} ({label})" if label else t.who))
     return out
 
 
 def _long(timings: list[Timed], against: str, steps: bool) -> tuple[list[str], list[list]]:
-    """One row per implementation and workload (with its fastest and slowest round where
-    a run kept them)."""
-    rounds, rows = any(t.extremes for t in timings), []
-    for t in timings:
-        reference = _reference(timings, t, against)
-        cell = "1" if t.who == against and not t.stored else _ratio_cell(t, reference)
-        rows.append([t.workload, t.who, *([t.what] if steps else []), _ms(t),
-                     *([f"{t.extremes[0]:.1f}–{t.extremes[1]:.1f}" if t.extremes else "-"]
-                       if rounds else []), cell])
+    """A row per implementation and workload (and its fastest and slowest round if kept)."""
+    rounds = any(t.extremes for t in timings)
+    rows = [[t.workload, t.who, *([t.what] if steps else []), _ms(t),
+             *([f"{t.extremes[0]:.1f}–{t.extremes[1]:.1f}" if t.extremes else "-"]
+               if rounds else []),
+             "1" if t.who == against and not t.stored
+             else _ratio_cell(t, _reference(timings, t, against))] for t in timings]
     return ["workload", "implementation", *(["variant"] if steps else []), "ms",
             *(["fastest–slowest round ms"] if rounds else []), f"/ {against}"], rows
 
 
 def _wide(timings: list[Timed], against: str, steps: bool, ours: str = "",
           rate: bool = False) -> tuple[list[str], list[list]]:
-    """One row per workload (and variant): the reference's time, then each other's ratio
-    to it (`against`), or its ratio to each other (`ours`); with `rate`, the reference's
-    FLOP rate beside the bf16 matmul ceiling."""
+    """A row per workload (and variant): the reference's time, then each other's ratio to
+    it (`against`), or its ratio to each other (`ours`); with `rate`, the reference's FLOP
+    rate beside the bf16 matmul ceiling."""
     base = ours or against
     others = list(dict.fromkeys(t.who for t in timings if t.who != base))
     by_key: dict[tuple[str, str], dict[str, Timed]] = {}
@@ -145,48 +141,44 @@ def _ms(t: Timed) -> str:
     return f"{t.median:.3f}"
 
 
-def ratios(repo: Path, *args: str) -> str:
-    """The `ratios` block (see the module's docstring): a row per implementation and
-    workload, or with layout=wide a row per workload and a ratio column per implementation."""
-    files, options = _options(args, {"against", "ours", "clock", "time", "where", "fastest",
-                                     "layout", "rate"})
-    against, shown, sources = options.get("against", ""), [], []
-    runs = [read_timings(repo, name, options.get("time", ""), _where(options.get("where", "")))
-            for name in files]
-    # A workload in several runs is told apart by each run's commit (or file, if shared).
-    seen = Counter(w for timings, _ in runs for w in {t.workload for t in timings})
-    commits = Counter(source.commit for _, source in runs)
-    for name, (timings, source) in zip(files, runs, strict=True):
-        run = source.commit if commits[source.commit] == 1 else Path(name).stem
-        if not timings:
-            raise ValueError(f"{name}: nothing timed matches {options.get('where', '')!r}")
-        fields = None
-        if "fastest" in options:
-            fields = [f for f in options["fastest"].split(",") if f and f != "yes"]
-            timings = _fastest(timings, against, fields)
-        shown += [replace(t, workload=f"{t.workload} ({run})")
-                  if seen[t.workload] > 1 else t for t in _labelled(timings, fields)]
-        sources.append(source)
-    steps = any(t.what for t in shown)
-    if options.get("layout") == "wide":
-        headers, rows = _wide(shown, against, steps, options.get("ours", ""),
-                              "rate" in options)
-    else:
-        headers, rows = _long(shown, against, steps)
-    if not rows:
-        raise ValueError(f"{', '.join(files)}: no row has {options.get('ours')}")
-    marked = any(HOST_BOUND_MARK in str(cell) for row in rows for cell in row)
-    return (markdown_table(headers, rows) + _closing(options["clock"], sources)
-            + (f"\n{HOST_BOUND_MARK} host-bound: one side spent {HOST_BOUND_SHARE:.0%} or "
-               "more of each round enqueueing, so the ratio compares the host's speed at two "
-               "moments, not the kernels.\n" if marked else ""))
-
-
 def _closing(clock: str, sources: list[Source]) -> str:
     return (f"\n\nTime: {clock}; ms: the median over a run's rounds (its one time where it "
             "took one); a ratio: the median of the per-round ratios (lowest–highest) where "
             "both took the same rounds in turn, else as the run stored it or of medians. "
             f"From {', '.join(map(str, sources))}.\n")
+
+
+def ratios(repo: Path, *args: str) -> str:
+    """The `ratios` block: a row per implementation and workload, or with layout=wide a
+    row per workload and a ratio column per implementation."""
+    files, options = _options(args, {"against", "ours", "clock", "time", "where", "fastest",
+                                     "layout", "rate"})
+    against, where = options.get("against", ""), options.get("where", "")
+    runs = [read_timings(repo, name, options.get("time", ""), _where(where)) for name in files]
+    # A workload in several runs is told apart by each run's commit (or file, if shared).
+    seen = Counter(w for timings, _ in runs for w in {t.workload for t in timings})
+    commits = Counter(source.commit for _, source in runs)
+    shown = []
+    for name, (timings, source) in zip(files, runs, strict=True):
+        if not timings:
+            raise ValueError(f"{name}: nothing timed matches {where!r}")
+        run = source.commit if commits[source.commit] == 1 else Path(name).stem
+        fields = None
+        if "fastest" in options:
+            fields = [f for f in options["fastest"].split(",") if f and f != "yes"]
+            timings = _fastest(timings, against, fields)
+        shown += [replace(t, workload=f"{t.workload} ({run})") if seen[t.workload] > 1 else t
+                  for t in _labelled(timings, fields)]
+    steps = any(t.what for t in shown)
+    headers, rows = (_wide(shown, against, steps, options.get("ours", ""), "rate" in options)
+                     if options.get("layout") == "wide" else _long(shown, against, steps))
+    if not rows:
+        raise ValueError(f"{', '.join(files)}: no row has {options.get('ours')}")
+    marked = any(HOST_BOUND_MARK in str(cell) for row in rows for cell in row)
+    return (markdown_table(headers, rows) + _closing(options["clock"], [s for _, s in runs])
+            + (f"\n{HOST_BOUND_MARK} host-bound: one side spent {HOST_BOUND_SHARE:.0%} or "
+               "more of each round enqueueing, so the ratio compares the host's speed at two "
+               "moments, not the kernels.\n" if marked else ""))
 
 
 def history(repo: Path, *args: str) -> str:

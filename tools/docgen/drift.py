@@ -61,9 +61,11 @@ def drifts(runs: list[dict], match: str = "") -> list[Drift]:
             for a, b in itertools.pairwise(timings)]
 
 
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def change_quantiles(pairs: list[Drift]) -> list[str]:
+    """p50, p90, p95 and max of the pairs' |median change| (nearest rank), as percentages."""
+    changes = sorted(p.change for p in pairs)
+    return [f"{changes[min(len(changes) - 1, int(q * len(changes)))]:.1%}"
+            for q in (.5, .9, .95, 1)]
 
 
 def judged_groups(pairs: list[Drift], min_ms: float = 1.0) -> list[tuple[str, list[Drift]]]:
@@ -81,15 +83,6 @@ def flagged(pairs: list[Drift]) -> list[Drift]:
             if judge(p.name, p.first, p.second).verdict in (Verdict.SLOWER, Verdict.FASTER)]
 
 
-def summary_line(label: str, pairs: list[Drift]) -> str:
-    if not pairs:
-        return f"{label}: no pairs"
-    changes = [p.change for p in pairs]
-    return (f"{label}: {len(pairs)} pairs of {len({p.name for p in pairs})} cases; |median "
-            f"change| p50 {quantile(changes, .5):.1%}, p90 {quantile(changes, .9):.1%}, "
-            f"p95 {quantile(changes, .95):.1%}, max {max(changes):.1%}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.docgen.drift",
                                      description=__doc__.split("\n\n")[0])
@@ -105,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     groups = judged_groups(drifts(runs, args.match), args.min_ms)
     for label, pairs in groups:
-        print(summary_line(label, pairs))
+        if not pairs:
+            print(f"{label}: no pairs")
+            continue
+        p50, p90, p95, top = change_quantiles(pairs)
+        print(f"{label}: {len(pairs)} pairs of {len({p.name for p in pairs})} cases; |median "
+              f"change| p50 {p50}, p90 {p90}, p95 {p95}, max {top}")
     gated = groups[-1][1]
     print(f"the gate's thresholds would flag {len(flagged(gated))} of these {len(gated)} pairs")
     for pair in sorted(gated, key=lambda p: p.change, reverse=True)[:10]:

@@ -1,10 +1,9 @@
 """Figures (PNG) of benchmark results; each returns None without enough data to draw.
 
-Every figure compares within one run of one history file (the one with the most points it
-can draw), names that file, and says what its times measure. A series of one point is a
-marker, never a line; a line breaks where a point is missing; time and throughput axes
-start at zero unless the axis says it is logarithmic. Figures are drawn on matplotlib's
-Agg canvas, chosen per figure: importing this module selects no backend.
+A figure compares within one run of one history file (the one with the most points it can
+draw), names it and says what its times measure. One point is a marker, never a line; a
+line breaks where a point is missing; time and throughput axes start at zero unless
+logarithmic. Drawn on matplotlib's Agg canvas: importing this module selects no backend.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from pathlib import Path
 from systems.model import MODEL_CONFIGS
 from systems.runs import keys
 from systems.runs.history import Result
-from tools.docgen.claims import ddp_name
+from tools.docgen.claims import ddp_name, newest
 
 _FLOPS, _PEAK_TFLOPS = "flops", "peak_tflops"
 # Attention series in the order a reader compares them: ours first, then the rivals.
@@ -44,13 +43,6 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _colours(names: Sequence[str]) -> dict[str, object]:
-    """One colour per name in every panel, so a series can be followed across panels."""
-    from matplotlib import colormaps
-
-    return {name: colormaps["tab10"](i % 10) for i, name in enumerate(names)}
-
-
 def _most_common(results: Sequence[Result], *fields: str) -> object:
     values = Counter(tuple(r.get(f) for f in fields) for r in results).most_common(1)[0][0]
     return values[0] if len(fields) == 1 else values
@@ -58,8 +50,7 @@ def _most_common(results: Sequence[Result], *fields: str) -> object:
 
 def _one_run(results: Sequence[Result],
              enough: Callable[[list[Result]], int]) -> list[Result] | None:
-    """The results of one run: of those with the most `enough` (0: nothing to draw), the
-    newest. A figure compares within a run and shows the newest code that it can."""
+    """Of the runs with the most `enough` (0: nothing to draw), the newest's results."""
     by_run: dict[tuple[str, str], list[Result]] = defaultdict(list)
     for r in results:
         by_run[r.measured_in].append(r)
@@ -75,13 +66,12 @@ def _source(results: Sequence[Result]) -> str:
     return f"{where}, recorded {r.datetime[:10]}"
 
 
-def _lines(ax, series: dict[str, dict[float, float]], colours: dict[str, object]) -> None:
-    """A line per series, marked at every point: a gap (NaN) where a series has no point,
-    so no line bridges it, and no line through one point."""
+def _lines(ax, series: dict[str, dict[float, float]], colours: dict | None = None) -> None:
+    """A line per series, marked at every point, with a gap (NaN) where it has no point."""
     xs = sorted({x for points in series.values() for x in points})
     for name, points in series.items():
         ax.plot(xs, [points.get(x, math.nan) for x in xs], marker="o", label=name,
-                color=colours.get(name), linestyle="-" if len(points) > 1 else "none")
+                color=(colours or {}).get(name), linestyle="-" if len(points) > 1 else "none")
 
 
 def _bars(ax, labels: Sequence[str], values: Sequence[float], values_shown: bool = False,
@@ -93,8 +83,10 @@ def _bars(ax, labels: Sequence[str], values: Sequence[float], values_shown: bool
 
 
 def _frame(ax, title: str, xlabel: str, ylabel: str = "", log_x: int = 0,
-           log_y: bool = False, legend: bool = True) -> None:
+           log_y: bool = False, legend: bool = True, y_from_zero: bool = False) -> None:
     """Labels, title and grid of a panel, its x axis logarithmic to base `log_x` if set."""
+    if y_from_zero:
+        ax.set_ylim(bottom=0)
     if log_x:
         ax.set_xscale("log", base=log_x)
     if log_y:
@@ -107,19 +99,15 @@ def _frame(ax, title: str, xlabel: str, ylabel: str = "", log_x: int = 0,
         ax.legend(fontsize=8)
 
 
-def _newest(results: Sequence[Result], key: Callable[[Result], tuple]) -> dict[tuple, Result]:
-    """The newest result per key (a run may repeat a case)."""
-    return {key(r): r for r in sorted(results, key=lambda r: (r.datetime, r.file))}
-
-
-def _size_order(size: object) -> int:
+def size_order(size: object) -> int:
+    """A model size's place in `MODEL_CONFIGS` (an unknown one last)."""
     return list(MODEL_CONFIGS).index(size) if size in MODEL_CONFIGS else 99
 
 
 def _series_points(rows: Sequence[Result]) -> dict[tuple, Result]:
     """(head dim, implementation, sequence length) -> result, of series of three or more
     sequence lengths (a line against sequence length needs them)."""
-    points = _newest(rows, lambda r: (r.get(keys.HEAD_DIM), str(r.get(keys.IMPLEMENTATION)),
+    points = newest(rows, lambda r: (r.get(keys.HEAD_DIM), str(r.get(keys.IMPLEMENTATION)),
                                       r.get(keys.SEQ_LEN)))
     lengths = Counter((d, impl) for d, impl, _ in points)
     return {key: r for key, r in points.items() if lengths[key[:2]] >= 3}
@@ -135,6 +123,8 @@ def _attention_panels(rows: Sequence[Result], value: Callable[[Result], float | 
                       ylabel: str, title: str, path: Path, log_y: bool = False
                       ) -> Path | None:
     """A panel per head dim, a line per implementation against sequence length, of one run."""
+    from matplotlib import colormaps
+
     if not rows:
         return None
     facet = (keys.DTYPE, keys.CAUSAL, keys.PASS, keys.BATCH_HEADS)
@@ -146,17 +136,18 @@ def _attention_panels(rows: Sequence[Result], value: Callable[[Result], float | 
     points = _series_points(rows)
     head_dims = sorted({d for d, _, _ in points})
     dtype, causal, _, batch_heads = common
-    colour = _colours(sorted({impl for _, impl, _ in points}, key=lambda n: (
-        _ATTENTION_ORDER.index(n) if n in _ATTENTION_ORDER else len(_ATTENTION_ORDER), n)))
+    # One colour per implementation in every panel, so a series can be followed across.
+    colour = {impl: colormaps["tab10"](i % 10) for i, impl in enumerate(sorted(
+        {impl for _, impl, _ in points}, key=lambda n: (
+            _ATTENTION_ORDER.index(n) if n in _ATTENTION_ORDER else len(_ATTENTION_ORDER), n)))}
     fig, axes = _figure(1, len(head_dims), (5.5 * len(head_dims), 4.2))
     for ax, head_dim in zip(axes[0], head_dims, strict=True):
         _lines(ax, {impl: by_x for impl in colour if (by_x := {
             n: value(r) for (d, i, n), r in points.items() if d == head_dim and i == impl})},
             colour)
-        if not log_y:
-            ax.set_ylim(bottom=0)
         _frame(ax, f"d = {head_dim}, {dtype}{', causal' if causal else ''}, batch x heads "
-               f"{batch_heads}", "sequence length (tokens)", ylabel, log_x=2, log_y=log_y)
+               f"{batch_heads}", "sequence length (tokens)", ylabel, log_x=2, log_y=log_y,
+               y_from_zero=not log_y)
     fig.suptitle(f"{title}\nfrom {_source(rows)}", fontsize=10)
     return _save(fig, path)
 
@@ -188,7 +179,7 @@ def attention_eager(results: Sequence[Result], path: Path) -> Path | None:
 def _recipe_panels(rows: Sequence[Result]) -> dict[str, dict[str, Result]]:
     """"size, ctx N" -> {recipe: result}, for workloads measured with two or more recipes."""
     by_panel: dict[str, dict[str, Result]] = defaultdict(dict)
-    for (size, seq_len, recipe), r in _newest(
+    for (size, seq_len, recipe), r in newest(
             rows, lambda r: (str(r.get(keys.SIZE)), r.get(keys.SEQ_LEN),
                              str(r.get(keys.RECIPE)))).items():
         by_panel[f"{size}, ctx {seq_len}"][recipe] = r
@@ -203,7 +194,7 @@ def train_step_recipes(results: Sequence[Result], path: Path) -> Path | None:
     if rows is None:
         return None
     by_panel = _recipe_panels(rows)
-    panels = sorted(by_panel, key=lambda k: (_size_order(k.split(",")[0]), k))
+    panels = sorted(by_panel, key=lambda k: (size_order(k.split(",")[0]), k))
     cols = min(2, len(panels))
     grid_rows = -(-len(panels) // cols)
     fig, axes = _figure(grid_rows, cols, (max(9.0, 6.5 * cols), 2.8 * grid_rows + 0.9))
@@ -237,10 +228,9 @@ def model_step_times(results: Sequence[Result], path: Path) -> Path | None:
     mode = "train_step" if "train_step" in modes else _most_common(rows, keys.MODE)
     rows = [r for r in rows if r.get(keys.MODE) == mode]
     context = _most_common(rows, keys.SEQ_LEN)
-    rows = [r for r in rows if r.get(keys.SEQ_LEN) == context]
-    bars = sorted(_newest(rows, lambda r: (r.get(keys.SIZE), str(r.get(keys.PRECISION)),
-                                           bool(r.get(keys.COMPILED)))).items(),
-                  key=lambda kv: (list(MODEL_CONFIGS).index(kv[0][0]), kv[0][1:]))
+    bars = sorted(newest([r for r in rows if r.get(keys.SEQ_LEN) == context], lambda r: (
+        r.get(keys.SIZE), str(r.get(keys.PRECISION)), bool(r.get(keys.COMPILED)))).items(),
+                  key=lambda kv: (size_order(kv[0][0]), kv[0][1:]))
     fig, axes = _figure(1, 1, (7, 1.2 + 0.35 * len(bars)))
     _bars(axes[0, 0], [f"{size}, {precision}, {'compiled' if compiled else 'eager'}"
                        for (size, precision, compiled), _ in bars],
@@ -250,17 +240,16 @@ def model_step_times(results: Sequence[Result], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def _step_ms(result: Result) -> float:
-    """The slowest rank's median step when recorded, else the benchmark round's mean."""
-    step = result.get(keys.STEP_S)
-    return (step if step is not None else result.mean) * 1e3
-
-
 def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
-    """Step time per DDP variant (bars) and, when present, against bucket size (line)."""
+    """Step time per DDP variant (bars) and, when present, against bucket size (line): the
+    slowest rank's median step when recorded, else the benchmark round's mean."""
     rows = [r for r in results if r.kind == "ddp"]
     if not rows:
         return None
+
+    def step_ms(r: Result) -> float:
+        return (r.get(keys.STEP_S) if r.get(keys.STEP_S) is not None else r.mean) * 1e3
+
     # The bucket sweep is one line per world size with the plain optimizer; every other
     # configuration (other variants, sharded optimizers) is a bar of its own.
     def in_sweep(r: Result) -> bool:
@@ -272,14 +261,13 @@ def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
                    key=lambda r: (r.get(keys.WORLD_SIZE) or 0, str(r.get(keys.VARIANT))),
                    reverse=True)
     fig, axes = _figure(1, 2 if swept else 1, (12 if swept else 6, 5))
-    _bars(axes[0, 0], [ddp_name(r, ranks=True) for r in fixed], [_step_ms(r) for r in fixed])
+    _bars(axes[0, 0], [ddp_name(r, ranks=True) for r in fixed], [step_ms(r) for r in fixed])
     _frame(axes[0, 0], "Data-parallel variants", "train step time (ms), slowest rank",
            legend=False)
     if swept:
-        ax, times = axes[0, 1], [_step_ms(r) for r in swept]
-        _lines(ax, {f"{world} ranks": {r.get(keys.BUCKET_SIZE_MB): _step_ms(r) for r in points}
-                    for world, points in groupby(swept, key=lambda r: r.get(keys.WORLD_SIZE))},
-               {})
+        ax, times = axes[0, 1], [step_ms(r) for r in swept]
+        _lines(ax, {f"{world} ranks": {r.get(keys.BUCKET_SIZE_MB): step_ms(r) for r in points}
+                    for world, points in groupby(swept, key=lambda r: r.get(keys.WORLD_SIZE))})
         # From zero, so a 2% difference looks like 2%; the spread is written in the corner.
         ax.set_ylim(0, max(times) * 1.1)
         ax.text(0.02, 0.03, f"min {min(times):.1f} ms, max {max(times):.1f} ms "
@@ -300,8 +288,8 @@ def allreduce_bandwidth(results: Sequence[Result], path: Path) -> Path | None:
         lines[f"{r.get(keys.BACKEND, '?')}, {r.get(keys.WORLD_SIZE, '?')} ranks"][
             r.get(keys.SIZE_BYTES) / 1e6] = keys.gb_per_s(r.get(metric))
     fig, axes = _figure(1, 1, (7, 4.5))
-    _lines(axes[0, 0], dict(sorted(lines.items())), {})
-    axes[0, 0].set_ylim(bottom=0)
+    _lines(axes[0, 0], dict(sorted(lines.items())))
     _frame(axes[0, 0], "All-reduce bandwidth", "message size (MB)",
-           f"{'bus' if metric == keys.BUSBW else 'algorithm'} bandwidth (GB/s)", log_x=10)
+           f"{'bus' if metric == keys.BUSBW else 'algorithm'} bandwidth (GB/s)", log_x=10,
+           y_from_zero=True)
     return _save(fig, path)

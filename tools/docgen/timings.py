@@ -1,7 +1,7 @@
 """Every saved run a doc quotes, read as one shape: per workload, who was timed at which
-step, with the time of each round (or the one time a run took). Study scripts each save
-rows of their own fields and pytest-benchmark saves histories; the readers here are the
-only place that knows those layouts, so one ratio table and one history serve them all."""
+step, with the time of each round (or its one time). Study scripts save rows of their own
+fields and pytest-benchmark saves histories; only this module knows those layouts, so one
+ratio table and one history serve them all."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from systems.model.recipes import RECIPES
 from systems.runs import keys
 from systems.runs.gate import Timing
-from systems.runs.history import Result, load_run, read_run
+from systems.runs.history import Result, load_run
 from tools.docgen.doc_blocks import read_source
 
 # Row fields that say which problem a row timed (the workload), not how.
@@ -23,9 +23,8 @@ NAME_FIELDS = ("implementation", "kind")
 
 @dataclass(frozen=True)
 class Timed:
-    """One implementation (`who`) timed at one step (`what`, "" for the whole call) of one
-    workload: milliseconds per round, and ratios the run stored itself against others
-    (median, lowest, highest), for runs that kept no rounds to recompute them from."""
+    """Implementation `who` timed at step `what` ("": the whole call) of one workload: ms
+    per round, and ratios (median, lowest, highest) the run stored against others."""
 
     workload: str
     who: str
@@ -89,12 +88,11 @@ def _row_timings(row: dict, time: str) -> list[Timed]:
         return [Timed(workload, name, "", (ms,),
                       {default: (over[name],) * 3} if name in over else {})
                 for name, ms in row["ms"].items()]
-    rounds = [k for k in row if k.endswith("_rounds_ms")]
-    if rounds:  # per step, one time per round
+    if rounds := [k for k in row if k.endswith("_rounds_ms")]:  # per step, one time a round
         return [Timed(workload, str(row["implementation"]), k.removesuffix("_rounds_ms"),
                       tuple(row[k])) for k in rounds]
-    modes = [k.removesuffix("_this_ms") for k in row if k.endswith("_this_ms")]
-    if modes:  # this tree beside another, the per-round ratio stored
+    if modes := [k.removesuffix("_this_ms") for k in row if k.endswith("_this_ms")]:
+        # this tree beside another, the per-round ratio stored
         return [t for mode in modes for t in (
             Timed(workload, "this tree", mode, (row[f"{mode}_this_ms"],),
                   {"other tree": (row[f"{mode}_this_over_other"],
@@ -106,19 +104,14 @@ def _row_timings(row: dict, time: str) -> list[Timed]:
     return []
 
 
-def _matches(row: dict, where: dict[str, str]) -> bool:
-    """Whether a row's fields equal `where`'s; a row without such a field (a rival's,
-    where configs are narrowed) is kept."""
-    fields = {**row, **_config(row)}
-    return all(k not in fields or str(fields[k]) == v for k, v in where.items())
-
-
-def _study(repo: Path, name: str, time: str, where: dict[str, str]
+def _study(data: object, name: str, time: str, where: dict[str, str]
            ) -> tuple[list[Timed], Source]:
-    data = read_source(repo, name, "saved run")
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise ValueError(f"{name}: not a saved run (no rows)")
-    rows = [row for row in data["rows"] if _matches(row, where)]
+    # A row without a field of `where` (a rival's, where configs are narrowed) is kept.
+    rows = [row for row in data["rows"] if all(
+        k not in (fields := {**row, **_config(row)}) or str(fields[k]) == v
+        for k, v in where.items())]
     timings = [replace(t, config=_config(row)) for row in rows for t in _row_timings(row, time)]
     versions = "".join(f", {label} {data[k]}" for label, k in (("torch", "torch"),
                                                                ("Triton", "triton"))
@@ -182,27 +175,18 @@ def _case_timings(r: Result, time: str) -> list[Timed]:
                   if time == "median" and "min" in r.stats else None)]
 
 
-def _history(repo: Path, name: str, time: str, where: dict[str, str]
-             ) -> tuple[list[Timed], Source]:
-    """A pytest-benchmark history's attention cases and recipe steps, timed as `time` says
-    (`_case_timings`)."""
-    run = load_run(repo / name, repo)
-    modes = time.split(",")  # several: each time's mode is its variant
-    timings = [replace(t, what=t.what or (mode if len(modes) > 1 else ""))
-               for r in run.results
-               if r.kind in ("attention", "recipe") and _case_matches(r, where)
-               for mode in modes for t in _case_timings(r, mode)]
-    commit = str((read_run(repo / name).get("commit_info") or {}).get("id") or "not recorded")
-    return timings, Source(name, run.device, commit[:7], run.datetime[:10], "")
-
-
 def read_timings(repo: Path, name: str, time: str = "",
                  where: dict[str, str] | None = None) -> tuple[list[Timed], Source]:
-    """The timings of one saved run (a study's rows, or a pytest-benchmark history), those
-    whose row (or config) fields equal `where`'s; `time` is the field a row keeps its one
-    time in, where it keeps no rounds (default `backward_ms`; of a history, `_case_timings`'
-    `time`, default `in_turn`)."""
+    """The timings of one saved run: a study's rows (or configs) whose fields equal
+    `where`'s, timed by field `time` where a row keeps no rounds (default `backward_ms`),
+    or a history's attention cases and recipe steps timed as `time` says (`_case_timings`;
+    default `in_turn`; several, comma-separated: each one's name is its variant)."""
     data = read_source(repo, name, "saved run")
-    if isinstance(data, dict) and "benchmarks" in data:
-        return _history(repo, name, time or "in_turn", where or {})
-    return _study(repo, name, time or "backward_ms", where or {})
+    if not isinstance(data, dict) or "benchmarks" not in data:
+        return _study(data, name, time or "backward_ms", where or {})
+    run, modes = load_run(repo / name, repo), (time or "in_turn").split(",")
+    timings = [replace(t, what=t.what or (mode if len(modes) > 1 else ""))
+               for r in run.results if r.kind in ("attention", "recipe")
+               and _case_matches(r, where or {}) for mode in modes for t in _case_timings(r, mode)]
+    commit = str((data.get("commit_info") or {}).get("id") or "not recorded")
+    return timings, Source(name, run.device, commit[:7], run.datetime[:10], "")

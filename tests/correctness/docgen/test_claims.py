@@ -12,7 +12,7 @@ from systems.runs import keys
 from systems.runs.history import Result
 from tools.docgen import results_plots as plots
 from tools.docgen.claims import all_claims, summary_table
-from tools.docgen.results_tables import provenance, recipes_table
+from tools.docgen.results_page import provenance, recipes_table
 
 
 def _result(name: str, median: float, file: str, run: str = "", when: str = "2026-01-01",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.docgen import doc_breakdowns
+from tools.docgen import doc_sources
 from tools.docgen.__main__ import default_docs, main
 from tools.docgen.claim_scan import scan, scan_docs
 from tools.docgen.doc_blocks import BlockError, render
@@ -342,13 +342,13 @@ def test_breakdowns_stand_side_by_side_per_category(tmp_path: Path) -> None:
 
     for name, optimizer_ms in (("before", 4.0), ("after", 2.5)):
         (tmp_path / f"{name}.json").write_text(json.dumps(record("optimized", optimizer_ms)))
-    block = doc_breakdowns.breakdown_side_by_side(tmp_path, "before.json", "after.json")
+    block = doc_sources.breakdown_side_by_side(tmp_path, "before.json", "after.json")
     assert "| optimizer | 4.0 | 2.5 | 2.0 |" in block
     assert "| matmul | 7.0 | 7.0 | - |" in block
     assert "| step (unprofiled) | 14.0 | 12.5 | - |" in block
     assert "the files record no commit" in block
     with pytest.raises(ValueError, match="not a breakdown record"):
-        doc_breakdowns.breakdown_side_by_side(tmp_path, "missing.json")
+        doc_sources.breakdown_side_by_side(tmp_path, "missing.json")
 
 
 def test_headline_gives_one_line_per_topic_with_gpu_time_kind_and_file(tmp_path: Path) -> None:

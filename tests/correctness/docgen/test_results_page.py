@@ -8,9 +8,8 @@ from smoke_runs import save_smoke_runs
 
 from systems.runs import keys
 from systems.runs.history import Result, latest_results, load_runs
-from tools.docgen.results_page import main
+from tools.docgen.results_page import ddp_table, main, recipes_table
 from tools.docgen.results_plots import allreduce_bandwidth, ddp_variants
-from tools.docgen.results_tables import ddp_table, recipes_table
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
