@@ -1,10 +1,5 @@
-"""Claims "ours vs a rival": same-run ratios of medians, generated, never typed by hand.
-
-A ratio is only formed within one run of one history file (these machines move 5-10%
-between runs) and between times of one kind (eager end-to-end vs device time), both named.
-Where ours took device-time rounds in turn with its rivals, it is the median of the
-rounds' own ratios, each of two times taken moments apart.
-"""
+"""Claims "ours vs a rival": ratios formed only within one run (these machines move 5-10%
+between runs) and naming each side's kind of time; of rounds taken in turn, their median."""
 
 from __future__ import annotations
 
@@ -74,8 +69,7 @@ def newest(results: Iterable[Result], key: Callable[[Result], tuple]) -> dict[tu
 def _pairs(results: Sequence[Result], kind: str, workload: Callable[[Result], tuple],
            name: Callable[[Result], str], ours: Sequence[str],
            rivals: Sequence[str]) -> list[tuple[tuple, Result, Result]]:
-    """(file, run, *workload), ours, rival: per workload and pair of names, of the newest
-    run that measured both."""
+    """(file, run, *workload), ours, rival: per workload and pair, of the newest run of both."""
     groups: dict[tuple, dict[str, Result]] = {}
     for r in results:
         if r.kind == kind:
@@ -107,8 +101,7 @@ def _attention_label(r: Result) -> str:
 
 
 def attention_claims(results: Sequence[Result]) -> list[Claim]:
-    """Per shape, dtype, masking and pass: ours / each rival; where both recorded
-    do_bench's median too (the leaderboard case), that device-time ratio as well."""
+    """Ours / each rival per workload, and of do_bench's medians where both recorded them."""
     def workload(r: Result) -> tuple:
         # (batch, heads, seq, d) and (batch x heads, seq, d) are the same problem.
         return (r.name.split("[")[0], str(r.get(keys.PASS)), str(r.get(keys.DTYPE)),
@@ -129,8 +122,7 @@ def attention_claims(results: Sequence[Result]) -> list[Claim]:
 
 
 def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
-    """Per case of ours that took device-time rounds in turn (`keys.INTERLEAVED_DEVICE_MS`),
-    of its newest run: the median of the rounds' ratios, ours / each rival."""
+    """Of each case's newest run that took device-time rounds in turn: ours / each rival."""
     def took_turns(r: Result) -> bool:
         rounds = r.get(keys.INTERLEAVED_DEVICE_MS)
         return r.kind == "attention" and isinstance(rounds, dict) and _impl(r) in rounds
@@ -174,8 +166,7 @@ def ddp_name(r: Result, ranks: bool = False) -> str:
 
 def ddp_claims(results: Sequence[Result],
                rivals: Mapping[str, str] = RIVAL_DDP) -> list[Claim]:
-    """Per world size and workload: each of our variants' slowest-rank median step (CUDA
-    events) / its rival's (by default PyTorch's DDP, or FSDP2 for our FSDP)."""
+    """Each of our variants' slowest-rank median step / its rival's, per world size and workload."""
     def workload(r: Result) -> tuple:
         return (r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)), r.get("batch_per_rank"),
                 r.get(keys.SEQ_LEN), str(r.get(keys.BACKEND)))
@@ -214,9 +205,7 @@ def ratio_text(claims: Sequence[Claim]) -> str:
 
 
 def summary_table(claims: Sequence[Claim]) -> str:
-    """One row per comparison (topic, ours, rival, kind of time): how many workloads it
-    was measured at (a single claim: its workload), at how many ours took less time, the
-    claims' ratios (`ratio_text`), and the newest history file among them."""
+    """One row per topic, ours, rival and kind of time: where ours wins, and the ratios."""
     groups: dict[tuple[str, str, str, str], list[Claim]] = {}
     for c in claims:
         kinds = (c.ours.time_kind if c.ours.time_kind == c.rival.time_kind
@@ -232,10 +221,8 @@ def summary_table(claims: Sequence[Claim]) -> str:
 
 
 def headline(repo: Path, history_name: str, ours: str, *rivals: str) -> str:
-    """The `headline` block: ours / each rival in `history_name`, median (lowest–highest)
-    over the workloads where both ran, under the kind of time of most claims common to all
-    rivals. A data-parallel rival (say `none`) is set against the variant `ours` names (its
-    first word)."""
+    """The `headline` block: ours / each rival in one history, under the commonest kind of
+    time they share; a data-parallel rival is set against the variant `ours` starts with."""
     if not (repo / history_name).is_file():
         raise ValueError(f"{history_name}: no such history file")
     run = load_run(repo / history_name, (repo / history_name).parent)

@@ -1,15 +1,8 @@
-"""The two generated blocks every study shares (`tools.docgen.timings` reads any saved run):
+"""The blocks every study shares, over any saved run (`tools.docgen.timings`):
 
-    <!-- generated: ratios FILE... against=WHO clock="..." [OPTION=VALUE...] -->
+    <!-- generated: ratios FILE... against=WHO clock="..." [time= where=K:V,... fastest=
+         layout=wide ours=WHO rate=yes] -->
     <!-- generated: history FILE... ours=WHO against=WHO clock="..." [where=K:V,...] -->
-
-(`ratios` options: time=FIELD, where=K:V,..., fastest=yes or fastest=FIELD,...,
-layout=wide, ours=WHO (wide: ours / each other), rate=yes (wide: the FLOP rate).)
-
-`ratios`: per workload, each implementation's median time and its ratio to `against` at
-the same step; `history`: one row per run, its ratio of `ours` to `against` per workload.
-A ratio is the median of the per-round ratios (lowest–highest) where both took the same
-rounds in turn, the one the run stored where it kept no rounds, else a ratio of medians.
 """
 
 from __future__ import annotations
@@ -42,7 +35,8 @@ def _where(text: str) -> dict[str, str]:
 
 
 def ratio(t: Timed, reference: Timed) -> tuple[float, float, float]:
-    """(median, lowest, highest) of t over reference (see the module's docstring)."""
+    """(median, lowest, highest) of the per-round ratios where both took the same rounds in
+    turn, else the ratio the run stored, else of medians."""
     if len(t.ms) > 1 and len(t.ms) == len(reference.ms):
         each = [a / b for a, b in zip(t.ms, reference.ms, strict=True)]
         return statistics.median(each), min(each), max(each)
@@ -58,14 +52,12 @@ def _ratio_cell(t: Timed, reference: Timed | None) -> str:
 
 
 def _reference(timings: list[Timed], t: Timed, against: str) -> Timed | None:
-    """`against`'s timing at t's workload and step."""
     return next((r for r in timings
                  if (r.workload, r.what, r.who) == (t.workload, t.what, against)), None)
 
 
 def _fastest(timings: list[Timed], against: str, fields: list[str]) -> list[Timed]:
-    """Per workload and step: `against` and, of each other implementation, the fastest of
-    each set of values of the config `fields` (none: the fastest of all)."""
+    """`against` and each other's fastest per workload, step and values of config `fields`."""
     best: dict[tuple, Timed] = {}
     for t in timings:
         key = (t.workload, t.what, *((t.who, *(str(t.config.get(f)) for f in fields))
@@ -77,9 +69,8 @@ def _fastest(timings: list[Timed], against: str, fields: list[str]) -> list[Time
 
 
 def _labelled(timings: list[Timed], fields: list[str] | None = None) -> list[Timed]:
-    """Each implementation's rows of one workload told apart by the config `fields` (the
-    same in every workload, so that a wide table keeps one column each), else by the
-    config values that differ between them."""
+    """Rows of one implementation and workload named by the config `fields` (one column each
+    in a wide table), else by the config values that differ between them."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for t in timings:
         groups.setdefault((t.workload, t.who), []).append(t.config)
@@ -93,9 +84,9 @@ def _labelled(timings: list[Timed], fields: list[str] | None = None) -> list[Tim
 
 
 def _long(timings: list[Timed], against: str, steps: bool) -> tuple[list[str], list[list]]:
-    """A row per implementation and workload (and its fastest and slowest round if kept)."""
+    """A row per implementation and workload."""
     rounds = any(t.extremes for t in timings)
-    rows = [[t.workload, t.who, *([t.what] if steps else []), _ms(t),
+    rows = [[t.workload, t.who, *([t.what] if steps else []), f"{t.median:.3f}",
              *([f"{t.extremes[0]:.1f}–{t.extremes[1]:.1f}" if t.extremes else "-"]
                if rounds else []),
              "1" if t.who == against and not t.stored
@@ -106,9 +97,8 @@ def _long(timings: list[Timed], against: str, steps: bool) -> tuple[list[str], l
 
 def _wide(timings: list[Timed], against: str, steps: bool, ours: str = "",
           rate: bool = False) -> tuple[list[str], list[list]]:
-    """A row per workload (and variant): the reference's time, then each other's ratio to
-    it (`against`), or its ratio to each other (`ours`); with `rate`, the reference's FLOP
-    rate beside the bf16 matmul ceiling."""
+    """A row per workload and variant: the time of `ours` over each other's, or each other's
+    over `against`'s; with `rate`, the FLOP rate beside the bf16 matmul ceiling."""
     base = ours or against
     others = list(dict.fromkeys(t.who for t in timings if t.who != base))
     by_key: dict[tuple[str, str], dict[str, Timed]] = {}
@@ -125,7 +115,7 @@ def _wide(timings: list[Timed], against: str, steps: bool, ours: str = "",
         tflops = (found[base].flops / found[base].median / 1e9
                   if base in found and found[base].flops else None)
         rows.append([workload, *([what] if steps else []),
-                     _ms(found[base]) if base in found else "-", *cells,
+                     f"{found[base].median:.3f}" if base in found else "-", *cells,
                      *(([f"{tflops:.0f}", f"{tflops / DEFAULT_MATMUL_TFLOPS:.1%}"] if tflops
                         else ["-", "-"]) if rate else [])])
     headers = ["workload", *(["variant"] if steps else []), f"{base} ms",
@@ -137,10 +127,6 @@ def _wide(timings: list[Timed], against: str, steps: bool, ours: str = "",
     return headers, rows
 
 
-def _ms(t: Timed) -> str:
-    return f"{t.median:.3f}"
-
-
 def _closing(clock: str, sources: list[Source]) -> str:
     return (f"\n\nTime: {clock}; ms: the median over a run's rounds (its one time where it "
             "took one); a ratio: the median of the per-round ratios (lowest–highest) where "
@@ -149,8 +135,7 @@ def _closing(clock: str, sources: list[Source]) -> str:
 
 
 def ratios(repo: Path, *args: str) -> str:
-    """The `ratios` block: a row per implementation and workload, or with layout=wide a
-    row per workload and a ratio column per implementation."""
+    """The `ratios` block: each implementation's median and its ratio, per workload."""
     files, options = _options(args, {"against", "ours", "clock", "time", "where", "fastest",
                                      "layout", "rate"})
     against, where = options.get("against", ""), options.get("where", "")
@@ -182,7 +167,7 @@ def ratios(repo: Path, *args: str) -> str:
 
 
 def history(repo: Path, *args: str) -> str:
-    """The `history` block (see the module's docstring)."""
+    """The `history` block: a row per run, ours / against per workload."""
     files, options = _options(args, {"ours", "against", "clock", "where"})
     runs = []
     for name in files:

@@ -1,7 +1,5 @@
-"""Every saved run a doc quotes, read as one shape: per workload, who was timed at which
-step, with the time of each round (or its one time). Study scripts save rows of their own
-fields and pytest-benchmark saves histories; only this module knows those layouts, so one
-ratio table and one history serve them all."""
+"""Every saved run a doc quotes (study rows or pytest-benchmark histories) read as one shape,
+so that one ratio table and one history serve every study: who took which times where."""
 
 from __future__ import annotations
 
@@ -23,8 +21,8 @@ NAME_FIELDS = ("implementation", "kind")
 
 @dataclass(frozen=True)
 class Timed:
-    """Implementation `who` timed at step `what` ("": the whole call) of one workload: ms
-    per round, and ratios (median, lowest, highest) the run stored against others."""
+    """`who` timed at step `what` ("": the whole call) of a workload: ms per round, and the
+    (median, lowest, highest) ratios the run stored against others."""
 
     workload: str
     who: str
@@ -43,8 +41,6 @@ class Timed:
 
 @dataclass(frozen=True)
 class Source:
-    """Where a run's times come from, for the sentence that closes each block."""
-
     name: str
     device: str
     commit: str
@@ -70,7 +66,7 @@ def _workload(row: dict) -> str:
 
 
 def _config(row: dict) -> dict:
-    """What a row's run chose (its config, or its own scalar fields): told apart by label."""
+    """What a row's run chose (its config, or its own scalar fields)."""
     if isinstance(row.get("config"), dict):
         return {**row["config"], **({"library": row["library"]} if "library" in row else {})}
     return {k: v for k, v in row.items() if isinstance(v, bool | int | str | list)
@@ -123,8 +119,7 @@ def _study(data: object, name: str, time: str, where: dict[str, str]
 
 
 def _case_matches(r: Result, where: dict[str, str]) -> bool:
-    """`where` over a history's case: `test` is the test's name, other keys its extra_info;
-    a value may list alternatives (a|b) or be a lower bound (>n)."""
+    """`where`'s `test` is the test's name, other keys extra_info, a value a|b or >n."""
     for k, wanted in where.items():
         value = r.name.split("[")[0] if k == "test" else r.get(k)
         if wanted.startswith(">"):
@@ -136,8 +131,7 @@ def _case_matches(r: Result, where: dict[str, str]) -> bool:
 
 
 def _case_name(r: Result) -> tuple[str, str]:
-    """(workload, implementation) of an attention case or a recipe's train step (a recipe
-    run with attention other than its own is named with it)."""
+    """(workload, implementation) of an attention case or a recipe's train step."""
     if r.kind == "recipe":
         recipe, attention = str(r.get(keys.RECIPE)), r.get(keys.ATTENTION)
         own = attention is None or attention == RECIPES[recipe].attention
@@ -151,9 +145,8 @@ def _case_name(r: Result) -> tuple[str, str]:
 
 
 def _case_timings(r: Result, time: str) -> list[Timed]:
-    """One case's times: `in_turn` (device-time rounds taken in turn with its rivals) and
-    `eager_in_turn` (eager medians taken in turn) set the case's own implementation as
-    "ours", its variant the implementation; `median` and `do_bench` time the case alone."""
+    """`in_turn`, `eager_in_turn`: the case's rivals and it as "ours", its variant the
+    implementation; `median` and `do_bench`: the case alone."""
     workload, impl = _case_name(r)
     field_of = {"in_turn": keys.INTERLEAVED_DEVICE_MS, "eager_in_turn": keys.INTERLEAVED_MEDIANS_S}
     if time in field_of:
@@ -177,10 +170,8 @@ def _case_timings(r: Result, time: str) -> list[Timed]:
 
 def read_timings(repo: Path, name: str, time: str = "",
                  where: dict[str, str] | None = None) -> tuple[list[Timed], Source]:
-    """The timings of one saved run: a study's rows (or configs) whose fields equal
-    `where`'s, timed by field `time` where a row keeps no rounds (default `backward_ms`),
-    or a history's attention cases and recipe steps timed as `time` says (`_case_timings`;
-    default `in_turn`; several, comma-separated: each one's name is its variant)."""
+    """A study's rows matching `where` (timed by field `time` without rounds), or a history's
+    cases timed as `time` says (default in_turn; several comma-separated, each a variant)."""
     data = read_source(repo, name, "saved run")
     if not isinstance(data, dict) or "benchmarks" not in data:
         return _study(data, name, time or "backward_ms", where or {})
