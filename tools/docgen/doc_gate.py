@@ -1,5 +1,4 @@
-"""Generated doc blocks about the regression gate: its constants, numbers quoted from the
-gate tables a perf session printed, and `tools.docgen.drift` over saved histories."""
+"""Doc blocks about the regression gate: its constants and the gate tables a run printed."""
 
 from __future__ import annotations
 
@@ -10,8 +9,6 @@ from typing import NamedTuple
 
 from systems.common.formatting import markdown_table
 from systems.runs import gate
-from systems.runs.history import read_run
-from tools.docgen import drift
 
 
 def gate_constants() -> str:
@@ -100,20 +97,3 @@ def gate_noise(repo: Path, *files: str) -> str:
 
     return _gate_block(repo, files, ["test", "baseline median", "largest change", "case"], rows)
 
-
-def drift_summary(repo: Path, pattern: str, match: str = "") -> str:
-    """`python -m tools.docgen.drift` over the history files matching `pattern` (a glob
-    relative to the repository root), for case names containing `match`."""
-    paths = sorted(repo.glob(pattern))
-    if not paths:
-        raise ValueError(f"no history files match {pattern}")
-    groups = drift.judged_groups(drift.drifts([read_run(p) for p in paths], match))
-    rows = [[label, len(pairs), len({p.name for p in pairs}),
-             *(drift.change_quantiles(pairs) if pairs else ["-"] * 4)] for label, pairs in groups]
-    return (markdown_table(["pairs", "count", "cases", "abs change p50", "p90", "p95", "max"],
-                           rows)
-            + f"\n\nThe gate's thresholds would flag {len(drift.flagged(groups[-1][1]))} of "
-            "the last row's pairs.\n\nTime: pytest-benchmark round medians of each case, "
-            "consecutive distinct measurements"
-            f"{f' of cases containing `{match}`' if match else ''}. From the "
-            f"{len(paths)} files `{pattern}`.\n")

@@ -12,7 +12,7 @@ import torch
 
 from systems.attention import dispatch
 from systems.common.formatting import markdown_table
-from tools.docgen import claims, doc_accounting, doc_dp_scaling, doc_gate, doc_ratios
+from tools.docgen import claims, doc_accounting, doc_dp_scaling, doc_gate, doc_ratios, drift
 from tools.docgen.doc_blocks import Generator, read_source
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -68,7 +68,7 @@ def generators(repo: Path) -> dict[str, Generator]:
         "gate-tallies": partial(doc_gate.gate_tallies, repo),
         "gate-cases": partial(doc_gate.gate_cases, repo),
         "gate-noise": partial(doc_gate.gate_noise, repo),
-        "drift": partial(doc_gate.drift_summary, repo),
+        "drift": partial(drift.drift_block, repo),
         "breakdowns": partial(breakdown_side_by_side, repo),
         "headline": partial(claims.headline, repo),
         "accounting-memory": doc_accounting.config_memory_table,
