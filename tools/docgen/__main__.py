@@ -1,11 +1,4 @@
-"""Rewrite the generated blocks of README.md, docs/*.md, studies/*/README.md and the logs
-kept in studies/*/runs/*.md from the sources they name.
-
-    python -m tools.docgen                 # every prose doc
-    python -m tools.docgen docs/attention.md
-    python -m tools.docgen --results       # first docs/RESULTS.md and docs/img/*.png, written
-                                           # whole from every history under .benchmarks/
-"""
+"""Rewrite the generated blocks of the prose docs from the sources they name."""
 
 from __future__ import annotations
 
@@ -21,8 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def default_docs(repo: Path) -> list[Path]:
-    """The prose docs: README.md, docs/ (but the generated results page) and its folders'
-    READMEs, the studies' index, READMEs and the logs in their runs/ folders."""
+    """README.md, docs/ (but the results page, generated whole) and the studies' docs."""
     return [repo / "README.md",
             *sorted(p for p in (repo / "docs").glob("*.md") if p.name != "RESULTS.md"),
             *(path for pattern in ("docs/*/README.md", "studies/README.md",

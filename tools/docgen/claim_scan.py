@@ -1,7 +1,5 @@
-"""Find hand-typed performance numbers in prose docs: text outside generated blocks that
-looks like a measured time, rate, speedup or percentage, or says faster/slower next to a
-number. Fenced code is skipped. What is not a measurement (a hardware spec, a config
-value, a target) is allowed by an explicit pattern with its reason."""
+"""Hand-typed performance numbers in prose docs: a measured-looking number outside generated
+blocks and fenced code, unless `ALLOWED` says why it is no measurement."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ ALLOWED: tuple[tuple[str, str], ...] = (
     (r"test_end_to_end:0\.15|injected 15%|\binjected_end_to_end_15pct\b",
      "the injected slowdown's setting"),
     (r"\b90% of the GPU\b", "the memory budget a recipe checkpoints for (a config value)"),
-    (r"\(\d+(?:\.\d+)?x the forward's", "an analytic FLOP multiple, not a measurement"),
-    (r"\b\d+(?:\.\d+)?x the forward's", "an analytic FLOP multiple, not a measurement"),
+    (r"\(?\b\d+(?:\.\d+)?x the forward's", "an analytic FLOP multiple, not a measurement"),
     (r"\b\d+x (?:fewer|more) (?:bytes|FLOPs)\b", "an analytic count, not a measurement"),
     (r"\b\d+x PyTorch's fp32 error", "the correctness tests' error bound (a test setting)"),
     (r"\b(?:of|under|below) 1 ms\b", "the drift tool's --min-ms default, where the gate's "
@@ -56,15 +53,10 @@ class Finding:
         return f"{self.doc}:{self.line}: {self.text.strip()}"
 
 
-def _without_allowed(line: str) -> str:
-    for pattern in _ALLOWED:
-        line = pattern.sub(" ", line)
-    return line
-
-
 def looks_like_a_claim(line: str) -> bool:
     """A measured-looking number, or a comparison word with a number on the same line."""
-    line = _without_allowed(line)
+    for pattern in _ALLOWED:
+        line = pattern.sub(" ", line)
     return bool(_MEASURE.search(line)
                 or (_COMPARISON.search(line) and _COMPARED_NUMBER.search(line)))
 

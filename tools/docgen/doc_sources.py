@@ -37,8 +37,7 @@ def dispatch_table() -> str:
 
 
 def breakdown_side_by_side(repo: Path, *files: str) -> str:
-    """Kernel time per step by category (`systems profile breakdown`'s JSON), a column per
-    breakdown file, and the floors of the first file's workload."""
+    """Kernel time per step by category, a column per `systems profile breakdown` JSON."""
     if not files:
         raise ValueError("name at least one breakdown file")
     records = [read_source(repo, name, "breakdown record") for name in files]
@@ -135,8 +134,7 @@ def gate_cases(repo: Path, file: str, match: str) -> str:
 
 
 def gate_noise(repo: Path, *files: str) -> str:
-    """Across unchanged re-runs: per test function, the largest |change| of a case against
-    the baseline, for cases under and over 1 ms."""
+    """Of unchanged re-runs, per test and side of 1 ms: the largest |change| of a case."""
     def rows(tables: list[GateTable]) -> list[list]:
         worst: dict[tuple[str, str], tuple[float, str]] = {}
         for r in (r for table in tables for r in table.rows):
@@ -198,8 +196,7 @@ def _ratios(run: dict, name: str, against: str) -> str:
 
 
 def _spread(run: dict, name: str) -> str:
-    """The largest spread of a variant's timed steps within one round (slowest / fastest
-    - 1): the machine's steadiness, against which the ratios beside it are read."""
+    """The least steady round's slowest / fastest step - 1: how far to trust its ratios."""
     spreads = [max(steps) / min(steps) - 1 for r in run["rounds"]
                if (steps := r.get(name, {}).get("steps_s"))]
     return f"{max(spreads):.0%}" if spreads else "-"
@@ -225,8 +222,7 @@ def _in_turn_table(runs: dict[int, dict]) -> str:
 
 
 def dp_scaling(repo: Path, folder: str) -> str:
-    """The three tables from `folder/world{1,2,4}.json` (relative to `repo`); a line saying
-    what is missing when none exists."""
+    """The tables from `folder/world{1,2,4}.json`, or a line saying none is measured yet."""
     runs = {w: read_source(repo, f"{folder}/world{w}.json", "dp_scaling study run")
             for w in WORLD_SIZES if (repo / f"{folder}/world{w}.json").is_file()}
     if not runs:
