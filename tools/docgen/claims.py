@@ -144,14 +144,12 @@ def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
 
 def recipe_claims(results: Sequence[Result]) -> list[Claim]:
     """Per model size and context: our recipe / the PyTorch-only baseline's train step."""
-    def workload(r: Result) -> tuple:
-        return str(r.get(keys.SIZE)), r.get(keys.SEQ_LEN), str(r.get(keys.MODE))
-
     return [_claim(f"train step {g[2]}, ctx {g[3]}", g, ours, (OUR_RECIPE, RIVAL_RECIPE),
                    (ours.median, rival.median), (ours.time_kind, rival.time_kind))
-            for g, ours, rival in _pairs(results, "recipe", workload,
-                                         lambda r: str(r.get(keys.RECIPE)),
-                                         [OUR_RECIPE], [RIVAL_RECIPE])]
+            for g, ours, rival in _pairs(
+                results, "recipe", lambda r: (str(r.get(keys.SIZE)), r.get(keys.SEQ_LEN),
+                                              str(r.get(keys.MODE))),
+                lambda r: str(r.get(keys.RECIPE)), [OUR_RECIPE], [RIVAL_RECIPE])]
 
 
 def ddp_name(r: Result, ranks: bool = False) -> str:
@@ -167,16 +165,13 @@ def ddp_name(r: Result, ranks: bool = False) -> str:
 def ddp_claims(results: Sequence[Result],
                rivals: Mapping[str, str] = RIVAL_DDP) -> list[Claim]:
     """Each of our variants' slowest-rank median step / its rival's, per world size and workload."""
-    def workload(r: Result) -> tuple:
-        return (r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)), r.get("batch_per_rank"),
-                r.get(keys.SEQ_LEN), str(r.get(keys.BACKEND)))
-
     claims = []
     with_steps = [r for r in results if isinstance(r.get(keys.STEP_S), int | float)]
     for variant, rival_name in rivals.items():
         ours = sorted({ddp_name(r) for r in with_steps if r.get(keys.VARIANT) == variant})
-        for group, our, rival in _pairs(with_steps, "ddp", workload, ddp_name, ours,
-                                        [rival_name]):
+        for group, our, rival in _pairs(with_steps, "ddp", lambda r: (
+                r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)), r.get("batch_per_rank"),
+                r.get(keys.SEQ_LEN), str(r.get(keys.BACKEND))), ddp_name, ours, [rival_name]):
             world, model, batch, context, backend = group[2:]
             claims.append(_claim(
                 f"DDP {model}, {world} ranks ({backend}), batch {batch}/rank, ctx {context}",
@@ -234,17 +229,15 @@ def headline(repo: Path, history_name: str, ours: str, *rivals: str) -> str:
     if missing := [rival for rival, found in by_rival.items() if not found]:
         raise ValueError(f"{history_name}: no claim of {ours} against {', '.join(missing)}")
     kinds = Counter(c.ours.time_kind for found in by_rival.values() for c in found)
-    common = [k for k, _ in kinds.most_common()
-              if all(any(c.ours.time_kind == k for c in found) for found in by_rival.values())]
-    if not common:
+    kind = next((k for k, _ in kinds.most_common() if all(
+        any(c.ours.time_kind == k for c in found) for found in by_rival.values())), None)
+    if kind is None:
         raise ValueError(f"{history_name}: no kind of time common to {ours}'s rivals")
-    chosen = {rival: [c for c in found if c.ours.time_kind == common[0]]
+    chosen = {rival: [c for c in found if c.ours.time_kind == kind]
               for rival, found in by_rival.items()}
-    workloads = max(len(found) for found in chosen.values())
-    first = next(iter(chosen.values()))[0]
-    parts = [f"{RIVAL_LABELS.get(rival, rival)} {ratio_text(found)}"
-             for rival, found in chosen.items()]
-    where = first.group if workloads == 1 else f"{workloads} workloads"
-    return (f"- **{topic(first).capitalize()}** on {run.device}, "
-            f"{common[0]}: ours ({ours}) / {', / '.join(parts)} ({where}; below 1 ours "
-            f"takes less time; `{history_name}`, {run.datetime[:10]}).\n")
+    first, workloads = next(iter(chosen.values()))[0], max(map(len, chosen.values()))
+    parts = ", / ".join(f"{RIVAL_LABELS.get(rival, rival)} {ratio_text(found)}"
+                        for rival, found in chosen.items())
+    return (f"- **{topic(first).capitalize()}** on {run.device}, {kind}: ours ({ours}) / "
+            f"{parts} ({first.group if workloads == 1 else f'{workloads} workloads'}; below 1 "
+            f"ours takes less time; `{history_name}`, {run.datetime[:10]}).\n")
