@@ -15,7 +15,7 @@ import torch
 from systems.attention import dispatch
 from systems.common.formatting import fmt, markdown_table
 from systems.runs import gate
-from tools.docgen import claims, doc_accounting, doc_ratios, drift
+from tools.docgen import claims, doc_accounting, drift, timings
 from tools.docgen.doc_blocks import Generator, read_source
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -262,6 +262,6 @@ def generators(repo: Path) -> dict[str, Generator]:
         "accounting-xxl": doc_accounting.xxl_table,
         "accounting-communication": doc_accounting.communication_table,
         "dp-scaling": partial(dp_scaling, repo),
-        "ratios": partial(doc_ratios.ratios, repo),
-        "history": partial(doc_ratios.history, repo),
+        "ratios": partial(timings.ratios, repo),
+        "history": partial(timings.history, repo),
     }

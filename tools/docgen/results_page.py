@@ -132,14 +132,10 @@ def device_section(device: str, runs: Sequence[Run], img_dir: Path, page_dir: Pa
         if path is not None:
             lines += [f"### {title}\n", f"![{title}]({path.relative_to(page_dir).as_posix()})\n"]
 
-    def of_kind(kind: str) -> list[Result]:
-        return [r for r in latest if r.kind == kind]
-
+    recipes, ddp = ([r for r in latest if r.kind == kind] for kind in ("recipe", "ddp"))
     return [*lines, *_section("Training recipes: eager vs PyTorch-only baseline vs ours",
-                              recipes_table(latest),
-                              _RECIPES_NOTE + provenance(of_kind("recipe"), "recipe")),
-            *_section("Data-parallel training", ddp_table(latest),
-                      provenance(of_kind("ddp")))]
+                              recipes_table(latest), _RECIPES_NOTE + provenance(recipes, "recipe")),
+            *_section("Data-parallel training", ddp_table(latest), provenance(ddp))]
 
 
 def results_page(runs: Sequence[Run], out_dir: Path, img_dir: Path) -> str:
@@ -149,11 +145,7 @@ def results_page(runs: Sequence[Run], out_dir: Path, img_dir: Path) -> str:
              "runs under `.benchmarks/`; do not edit by hand. Histories are per GPU model: "
              "numbers from different GPUs are never mixed, and a ratio is only formed within "
              "one run.\n"]
-    by_device = runs_by_device(runs)
-    if not by_device:
-        lines.append("No saved benchmark runs yet: run `make bench` on a GPU, commit "
-                     "`.benchmarks/`, then regenerate this page.\n")
-    for device, device_runs in sorted(by_device.items()):
+    for device, device_runs in sorted(runs_by_device(runs).items()):
         lines += device_section(device, device_runs, img_dir, out_dir)
     return "\n".join(lines).rstrip() + "\n"
 
