@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tools.docgen.doc_blocks import rewrite_docs
+from tools.docgen.doc_blocks import render
 from tools.docgen.doc_sources import generators
 from tools.docgen.results_page import write_results_page
 
@@ -36,7 +36,12 @@ def main(argv: list[str]) -> int:
         if args.results:
             print(write_results_page(args.repo / ".benchmarks", args.repo / "docs" / "RESULTS.md"),
                   file=sys.stderr)
-        changed = rewrite_docs(docs, generators(args.repo))
+        changed = []
+        for path in docs:
+            text = path.read_text()
+            if (new := render(text, generators(args.repo), str(path))) != text:
+                path.write_text(new)
+                changed.append(path)
     except (ValueError, OSError) as error:  # BlockError is a ValueError
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -4,9 +4,7 @@ blocks and fenced code, unless `ALLOWED` says why it is no measurement."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from tools.docgen.doc_blocks import prose_lines
 
@@ -65,7 +63,3 @@ def scan(text: str, doc: str = "<doc>") -> list[Finding]:
     """Lines outside generated blocks and fenced code that look like a performance claim."""
     return [Finding(doc, number, line) for number, line in prose_lines(text, doc)
             if looks_like_a_claim(line)]
-
-
-def scan_docs(paths: Iterable[Path]) -> list[Finding]:
-    return [finding for path in paths for finding in scan(path.read_text(), str(path))]

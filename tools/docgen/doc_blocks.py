@@ -105,15 +105,3 @@ def prose_lines(text: str, doc: str = "<doc>") -> Iterable[tuple[int, str]]:
                 fenced = not fenced
             elif not fenced and not _OPEN.match(line.strip()) and line.strip() != _CLOSE:
                 yield number, line
-
-
-def rewrite_docs(paths: Iterable[Path], generators: Mapping[str, Generator]) -> list[Path]:
-    """Rewrite the generated blocks of each doc in place; returns the docs that changed."""
-    changed = []
-    for path in paths:
-        text = path.read_text()
-        new = render(text, generators, str(path))
-        if new != text:
-            path.write_text(new)
-            changed.append(path)
-    return changed
