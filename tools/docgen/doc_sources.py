@@ -5,7 +5,6 @@ the repository root and ends with what its numbers measure and where they come f
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import NamedTuple
@@ -98,12 +97,10 @@ def _read_gate_table(repo: Path, name: str) -> GateTable:
     return GateTable(name, baseline, tally, rows)
 
 
-def _gate_block(repo: Path, files: tuple[str, ...], headers: list[str],
-                rows: Callable[[list[GateTable]], list[list]]) -> str:
-    """A table of rows from the printed gate tables `files`, and where they come from."""
-    tables = [_read_gate_table(repo, f) for f in files]
+def _gate_block(tables: list[GateTable], headers: list[str], rows: list[list]) -> str:
+    """A table of rows from printed gate tables, and where they come from."""
     baselines = sorted({t.baseline for t in tables})
-    return (markdown_table(headers, rows(tables)) + "\n\nTime: each case's pytest-benchmark "
+    return (markdown_table(headers, rows) + "\n\nTime: each case's pytest-benchmark "
             "round medians (eager end-to-end, or device time for CUDA-graph replay cases), "
             "run against the baseline's; quoted from the gate tables "
             f"{', '.join(f'`{t.file}`' for t in tables)}, which compared with "
@@ -112,7 +109,8 @@ def _gate_block(repo: Path, files: tuple[str, ...], headers: list[str],
 
 def gate_tallies(repo: Path, *files: str) -> str:
     """Per printed gate table: its tally and the cases it flagged."""
-    return _gate_block(repo, files, ["gate table", "tally", "flagged cases"], lambda tables: [
+    tables = [_read_gate_table(repo, f) for f in files]
+    return _gate_block(tables, ["gate table", "tally", "flagged cases"], [
         [f"`{Path(name).name}`", tally, "; ".join(
             f"{r['test']}: {r['base']} -> {r['cur']} ms ({r['change']}, threshold "
             f"{r['threshold']}, {r['verdict']})"
@@ -122,30 +120,27 @@ def gate_tallies(repo: Path, *files: str) -> str:
 
 def gate_cases(repo: Path, file: str, match: str) -> str:
     """The rows of one printed gate table whose case name contains `match`."""
-    def rows(tables: list[GateTable]) -> list[list]:
-        found = [[r["test"], r["base"], r["cur"], r["change"], r["threshold"], r["verdict"]]
-                 for r in tables[0].rows if match in r["case"]]
-        if not found:
-            raise ValueError(f"{file}: no case matches {match!r}")
-        return found
-
-    return _gate_block(repo, (file,), ["case", "baseline ms", "current ms", "change",
-                                       "threshold", "verdict"], rows)
+    table = _read_gate_table(repo, file)
+    rows = [[r["test"], r["base"], r["cur"], r["change"], r["threshold"], r["verdict"]]
+            for r in table.rows if match in r["case"]]
+    if not rows:
+        raise ValueError(f"{file}: no case matches {match!r}")
+    return _gate_block([table], ["case", "baseline ms", "current ms", "change", "threshold",
+                                 "verdict"], rows)
 
 
 def gate_noise(repo: Path, *files: str) -> str:
     """Of unchanged re-runs, per test and side of 1 ms: the largest |change| of a case."""
-    def rows(tables: list[GateTable]) -> list[list]:
-        worst: dict[tuple[str, str], tuple[float, str]] = {}
-        for r in (r for table in tables for r in table.rows):
-            key = (r["test"].split("[")[0], "< 1 ms" if float(r["base"]) < 1 else ">= 1 ms")
-            change = float(r["change"].rstrip("%"))
-            if abs(change) > abs(worst.get(key, (0.0, ""))[0]):
-                worst[key] = (change, r["test"])
-        return [[test, size, f"{change:+.1f}%", case]
-                for (test, size), (change, case) in sorted(worst.items())]
-
-    return _gate_block(repo, files, ["test", "baseline median", "largest change", "case"], rows)
+    tables = [_read_gate_table(repo, f) for f in files]
+    worst: dict[tuple[str, str], tuple[float, str]] = {}
+    for r in (r for table in tables for r in table.rows):
+        key = (r["test"].split("[")[0], "< 1 ms" if float(r["base"]) < 1 else ">= 1 ms")
+        change = float(r["change"].rstrip("%"))
+        if abs(change) > abs(worst.get(key, (0.0, ""))[0]):
+            worst[key] = (change, r["test"])
+    return _gate_block(tables, ["test", "baseline median", "largest change", "case"], [
+        [test, size, f"{change:+.1f}%", case]
+        for (test, size), (change, case) in sorted(worst.items())])
 
 
 # The `dp-scaling` block, from studies/dp_scaling/study.py's `<folder>/world{1,2,4}.json`.
