@@ -179,8 +179,8 @@ def _case_timings(r: Result, time: str) -> list[Timed]:
 
 def read_timings(repo: Path, name: str, time: str = "",
                  where: dict[str, str] | None = None) -> tuple[list[Timed], Source]:
-    """A study's rows matching `where` (timed by field `time` without rounds), or a history's
-    cases timed as `time` says (default in_turn; several comma-separated, each a variant)."""
+    """A study's rows matching `where` (without rounds: field `time`, default backward_ms), or
+    a history's cases timed as `time` says (default in_turn; several comma-separated)."""
     data = read_source(repo, name, "saved run")
     if not isinstance(data, dict) or "benchmarks" not in data:
         return _study(data, name, time or "backward_ms", where or {})
