@@ -1,11 +1,4 @@
-"""Rewrite the generated blocks of README.md, docs/*.md, studies/*/README.md and the logs
-kept in studies/*/runs/*.md from the sources they name.
-
-    python -m tools.docgen                 # every prose doc
-    python -m tools.docgen docs/attention.md
-    python -m tools.docgen --results       # first docs/RESULTS.md and docs/img/*.png, written
-                                           # whole from every history under .benchmarks/
-"""
+"""Rewrite the generated blocks of the prose docs from the sources they name."""
 
 from __future__ import annotations
 
@@ -13,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tools.docgen.doc_blocks import rewrite_docs
+from tools.docgen.doc_blocks import render
 from tools.docgen.doc_sources import generators
 from tools.docgen.results_page import write_results_page
 
@@ -21,8 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def default_docs(repo: Path) -> list[Path]:
-    """The prose docs: README.md, docs/ (but the generated results page) and its folders'
-    READMEs, the studies' index, READMEs and the logs in their runs/ folders."""
+    """README.md, docs/ (but the results page, generated whole) and the studies' docs."""
     return [repo / "README.md",
             *sorted(p for p in (repo / "docs").glob("*.md") if p.name != "RESULTS.md"),
             *(path for pattern in ("docs/*/README.md", "studies/README.md",
@@ -44,7 +36,12 @@ def main(argv: list[str]) -> int:
         if args.results:
             print(write_results_page(args.repo / ".benchmarks", args.repo / "docs" / "RESULTS.md"),
                   file=sys.stderr)
-        changed = rewrite_docs(docs, generators(args.repo))
+        changed = []
+        for path in docs:
+            text = path.read_text()
+            if (new := render(text, generators(args.repo), str(path))) != text:
+                path.write_text(new)
+                changed.append(path)
     except (ValueError, OSError) as error:  # BlockError is a ValueError
         print(f"error: {error}", file=sys.stderr)
         return 2

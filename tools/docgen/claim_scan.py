@@ -1,14 +1,10 @@
-"""Find hand-typed performance numbers in prose docs: text outside generated blocks that
-looks like a measured time, rate, speedup or percentage, or says faster/slower next to a
-number. Fenced code is skipped. What is not a measurement (a hardware spec, a config
-value, a target) is allowed by an explicit pattern with its reason."""
+"""Hand-typed performance numbers in prose docs: a measured-looking number outside generated
+blocks and fenced code, unless `ALLOWED` says why it is no measurement."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from tools.docgen.doc_blocks import prose_lines
 
@@ -30,8 +26,7 @@ ALLOWED: tuple[tuple[str, str], ...] = (
     (r"test_end_to_end:0\.15|injected 15%|\binjected_end_to_end_15pct\b",
      "the injected slowdown's setting"),
     (r"\b90% of the GPU\b", "the memory budget a recipe checkpoints for (a config value)"),
-    (r"\(\d+(?:\.\d+)?x the forward's", "an analytic FLOP multiple, not a measurement"),
-    (r"\b\d+(?:\.\d+)?x the forward's", "an analytic FLOP multiple, not a measurement"),
+    (r"\(?\b\d+(?:\.\d+)?x the forward's", "an analytic FLOP multiple, not a measurement"),
     (r"\b\d+x (?:fewer|more) (?:bytes|FLOPs)\b", "an analytic count, not a measurement"),
     (r"\b\d+x PyTorch's fp32 error", "the correctness tests' error bound (a test setting)"),
     (r"\b(?:of|under|below) 1 ms\b", "the drift tool's --min-ms default, where the gate's "
@@ -56,15 +51,10 @@ class Finding:
         return f"{self.doc}:{self.line}: {self.text.strip()}"
 
 
-def _without_allowed(line: str) -> str:
-    for pattern in _ALLOWED:
-        line = pattern.sub(" ", line)
-    return line
-
-
 def looks_like_a_claim(line: str) -> bool:
     """A measured-looking number, or a comparison word with a number on the same line."""
-    line = _without_allowed(line)
+    for pattern in _ALLOWED:
+        line = pattern.sub(" ", line)
     return bool(_MEASURE.search(line)
                 or (_COMPARISON.search(line) and _COMPARED_NUMBER.search(line)))
 
@@ -73,7 +63,3 @@ def scan(text: str, doc: str = "<doc>") -> list[Finding]:
     """Lines outside generated blocks and fenced code that look like a performance claim."""
     return [Finding(doc, number, line) for number, line in prose_lines(text, doc)
             if looks_like_a_claim(line)]
-
-
-def scan_docs(paths: Iterable[Path]) -> list[Finding]:
-    return [finding for path in paths for finding in scan(path.read_text(), str(path))]

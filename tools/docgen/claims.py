@@ -1,10 +1,5 @@
-"""Claims "ours vs a rival": same-run ratios of medians, generated, never typed by hand.
-
-A ratio is only formed within one run of one history file (these machines move 5-10%
-between runs) and between times of one kind (eager end-to-end vs device time), both named.
-Where ours took device-time rounds in turn with its rivals, it is the median of the
-rounds' own ratios, each of two times taken moments apart.
-"""
+"""Claims "ours vs a rival": ratios formed only within one run (these machines move 5-10%
+between runs) and naming each side's kind of time; of rounds taken in turn, their median."""
 
 from __future__ import annotations
 
@@ -74,8 +69,7 @@ def newest(results: Iterable[Result], key: Callable[[Result], tuple]) -> dict[tu
 def _pairs(results: Sequence[Result], kind: str, workload: Callable[[Result], tuple],
            name: Callable[[Result], str], ours: Sequence[str],
            rivals: Sequence[str]) -> list[tuple[tuple, Result, Result]]:
-    """(file, run, *workload), ours, rival: per workload and pair of names, of the newest
-    run that measured both."""
+    """(file, run, *workload), ours, rival: per workload and pair, of the newest run of both."""
     groups: dict[tuple, dict[str, Result]] = {}
     for r in results:
         if r.kind == kind:
@@ -107,8 +101,7 @@ def _attention_label(r: Result) -> str:
 
 
 def attention_claims(results: Sequence[Result]) -> list[Claim]:
-    """Per shape, dtype, masking and pass: ours / each rival; where both recorded
-    do_bench's median too (the leaderboard case), that device-time ratio as well."""
+    """Ours / each rival per workload, and of do_bench's medians where both recorded them."""
     def workload(r: Result) -> tuple:
         # (batch, heads, seq, d) and (batch x heads, seq, d) are the same problem.
         return (r.name.split("[")[0], str(r.get(keys.PASS)), str(r.get(keys.DTYPE)),
@@ -129,8 +122,7 @@ def attention_claims(results: Sequence[Result]) -> list[Claim]:
 
 
 def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
-    """Per case of ours that took device-time rounds in turn (`keys.INTERLEAVED_DEVICE_MS`),
-    of its newest run: the median of the rounds' ratios, ours / each rival."""
+    """Of each case's newest run that took device-time rounds in turn: ours / each rival."""
     def took_turns(r: Result) -> bool:
         rounds = r.get(keys.INTERLEAVED_DEVICE_MS)
         return r.kind == "attention" and isinstance(rounds, dict) and _impl(r) in rounds
@@ -152,14 +144,12 @@ def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
 
 def recipe_claims(results: Sequence[Result]) -> list[Claim]:
     """Per model size and context: our recipe / the PyTorch-only baseline's train step."""
-    def workload(r: Result) -> tuple:
-        return str(r.get(keys.SIZE)), r.get(keys.SEQ_LEN), str(r.get(keys.MODE))
-
     return [_claim(f"train step {g[2]}, ctx {g[3]}", g, ours, (OUR_RECIPE, RIVAL_RECIPE),
                    (ours.median, rival.median), (ours.time_kind, rival.time_kind))
-            for g, ours, rival in _pairs(results, "recipe", workload,
-                                         lambda r: str(r.get(keys.RECIPE)),
-                                         [OUR_RECIPE], [RIVAL_RECIPE])]
+            for g, ours, rival in _pairs(
+                results, "recipe", lambda r: (str(r.get(keys.SIZE)), r.get(keys.SEQ_LEN),
+                                              str(r.get(keys.MODE))),
+                lambda r: str(r.get(keys.RECIPE)), [OUR_RECIPE], [RIVAL_RECIPE])]
 
 
 def ddp_name(r: Result, ranks: bool = False) -> str:
@@ -174,18 +164,14 @@ def ddp_name(r: Result, ranks: bool = False) -> str:
 
 def ddp_claims(results: Sequence[Result],
                rivals: Mapping[str, str] = RIVAL_DDP) -> list[Claim]:
-    """Per world size and workload: each of our variants' slowest-rank median step (CUDA
-    events) / its rival's (by default PyTorch's DDP, or FSDP2 for our FSDP)."""
-    def workload(r: Result) -> tuple:
-        return (r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)), r.get("batch_per_rank"),
-                r.get(keys.SEQ_LEN), str(r.get(keys.BACKEND)))
-
+    """Each of our variants' slowest-rank median step / its rival's, per world size and workload."""
     claims = []
     with_steps = [r for r in results if isinstance(r.get(keys.STEP_S), int | float)]
     for variant, rival_name in rivals.items():
         ours = sorted({ddp_name(r) for r in with_steps if r.get(keys.VARIANT) == variant})
-        for group, our, rival in _pairs(with_steps, "ddp", workload, ddp_name, ours,
-                                        [rival_name]):
+        for group, our, rival in _pairs(with_steps, "ddp", lambda r: (
+                r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)), r.get("batch_per_rank"),
+                r.get(keys.SEQ_LEN), str(r.get(keys.BACKEND))), ddp_name, ours, [rival_name]):
             world, model, batch, context, backend = group[2:]
             claims.append(_claim(
                 f"DDP {model}, {world} ranks ({backend}), batch {batch}/rank, ctx {context}",
@@ -214,9 +200,7 @@ def ratio_text(claims: Sequence[Claim]) -> str:
 
 
 def summary_table(claims: Sequence[Claim]) -> str:
-    """One row per comparison (topic, ours, rival, kind of time): how many workloads it
-    was measured at (a single claim: its workload), at how many ours took less time, the
-    claims' ratios (`ratio_text`), and the newest history file among them."""
+    """One row per topic, ours, rival and kind of time: where ours wins, and the ratios."""
     groups: dict[tuple[str, str, str, str], list[Claim]] = {}
     for c in claims:
         kinds = (c.ours.time_kind if c.ours.time_kind == c.rival.time_kind
@@ -232,10 +216,8 @@ def summary_table(claims: Sequence[Claim]) -> str:
 
 
 def headline(repo: Path, history_name: str, ours: str, *rivals: str) -> str:
-    """The `headline` block: ours / each rival in `history_name`, median (lowest–highest)
-    over the workloads where both ran, under the kind of time of most claims common to all
-    rivals. A data-parallel rival (say `none`) is set against the variant `ours` names (its
-    first word)."""
+    """The `headline` block: ours / each rival in one history, under the commonest kind of
+    time they share; a data-parallel rival is set against the variant `ours` starts with."""
     if not (repo / history_name).is_file():
         raise ValueError(f"{history_name}: no such history file")
     run = load_run(repo / history_name, (repo / history_name).parent)
@@ -247,17 +229,15 @@ def headline(repo: Path, history_name: str, ours: str, *rivals: str) -> str:
     if missing := [rival for rival, found in by_rival.items() if not found]:
         raise ValueError(f"{history_name}: no claim of {ours} against {', '.join(missing)}")
     kinds = Counter(c.ours.time_kind for found in by_rival.values() for c in found)
-    common = [k for k, _ in kinds.most_common()
-              if all(any(c.ours.time_kind == k for c in found) for found in by_rival.values())]
-    if not common:
+    kind = next((k for k, _ in kinds.most_common() if all(
+        any(c.ours.time_kind == k for c in found) for found in by_rival.values())), None)
+    if kind is None:
         raise ValueError(f"{history_name}: no kind of time common to {ours}'s rivals")
-    chosen = {rival: [c for c in found if c.ours.time_kind == common[0]]
+    chosen = {rival: [c for c in found if c.ours.time_kind == kind]
               for rival, found in by_rival.items()}
-    workloads = max(len(found) for found in chosen.values())
-    first = next(iter(chosen.values()))[0]
-    parts = [f"{RIVAL_LABELS.get(rival, rival)} {ratio_text(found)}"
-             for rival, found in chosen.items()]
-    where = first.group if workloads == 1 else f"{workloads} workloads"
-    return (f"- **{topic(first).capitalize()}** on {run.device}, "
-            f"{common[0]}: ours ({ours}) / {', / '.join(parts)} ({where}; below 1 ours "
-            f"takes less time; `{history_name}`, {run.datetime[:10]}).\n")
+    first, workloads = next(iter(chosen.values()))[0], max(map(len, chosen.values()))
+    parts = ", / ".join(f"{RIVAL_LABELS.get(rival, rival)} {ratio_text(found)}"
+                        for rival, found in chosen.items())
+    return (f"- **{topic(first).capitalize()}** on {run.device}, {kind}: ours ({ours}) / "
+            f"{parts} ({first.group if workloads == 1 else f'{workloads} workloads'}; below 1 "
+            f"ours takes less time; `{history_name}`, {run.datetime[:10]}).\n")

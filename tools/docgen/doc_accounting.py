@@ -1,8 +1,8 @@
-"""Generated blocks of docs/accounting.md: analytic memory and communication models of our
-models from their configs (no measurement is read), on `systems.accounting`'s counts."""
+"""docs/accounting.md's blocks: sizing models computed from our configs, nothing measured."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,19 +12,21 @@ from systems.common.formatting import fmt, markdown_table
 from systems.model import MODEL_CONFIGS
 
 BATCH, CONTEXT = 4, 512  # the shape of the end-to-end benchmarks
+# Bytes a rank sends per step in ring collectives, in all-gathers of the parameters: DDP
+# all-reduces the gradients (two), a sharded optimizer then broadcasts the parameters
+# (three), ZeRO-1 reduce-scatters the gradients and all-gathers the parameters (two).
+GATHERS = {"ddp": 2, "sharded_optimizer": 3, "zero1": 2}
 
 
 def checkpointed_activation_bytes(layer_bytes: int, boundary_bytes: int, num_layers: int,
                                   segment: int) -> int:
-    """Peak saved activations keeping every `segment`-th block input: forward keeps
-    ceil(L / segment) of them; backward recomputes one segment at a time."""
+    """Peak saved activations keeping every `segment`-th block input, recomputing one segment."""
     if not 1 <= segment <= num_layers:
         raise ValueError(f"segment must lie in [1, {num_layers}], got {segment}")
     return math.ceil(num_layers / segment) * boundary_bytes + segment * layer_bytes
 
 
 def best_checkpoint_segment(layer_bytes: int, boundary_bytes: int, num_layers: int) -> int:
-    """The segment length minimising `checkpointed_activation_bytes` (about sqrt(L))."""
     return min(range(1, num_layers + 1), key=lambda s: checkpointed_activation_bytes(
         layer_bytes, boundary_bytes, num_layers, s))
 
@@ -55,27 +57,18 @@ class FFNStack:
         return math.ceil(self.state_bytes() / devices + half / devices + half)
 
     def min_fsdp_devices(self, tokens: int, device_bytes: int) -> int | None:
-        """Fewest devices for which `fsdp_bytes_per_device` fits, or None if none does."""
-        replicated = self.activation_bytes(tokens) / 2
-        if replicated >= device_bytes:
+        """None where the replicated half of the activations alone fills a device."""
+        if self.activation_bytes(tokens) / 2 >= device_bytes:
             return None
-        devices = math.ceil((self.state_bytes() + replicated) / (device_bytes - replicated))
-        while self.fsdp_bytes_per_device(tokens, devices) > device_bytes:  # ceil rounding
-            devices += 1
-        return devices
+        return next(n for n in itertools.count(1)
+                    if self.fsdp_bytes_per_device(tokens, n) <= device_bytes)
 
 
 def data_parallel_bytes_per_step(param_bytes: float, world_size: int, scheme: str) -> float:
-    """Bytes each rank sends per step in ring collectives, in units of one all-gather (or
-    reduce-scatter): "ddp" all-reduces the gradients (two), "sharded_optimizer" then
-    broadcasts the updated parameters (three), "zero1" reduce-scatters the gradients and
-    all-gathers the parameters (two)."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    gathers = {"ddp": 2, "sharded_optimizer": 3, "zero1": 2}
-    if scheme not in gathers:
-        raise ValueError(f"unknown scheme {scheme!r}; choose one of {sorted(gathers)}")
-    return gathers[scheme] * param_bytes * (world_size - 1) / world_size
+    if world_size < 1 or scheme not in GATHERS:
+        raise ValueError(f"need world_size >= 1 and a scheme of {sorted(GATHERS)}, got "
+                         f"{world_size} and {scheme!r}")
+    return GATHERS[scheme] * param_bytes * (world_size - 1) / world_size
 
 
 def _gib(value: float) -> str:
@@ -129,7 +122,7 @@ def xxl_table(device_bytes: Sequence[tuple[str, int]] = (("H100 80GB", 80 * 10**
 def communication_table(world_sizes: Sequence[int] = (2, 4, 8)) -> str:
     rows = [[name, n, *(fmt(data_parallel_bytes_per_step(
                 MODEL_CONFIGS[name].num_parameters() * acc.FP32, n, s), ".2f", 1e-9)
-                for s in ("ddp", "sharded_optimizer", "zero1"))]
+                for s in GATHERS)]
             for name in ("xl", "2.7b") for n in world_sizes]
     return markdown_table(["size", "ranks", "DDP GB/rank", "sharded optimizer GB/rank",
                            "ZeRO-1 GB/rank"], rows)

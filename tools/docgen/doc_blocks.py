@@ -1,14 +1,5 @@
-"""Generated blocks in prose docs: numbers written by the report, never typed by hand.
-
-A block is
-
-    <!-- generated: NAME ARG... -->
-    ...body, rewritten by `python -m tools.docgen`...
-    <!-- end generated -->
-
-NAME picks a generator in `tools.docgen.doc_sources`; ARGs (usually a history file,
-relative to the repository root) are passed to it. Text outside blocks is left alone.
-"""
+"""Generated blocks in prose docs, so that no number is typed by hand: the body between
+`<!-- generated: NAME ARG... -->` and `<!-- end generated -->` is NAME's output for ARGs."""
 
 from __future__ import annotations
 
@@ -26,8 +17,7 @@ _CLOSE = "<!-- end generated -->"
 
 
 def read_source(repo: Path, name: str, kind: str) -> object:
-    """A generator's JSON source file `name` under `repo`; a file that cannot be read or
-    parsed raises ValueError saying it is not a `kind`."""
+    """A generator's JSON source; ValueError saying it is not a `kind` where unreadable."""
     try:
         return json.loads((repo / name).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -50,9 +40,7 @@ class Block:
 
 
 def split_blocks(text: str, doc: str = "<doc>") -> list[str | Block]:
-    """The doc as alternating plain text (str) and generated blocks, in order; the markers
-    belong to the plain text. Markers in fenced code are plain text. Raises BlockError on
-    an unclosed, nested or stray marker."""
+    """The doc as plain text (markers and fenced code included) between generated blocks."""
     parts: list[str | Block] = []
     plain: list[str] = []
     opened: tuple[int, str] | None = None
@@ -105,8 +93,7 @@ def render(text: str, generators: Mapping[str, Generator], doc: str = "<doc>") -
 
 
 def prose_lines(text: str, doc: str = "<doc>") -> Iterable[tuple[int, str]]:
-    """(line number, line) of every line outside generated blocks, their markers and
-    fenced code."""
+    """(line number, line) of every line outside generated blocks, markers and fenced code."""
     number, fenced = 0, False
     for part in split_blocks(text, doc):
         if isinstance(part, Block):
@@ -118,15 +105,3 @@ def prose_lines(text: str, doc: str = "<doc>") -> Iterable[tuple[int, str]]:
                 fenced = not fenced
             elif not fenced and not _OPEN.match(line.strip()) and line.strip() != _CLOSE:
                 yield number, line
-
-
-def rewrite_docs(paths: Iterable[Path], generators: Mapping[str, Generator]) -> list[Path]:
-    """Rewrite the generated blocks of each doc in place; returns the docs that changed."""
-    changed = []
-    for path in paths:
-        text = path.read_text()
-        new = render(text, generators, str(path))
-        if new != text:
-            path.write_text(new)
-            changed.append(path)
-    return changed

@@ -1,10 +1,5 @@
-"""Run-to-run drift of case medians across saved runs: the data behind the gate's floor.
-
-For every case name measured more than once (a measurement copied into a combined file
-counts once), the relative change of the median between consecutive measurements, next to
-the larger of the two runs' spreads (IQR / median). Prints quantiles for all pairs and for
-the pairs the gate would judge (both medians >= --min-ms, spread small enough to gate),
-and how many of those the gate's thresholds would flag as changed.
+"""Run-to-run drift of case medians across saved runs (the data behind the gate's floor):
+per case, the |change| of its median between consecutive distinct measurements.
 
     python -m tools.docgen.drift .benchmarks/NVIDIA_H100_80GB_HBM3/studies/*.json
 """
@@ -17,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from systems.common.formatting import markdown_table
 from systems.runs import keys
 from systems.runs.gate import CEILING, SPREAD_FACTOR, Timing, Verdict, judge
 from systems.runs.history import MalformedRunError, read_run
@@ -36,51 +32,49 @@ class Drift:
     def spread(self) -> float:
         return max(self.first.spread, self.second.spread)
 
-    @property
-    def shorter_s(self) -> float:
-        return min(self.first.median, self.second.median)
 
-
-def distinct_measurements(runs: list[dict]) -> dict[str, list[Timing]]:
-    """Per case name, the distinct measurements in run order (identical stats = a copy).
-    A case timed with an injected slowdown measures the gate, not the code: left out."""
+def drifts(runs: list[dict], match: str = "") -> list[Drift]:
+    """Pairs of consecutive distinct measurements (identical stats: a copy) per case name; a
+    case timed with an injected slowdown measures the gate, not the code: left out."""
     seen: dict[str, list[dict]] = {}
-    for run in runs:
-        for bench in run["benchmarks"]:
-            if {keys.INJECTED_HOST, keys.INJECTED_DEVICE} & (bench.get("extra_info") or {}).keys():
-                continue
+    for bench in (bench for run in runs for bench in run["benchmarks"] if match in bench["name"]):
+        if not {keys.INJECTED_HOST, keys.INJECTED_DEVICE} & (bench.get("extra_info") or {}).keys():
             stats = seen.setdefault(bench["name"], [])
             if bench["stats"] not in stats:
                 stats.append(bench["stats"])
-    return {name: [Timing.from_saved(s) for s in stats] for name, stats in seen.items()}
+    return [Drift(name, Timing.from_saved(a), Timing.from_saved(b))
+            for name, stats in seen.items() for a, b in itertools.pairwise(stats)]
 
 
-def drifts(runs: list[dict], match: str = "") -> list[Drift]:
-    return [Drift(name, a, b)
-            for name, timings in distinct_measurements(runs).items() if match in name
-            for a, b in itertools.pairwise(timings)]
-
-
-def change_quantiles(pairs: list[Drift]) -> list[str]:
-    """p50, p90, p95 and max of the pairs' |median change| (nearest rank), as percentages."""
-    changes = sorted(p.change for p in pairs)
-    return [f"{changes[min(len(changes) - 1, int(q * len(changes)))]:.1%}"
-            for q in (.5, .9, .95, 1)]
-
-
-def judged_groups(pairs: list[Drift], min_ms: float = 1.0) -> list[tuple[str, list[Drift]]]:
-    """(label, pairs): all pairs, those of cases at least `min_ms` long, and of those the
-    ones whose spread is small enough for the gate to judge them."""
-    long_enough = [p for p in pairs if p.shorter_s * 1e3 >= min_ms]
+def summary(runs: list[dict], match: str = "", min_ms: float = 1.0) -> tuple[str, list[Drift]]:
+    """The |change| quantiles of all pairs, of those of cases >= `min_ms` and of those the gate
+    judges (spread small enough), and the judged pairs."""
+    pairs = drifts(runs, match)
+    long_enough = [p for p in pairs if min(p.first.median, p.second.median) * 1e3 >= min_ms]
     gated = [p for p in long_enough if SPREAD_FACTOR * p.spread <= CEILING]
-    return [("all", pairs), (f">= {min_ms:g} ms", long_enough),
-            (f">= {min_ms:g} ms, spread <= {CEILING / SPREAD_FACTOR:.0%}", gated)]
+    rows = []
+    for label, group in (("all", pairs), (f">= {min_ms:g} ms", long_enough),
+                         (f">= {min_ms:g} ms, spread <= {CEILING / SPREAD_FACTOR:.0%}", gated)):
+        changes = sorted(p.change for p in group)  # nearest-rank quantiles
+        rows.append([label, len(group), len({p.name for p in group}),
+                     *(f"{changes[min(len(changes) - 1, int(q * len(changes)))]:.1%}"
+                       if changes else "-" for q in (.5, .9, .95, 1))])
+    flagged = [p for p in gated if judge(p.name, p.first, p.second).verdict
+               in (Verdict.SLOWER, Verdict.FASTER)]
+    return (markdown_table(["pairs", "count", "cases", "abs change p50", "p90", "p95", "max"],
+                           rows) + f"\n\nThe gate's thresholds would flag {len(flagged)} of the "
+            "last row's pairs.\n", gated)
 
 
-def flagged(pairs: list[Drift]) -> list[Drift]:
-    """The pairs the gate's thresholds would call changed."""
-    return [p for p in pairs
-            if judge(p.name, p.first, p.second).verdict in (Verdict.SLOWER, Verdict.FASTER)]
+def drift_block(repo: Path, pattern: str, match: str = "") -> str:
+    """The `drift` block: `summary` over the histories matching the glob `pattern`."""
+    paths = sorted(repo.glob(pattern))
+    if not paths:
+        raise ValueError(f"no history files match {pattern}")
+    return (summary([read_run(p) for p in paths], match)[0] + "\nTime: pytest-benchmark round "
+            "medians of each case, consecutive distinct measurements"
+            f"{f' of cases containing `{match}`' if match else ''}. From the "
+            f"{len(paths)} files `{pattern}`.\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,25 +86,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="judged pairs: both medians at least this long")
     args = parser.parse_args(argv)
     try:
-        runs = [read_run(path) for path in args.runs]
+        table, gated = summary([read_run(path) for path in args.runs], args.match, args.min_ms)
     except MalformedRunError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    groups = judged_groups(drifts(runs, args.match), args.min_ms)
-    for label, pairs in groups:
-        if not pairs:
-            print(f"{label}: no pairs")
-            continue
-        p50, p90, p95, top = change_quantiles(pairs)
-        print(f"{label}: {len(pairs)} pairs of {len({p.name for p in pairs})} cases; |median "
-              f"change| p50 {p50}, p90 {p90}, p95 {p95}, max {top}")
-    gated = groups[-1][1]
-    print(f"the gate's thresholds would flag {len(flagged(gated))} of these {len(gated)} pairs")
+    print(table + "\nThe judged pairs that drifted most:")
     for pair in sorted(gated, key=lambda p: p.change, reverse=True)[:10]:
         print(f"  {pair.change:6.1%}  ratio {pair.change / pair.spread:4.1f}  spread "
-              f"{pair.spread:5.1%}  "
-              f"{pair.first.median * 1e3:9.3f} -> {pair.second.median * 1e3:9.3f} ms  "
-              f"{pair.name}")
+              f"{pair.spread:5.1%}  {pair.first.median * 1e3:9.3f} -> "
+              f"{pair.second.median * 1e3:9.3f} ms  {pair.name}")
     return 0
 
 

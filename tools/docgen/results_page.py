@@ -1,10 +1,4 @@
-"""docs/RESULTS.md: per GPU, the claims (ours against the rivals, same run) and the plots
-first, then one compact table per topic. Sections appear only when their data exists.
-Every case's newest result is `systems report latest`.
-
-    python -m tools.docgen --results             # this page and docs/img/*.png, then the blocks
-    python -m tools.docgen.results_page --root .benchmarks --out docs/RESULTS.md
-"""
+"""docs/RESULTS.md: per GPU, the claims and plots, then a table per topic that has data."""
 
 from __future__ import annotations
 
@@ -24,8 +18,7 @@ from tools.docgen import results_plots as plots
 
 
 def provenance(results: Sequence[Result], by: str | None = None) -> str:
-    """What a table's times measure and which history files (and runs) they come from;
-    where the kinds differ, `by` (an extra_info key) names the rows of each kind."""
+    """What a table's times measure (per value of `by` where they differ) and their files."""
     kinds: dict[str, set[str]] = {}
     for r in results:
         kinds.setdefault(r.time_kind, set()).add(str(r.get(by)) if by else "")
@@ -37,15 +30,9 @@ def provenance(results: Sequence[Result], by: str | None = None) -> str:
             if results else "")
 
 
-def _gib(value: object) -> str:
-    return fmt(value, ".2f", 2**-30)
-
-
 def recipes_table(results: Sequence[Result], baseline: str = "pytorch_baseline",
                   contender: str = "optimized", plain: str = "eager") -> str:
-    """Per model size and context: the three training recipes side by side, the speedups of
-    `contender` over `baseline` and over `plain` (ratios of medians), and cold starts (first
-    step, compiling)."""
+    """Per size and context, the recipes of one run side by side: speedups and cold starts."""
     by_workload: dict[tuple, dict[str, Result]] = {}
     for r in results:  # recipes are put side by side only when measured in one run
         if r.kind == "recipe":
@@ -62,7 +49,7 @@ def recipes_table(results: Sequence[Result], baseline: str = "pytorch_baseline",
             *(f"{r.median / ours.median:.2f}x" if r else "-" for r in (base, eager)),
             fmt(ours.get(keys.MFU), ".1%"),
             *(fmt(r.get(keys.COLD_START_S), ".1f") if r else "-" for r in (base, ours)),
-            _gib(ours.get(keys.PEAK_MEMORY)), ours.short_run])
+            fmt(ours.get(keys.PEAK_MEMORY), ".2f", 2**-30), ours.short_run])
     return markdown_table(
         ["size", "ctx", f"{plain} median ms", f"{baseline} median ms", f"{contender} median ms",
          f"vs {baseline}", f"vs {plain}", f"{contender} MFU", f"{baseline} cold s",
@@ -73,9 +60,7 @@ _SAME_TRAINING = (keys.SIZE, keys.BATCH_PER_RANK, keys.SEQ_LEN, keys.WORLD_SIZE,
 
 
 def overhead_vs_no_comm(result: Result, results: Sequence[Result]) -> float | None:
-    """The step's time over that of each rank training alone (variant "none") on the same
-    model, batch and world size, measured in the same run, minus 1; the value a run saved
-    itself where it has no such case."""
+    """The step over the same run's variant "none" (ranks alone), minus 1; else as saved."""
     alone = [r for r in results if r.get(keys.VARIANT) == "none"
              and r.measured_in == result.measured_in
              and all(r.get(k) == result.get(k) for k in _SAME_TRAINING)]
@@ -86,8 +71,7 @@ def overhead_vs_no_comm(result: Result, results: Sequence[Result]) -> float | No
 
 
 def _ddp_order(r: Result) -> tuple:
-    """World size, variant, bucket and optimizer; a missing value sorts last."""
-    return tuple((0, v) if isinstance(v, str) else (v is None, v or 0) for v in (
+    return tuple((0, v) if isinstance(v, str) else (v is None, v or 0) for v in (  # None last
         r.get(k) for k in (keys.WORLD_SIZE, keys.VARIANT, keys.BUCKET_SIZE_MB, keys.OPTIMIZER)))
 
 
@@ -99,7 +83,7 @@ def ddp_table(results: Sequence[Result]) -> str:
         [[r.get(keys.VARIANT), r.get(keys.OPTIMIZER, "-"), r.get(keys.WORLD_SIZE, "-"),
           r.get(keys.BUCKET_SIZE_MB, "-"), fmt(r.get(keys.STEP_S), ".1f", 1e3),
           fmt(overhead_vs_no_comm(r, results), "+.1%"),
-          fmt(r.get(keys.SYNC_WAIT_FRACTION), ".1%"), _gib(r.get(keys.PEAK_MEMORY)),
+          fmt(r.get(keys.SYNC_WAIT_FRACTION), ".1%"), fmt(r.get(keys.PEAK_MEMORY), ".2f", 2**-30),
           r.short_run] for r in rows])
 
 
@@ -148,36 +132,27 @@ def device_section(device: str, runs: Sequence[Run], img_dir: Path, page_dir: Pa
         if path is not None:
             lines += [f"### {title}\n", f"![{title}]({path.relative_to(page_dir).as_posix()})\n"]
 
-    def of_kind(kind: str) -> list[Result]:
-        return [r for r in latest if r.kind == kind]
-
+    recipes, ddp = ([r for r in latest if r.kind == kind] for kind in ("recipe", "ddp"))
     return [*lines, *_section("Training recipes: eager vs PyTorch-only baseline vs ours",
-                              recipes_table(latest),
-                              _RECIPES_NOTE + provenance(of_kind("recipe"), "recipe")),
-            *_section("Data-parallel training", ddp_table(latest),
-                      provenance(of_kind("ddp")))]
+                              recipes_table(latest), _RECIPES_NOTE + provenance(recipes, "recipe")),
+            *_section("Data-parallel training", ddp_table(latest), provenance(ddp))]
 
 
 def results_page(runs: Sequence[Run], out_dir: Path, img_dir: Path) -> str:
-    """The whole page; plots are written under `img_dir` and linked relative to `out_dir`."""
+    """The page, linking the plots it writes under `img_dir` relative to `out_dir`."""
     lines = ["# Results\n",
              "Generated by `python -m tools.docgen --results` (`make report`) from the saved "
              "runs under `.benchmarks/`; do not edit by hand. Histories are per GPU model: "
              "numbers from different GPUs are never mixed, and a ratio is only formed within "
              "one run.\n"]
-    by_device = runs_by_device(runs)
-    if not by_device:
-        lines.append("No saved benchmark runs yet: run `make bench` on a GPU, commit "
-                     "`.benchmarks/`, then regenerate this page.\n")
-    for device, device_runs in sorted(by_device.items()):
+    for device, device_runs in sorted(runs_by_device(runs).items()):
         lines += device_section(device, device_runs, img_dir, out_dir)
     return "\n".join(lines).rstrip() + "\n"
 
 
 def write_results_page(root: Path, out: Path, img: Path | None = None,
                        include_cpu: bool = False) -> str:
-    """Write the page (and its plots, under `img`, default <out's folder>/img) from every run
-    under `root`; ValueError where no usable run is there, before anything is written."""
+    """Write the page and its plots (default: <out's folder>/img), or raise before writing."""
     runs = [r for r in load_runs(root) if include_cpu or not r.device.lower().startswith("cpu")]
     if not any(run.results for run in runs):
         raise ValueError(f"no usable saved runs under {root}"

@@ -1,10 +1,5 @@
-"""Figures (PNG) of benchmark results; each returns None without enough data to draw.
-
-A figure compares within one run of one history file (the one with the most points it can
-draw), names it and says what its times measure. One point is a marker, never a line; a
-line breaks where a point is missing; time and throughput axes start at zero unless
-logarithmic. Drawn on matplotlib's Agg canvas: importing this module selects no backend.
-"""
+"""PNG figures, each of one run (the one with most to draw) and None without enough data:
+a lone point is no line, a missing one a gap, and linear time axes start at zero."""
 
 from __future__ import annotations
 
@@ -26,7 +21,7 @@ _ATTENTION_ORDER = ("triton", "triton_gluon_bwd", "triton_gluon_bwd_unordered",
                     "reference")
 
 
-def _figure(rows: int = 1, cols: int = 1, size: tuple[float, float] = (6, 4)):
+def _figure(rows: int, cols: int, size: tuple[float, float]):
     """A figure on the Agg canvas (no GUI backend, no pyplot state) and its axes grid."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -54,10 +49,8 @@ def _one_run(results: Sequence[Result],
     by_run: dict[tuple[str, str], list[Result]] = defaultdict(list)
     for r in results:
         by_run[r.measured_in].append(r)
-    drawable = [(score, rs) for rs in by_run.values() if (score := enough(rs)) > 0]
-    best = max(drawable, key=lambda s_rs: (s_rs[0], max(r.datetime for r in s_rs[1]),
-                                           s_rs[1][0].file), default=None)
-    return best[1] if best else None
+    return max((rs for rs in by_run.values() if enough(rs) > 0), default=None, key=lambda rs: (
+        enough(rs), max(r.datetime for r in rs), rs[0].file))
 
 
 def _source(results: Sequence[Result]) -> str:
@@ -67,7 +60,6 @@ def _source(results: Sequence[Result]) -> str:
 
 
 def _lines(ax, series: dict[str, dict[float, float]], colours: dict | None = None) -> None:
-    """A line per series, marked at every point, with a gap (NaN) where it has no point."""
     xs = sorted({x for points in series.values() for x in points})
     for name, points in series.items():
         ax.plot(xs, [points.get(x, math.nan) for x in xs], marker="o", label=name,
@@ -91,8 +83,7 @@ def _frame(ax, title: str, xlabel: str, ylabel: str = "", log_x: int = 0,
         ax.set_xscale("log", base=log_x)
     if log_y:
         ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which="both")
     if legend:
@@ -105,8 +96,7 @@ def size_order(size: object) -> int:
 
 
 def _series_points(rows: Sequence[Result]) -> dict[tuple, Result]:
-    """(head dim, implementation, sequence length) -> result, of series of three or more
-    sequence lengths (a line against sequence length needs them)."""
+    """(head dim, implementation, sequence length) -> result, of series of three lengths or more."""
     points = newest(rows, lambda r: (r.get(keys.HEAD_DIM), str(r.get(keys.IMPLEMENTATION)),
                                       r.get(keys.SEQ_LEN)))
     lengths = Counter((d, impl) for d, impl, _ in points)
@@ -119,18 +109,20 @@ def _two_series(rows: list[Result]) -> int:
     return int(any(n >= 2 for n in series.values()))
 
 
-def _attention_panels(rows: Sequence[Result], value: Callable[[Result], float | None],
-                      ylabel: str, title: str, path: Path, log_y: bool = False
-                      ) -> Path | None:
-    """A panel per head dim, a line per implementation against sequence length, of one run."""
+def _attention_panels(results: Sequence[Result], time_kind: str, keep: Callable[[Result], bool],
+                      value: Callable[[Result], float], ylabel: str, title: str, path: Path,
+                      log_y: bool = False) -> Path | None:
+    """A panel per head dim, a line per implementation against sequence length (forward +
+    backward cases of `time_kind` that `keep` keeps), of one run."""
     from matplotlib import colormaps
 
+    rows = [r for r in results if r.kind == "attention" and r.time_kind == time_kind and keep(r)
+            and str(r.get(keys.PASS, "")).startswith("forward_backward") and r.get(keys.SEQ_LEN)]
     if not rows:
         return None
     facet = (keys.DTYPE, keys.CAUSAL, keys.PASS, keys.BATCH_HEADS)
     common = _most_common(rows, *facet)
-    rows = _one_run([r for r in rows if tuple(r.get(f) for f in facet) == common
-                     and value(r) is not None], _two_series)
+    rows = _one_run([r for r in rows if tuple(r.get(f) for f in facet) == common], _two_series)
     if rows is None:
         return None  # no run compares two implementations over sequence length
     points = _series_points(rows)
@@ -152,28 +144,19 @@ def _attention_panels(rows: Sequence[Result], value: Callable[[Result], float | 
     return _save(fig, path)
 
 
-def _attention_rows(results: Sequence[Result], time_kind: str) -> list[Result]:
-    return [r for r in results if r.kind == "attention" and r.time_kind == time_kind
-            and str(r.get(keys.PASS, "")).startswith("forward_backward") and r.get(keys.SEQ_LEN)]
-
-
 def attention_device(results: Sequence[Result], path: Path) -> Path | None:
-    """Achieved TFLOP/s (FLOPs over the median device time, CUDA-graph replay) against
-    sequence length, per implementation and head dim: forward + backward."""
-    rows = [r for r in _attention_rows(results, keys.REPLAY_TIME) if r.get(_FLOPS)]
-    return _attention_panels(rows, lambda r: r.get(_FLOPS) / r.median / 1e12,
+    return _attention_panels(results, keys.REPLAY_TIME, lambda r: bool(r.get(_FLOPS)),
+                             lambda r: r.get(_FLOPS) / r.median / 1e12,
                              "achieved TFLOP/s (FLOPs / median)",
                              "Attention forward + backward, device time (CUDA-graph replay)",
                              path)
 
 
 def attention_eager(results: Sequence[Result], path: Path) -> Path | None:
-    """Eager forward + backward latency (host included) at batch 1 against sequence length."""
-    rows = [r for r in _attention_rows(results, keys.EAGER_TIME)
-            if r.name.startswith("test_attention[") and r.get(keys.BATCH_HEADS) == 1]
-    return _attention_panels(rows, lambda r: r.median * 1e3, "median ms (log scale)",
-                             "Attention forward + backward at batch 1, eager end-to-end "
-                             "(host included)", path, log_y=True)
+    return _attention_panels(results, keys.EAGER_TIME, lambda r: r.name.startswith(
+        "test_attention[") and r.get(keys.BATCH_HEADS) == 1, lambda r: r.median * 1e3,
+                             "median ms (log scale)", "Attention forward + backward at batch "
+                             "1, eager end-to-end (host included)", path, log_y=True)
 
 
 def _recipe_panels(rows: Sequence[Result]) -> dict[str, dict[str, Result]]:
@@ -187,8 +170,7 @@ def _recipe_panels(rows: Sequence[Result]) -> dict[str, dict[str, Result]]:
 
 
 def train_step_recipes(results: Sequence[Result], path: Path) -> Path | None:
-    """Train step time per recipe, a panel per model size, beside the step's floor: its
-    model FLOPs at the GPU's nominal dense peak."""
+    """A panel per workload: each recipe's step beside the floor (model FLOPs at nominal peak)."""
     rows = _one_run([r for r in results if r.kind == "recipe"],
                     lambda rs: len(_recipe_panels(rs)))
     if rows is None:
@@ -219,8 +201,7 @@ def train_step_recipes(results: Sequence[Result], path: Path) -> Path | None:
 
 
 def model_step_times(results: Sequence[Result], path: Path) -> Path | None:
-    """Step time by model size, a bar per precision x eager/compiled, for train steps (else
-    the most common mode) at the most common context length."""
+    """A bar per size, precision and compilation: train steps (else the commonest mode)."""
     rows = [r for r in results if r.kind == "end_to_end"]
     if not rows:
         return None
@@ -241,8 +222,7 @@ def model_step_times(results: Sequence[Result], path: Path) -> Path | None:
 
 
 def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
-    """Step time per DDP variant (bars) and, when present, against bucket size (line): the
-    slowest rank's median step when recorded, else the benchmark round's mean."""
+    """A bar per DDP variant and a line per world size against bucket size, where swept."""
     rows = [r for r in results if r.kind == "ddp"]
     if not rows:
         return None
@@ -278,7 +258,6 @@ def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
 
 
 def allreduce_bandwidth(results: Sequence[Result], path: Path) -> Path | None:
-    """Bus bandwidth (algorithm bandwidth if that is all there is) vs message size."""
     rows = [r for r in results if r.kind == "collective"]
     if not rows:
         return None

@@ -1,17 +1,23 @@
-"""Every saved run a doc quotes, read as one shape: per workload, who was timed at which
-step, with the time of each round (or its one time). Study scripts save rows of their own
-fields and pytest-benchmark saves histories; only this module knows those layouts, so one
-ratio table and one history serve them all."""
+"""The blocks every study shares, over any saved run read here as one shape (who took which
+times of which workload), whether a study's rows or a pytest-benchmark history:
+
+    <!-- generated: ratios FILE... against=WHO clock="..." [time= where=K:V,... fastest=
+         layout=wide ours=WHO rate=yes] -->
+    <!-- generated: history FILE... ours=WHO against=WHO clock="..." [where=K:V,...] -->
+"""
 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from systems.common.formatting import markdown_table
 from systems.model.recipes import RECIPES
+from systems.profiling.step_breakdown import DEFAULT_MATMUL_TFLOPS
 from systems.runs import keys
-from systems.runs.gate import Timing
+from systems.runs.gate import HOST_BOUND_SHARE, Timing
 from systems.runs.history import Result, load_run
 from tools.docgen.doc_blocks import read_source
 
@@ -19,12 +25,13 @@ from tools.docgen.doc_blocks import read_source
 SHAPE_FIELDS = ("shape", "batch", "matrices", "seq", "head_dim", "tokens", "dtype", "causal")
 # Row fields naming who ran: the first present is the row's name.
 NAME_FIELDS = ("implementation", "kind")
+HOST_BOUND_MARK = "†"
 
 
 @dataclass(frozen=True)
 class Timed:
-    """Implementation `who` timed at step `what` ("": the whole call) of one workload: ms
-    per round, and ratios (median, lowest, highest) the run stored against others."""
+    """`who` timed at step `what` ("": the whole call) of a workload: ms per round, and the
+    (median, lowest, highest) ratios the run stored against others."""
 
     workload: str
     who: str
@@ -43,8 +50,6 @@ class Timed:
 
 @dataclass(frozen=True)
 class Source:
-    """Where a run's times come from, for the sentence that closes each block."""
-
     name: str
     device: str
     commit: str
@@ -70,7 +75,7 @@ def _workload(row: dict) -> str:
 
 
 def _config(row: dict) -> dict:
-    """What a row's run chose (its config, or its own scalar fields): told apart by label."""
+    """What a row's run chose (its config, or its own scalar fields)."""
     if isinstance(row.get("config"), dict):
         return {**row["config"], **({"library": row["library"]} if "library" in row else {})}
     return {k: v for k, v in row.items() if isinstance(v, bool | int | str | list)
@@ -123,8 +128,7 @@ def _study(data: object, name: str, time: str, where: dict[str, str]
 
 
 def _case_matches(r: Result, where: dict[str, str]) -> bool:
-    """`where` over a history's case: `test` is the test's name, other keys its extra_info;
-    a value may list alternatives (a|b) or be a lower bound (>n)."""
+    """`where`'s `test` is the test's name, other keys extra_info, a value a|b or >n."""
     for k, wanted in where.items():
         value = r.name.split("[")[0] if k == "test" else r.get(k)
         if wanted.startswith(">"):
@@ -136,8 +140,7 @@ def _case_matches(r: Result, where: dict[str, str]) -> bool:
 
 
 def _case_name(r: Result) -> tuple[str, str]:
-    """(workload, implementation) of an attention case or a recipe's train step (a recipe
-    run with attention other than its own is named with it)."""
+    """(workload, implementation) of an attention case or a recipe's train step."""
     if r.kind == "recipe":
         recipe, attention = str(r.get(keys.RECIPE)), r.get(keys.ATTENTION)
         own = attention is None or attention == RECIPES[recipe].attention
@@ -151,9 +154,8 @@ def _case_name(r: Result) -> tuple[str, str]:
 
 
 def _case_timings(r: Result, time: str) -> list[Timed]:
-    """One case's times: `in_turn` (device-time rounds taken in turn with its rivals) and
-    `eager_in_turn` (eager medians taken in turn) set the case's own implementation as
-    "ours", its variant the implementation; `median` and `do_bench` time the case alone."""
+    """`in_turn`, `eager_in_turn`: the case's rivals and it as "ours", its variant the
+    implementation; `median` and `do_bench`: the case alone."""
     workload, impl = _case_name(r)
     field_of = {"in_turn": keys.INTERLEAVED_DEVICE_MS, "eager_in_turn": keys.INTERLEAVED_MEDIANS_S}
     if time in field_of:
@@ -177,10 +179,8 @@ def _case_timings(r: Result, time: str) -> list[Timed]:
 
 def read_timings(repo: Path, name: str, time: str = "",
                  where: dict[str, str] | None = None) -> tuple[list[Timed], Source]:
-    """The timings of one saved run: a study's rows (or configs) whose fields equal
-    `where`'s, timed by field `time` where a row keeps no rounds (default `backward_ms`),
-    or a history's attention cases and recipe steps timed as `time` says (`_case_timings`;
-    default `in_turn`; several, comma-separated: each one's name is its variant)."""
+    """A study's rows matching `where` (without rounds: field `time`, default backward_ms), or
+    a history's cases timed as `time` says (default in_turn; several comma-separated)."""
     data = read_source(repo, name, "saved run")
     if not isinstance(data, dict) or "benchmarks" not in data:
         return _study(data, name, time or "backward_ms", where or {})
@@ -190,3 +190,168 @@ def read_timings(repo: Path, name: str, time: str = "",
                and _case_matches(r, where or {}) for mode in modes for t in _case_timings(r, mode)]
     commit = str((data.get("commit_info") or {}).get("id") or "not recorded")
     return timings, Source(name, run.device, commit[:7], run.datetime[:10], "")
+
+
+def _options(args: tuple[str, ...], allowed: set[str]) -> tuple[list[str], dict[str, str]]:
+    files = [a for a in args if "=" not in a]
+    options = dict(a.split("=", 1) for a in args if "=" in a)
+    if unknown := set(options) - allowed:
+        raise ValueError(f"unknown option(s) {sorted(unknown)}; known: {sorted(allowed)}")
+    if not files or "clock" not in options:
+        raise ValueError("needs at least one run file and clock=... (what its times measure)")
+    return files, options
+
+
+def _where(text: str) -> dict[str, str]:
+    return dict(pair.split(":", 1) for pair in text.split(",")) if text else {}
+
+
+def ratio(t: Timed, reference: Timed) -> tuple[float, float, float]:
+    """(median, lowest, highest) of the per-round ratios where both took the same rounds in
+    turn, else the ratio the run stored, else of medians."""
+    if len(t.ms) > 1 and len(t.ms) == len(reference.ms):
+        each = [a / b for a, b in zip(t.ms, reference.ms, strict=True)]
+        return statistics.median(each), min(each), max(each)
+    return t.stored.get(reference.who) or (t.median / reference.median,) * 3
+
+
+def _ratio_cell(t: Timed, reference: Timed | None) -> str:
+    if reference is None:
+        return "-"
+    median, low, high = ratio(t, reference)
+    return (f"{median:.3f}" + (f" ({low:.3f}–{high:.3f})" if high > low else "")
+            + (f" {HOST_BOUND_MARK}" if t.host_bound or reference.host_bound else ""))
+
+
+def _reference(timings: list[Timed], t: Timed, against: str) -> Timed | None:
+    return next((r for r in timings
+                 if (r.workload, r.what, r.who) == (t.workload, t.what, against)), None)
+
+
+def _fastest(timings: list[Timed], against: str, fields: list[str]) -> list[Timed]:
+    """`against` and each other's fastest per workload, step and values of config `fields`."""
+    best: dict[tuple, Timed] = {}
+    for t in timings:
+        key = (t.workload, t.what, *((t.who, *(str(t.config.get(f)) for f in fields))
+                                     if fields else ()))
+        if t.who != against and (key not in best or t.median < best[key].median):
+            best[key] = t
+    chosen = {id(t) for t in best.values()}
+    return [t for t in timings if t.who == against or id(t) in chosen]
+
+
+def _labelled(timings: list[Timed], fields: list[str] | None = None) -> list[Timed]:
+    """Rows of one implementation and workload named by the config `fields` (one column each
+    in a wide table), else by the config values that differ between them."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for t in timings:
+        groups.setdefault((t.workload, t.who), []).append(t.config)
+    out = []
+    for t in timings:
+        label = ", ".join(f"{k}={v}" for k, v in t.config.items()
+                          if (k in fields if fields is not None else
+                              len({str(c.get(k)) for c in groups[(t.workload, t.who)]}) > 1))
+        out.append(replace(t, who=f"{t.who} ({label})" if label else t.who))
+    return out
+
+
+def _long(timings: list[Timed], against: str, steps: bool) -> tuple[list[str], list[list]]:
+    """A row per implementation and workload."""
+    rounds = any(t.extremes for t in timings)
+    rows = [[t.workload, t.who, *([t.what] if steps else []), f"{t.median:.3f}",
+             *([f"{t.extremes[0]:.1f}–{t.extremes[1]:.1f}" if t.extremes else "-"]
+               if rounds else []),
+             "1" if t.who == against and not t.stored
+             else _ratio_cell(t, _reference(timings, t, against))] for t in timings]
+    return ["workload", "implementation", *(["variant"] if steps else []), "ms",
+            *(["fastest–slowest round ms"] if rounds else []), f"/ {against}"], rows
+
+
+def _wide(timings: list[Timed], against: str, steps: bool, ours: str = "",
+          rate: bool = False) -> tuple[list[str], list[list]]:
+    """A row per workload and variant: the time of `ours` over each other's, or each other's
+    over `against`'s; with `rate`, the FLOP rate beside the bf16 matmul ceiling."""
+    base = ours or against
+    others = list(dict.fromkeys(t.who for t in timings if t.who != base))
+    by_key: dict[tuple[str, str], dict[str, Timed]] = {}
+    for t in timings:
+        by_key.setdefault((t.workload, t.what), {})[t.who] = t
+    rows = []
+    for (workload, what), found in by_key.items():
+        if ours and ours not in found:
+            continue
+        cells = ["-" if n not in found else _ratio_cell(found[ours], found[n]) if ours
+                 else _ratio_cell(found[n], found.get(against)) for n in others]
+        if others and set(cells) == {"-"}:
+            continue  # nothing compared here: no claim to show
+        tflops = (found[base].flops / found[base].median / 1e9
+                  if base in found and found[base].flops else None)
+        rows.append([workload, *([what] if steps else []),
+                     f"{found[base].median:.3f}" if base in found else "-", *cells,
+                     *(([f"{tflops:.0f}", f"{tflops / DEFAULT_MATMUL_TFLOPS:.1%}"] if tflops
+                        else ["-", "-"]) if rate else [])])
+    headers = ["workload", *(["variant"] if steps else []), f"{base} ms",
+               *((f"{ours} / {n}" if ours else f"{n} / {against}") for n in others),
+               *([f"{base} TFLOP/s", f"of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s"] if rate else [])]
+    if rows:  # a column compared nowhere says nothing
+        keep = [i for i in range(len(headers)) if any(row[i] != "-" for row in rows)]
+        headers, rows = [headers[i] for i in keep], [[row[i] for i in keep] for row in rows]
+    return headers, rows
+
+
+def _closing(clock: str, sources: list[Source]) -> str:
+    return (f"\n\nTime: {clock}; ms: the median over a run's rounds (its one time where it "
+            "took one); a ratio: the median of the per-round ratios (lowest–highest) where "
+            "both took the same rounds in turn, else as the run stored it or of medians. "
+            f"From {', '.join(map(str, sources))}.\n")
+
+
+def ratios(repo: Path, *args: str) -> str:
+    """The `ratios` block: each implementation's median and its ratio, per workload."""
+    files, options = _options(args, {"against", "ours", "clock", "time", "where", "fastest",
+                                     "layout", "rate"})
+    against, where = options.get("against", ""), options.get("where", "")
+    runs = [read_timings(repo, name, options.get("time", ""), _where(where)) for name in files]
+    # A workload in several runs is told apart by each run's commit (or file, if shared).
+    seen = Counter(w for timings, _ in runs for w in {t.workload for t in timings})
+    commits = Counter(source.commit for _, source in runs)
+    shown = []
+    for name, (timings, source) in zip(files, runs, strict=True):
+        if not timings:
+            raise ValueError(f"{name}: nothing timed matches {where!r}")
+        run = source.commit if commits[source.commit] == 1 else Path(name).stem
+        fields = None
+        if "fastest" in options:
+            fields = [f for f in options["fastest"].split(",") if f and f != "yes"]
+            timings = _fastest(timings, against, fields)
+        shown += [replace(t, workload=f"{t.workload} ({run})") if seen[t.workload] > 1 else t
+                  for t in _labelled(timings, fields)]
+    steps = any(t.what for t in shown)
+    headers, rows = (_wide(shown, against, steps, options.get("ours", ""), "rate" in options)
+                     if options.get("layout") == "wide" else _long(shown, against, steps))
+    if not rows:
+        raise ValueError(f"{', '.join(files)}: no row has {options.get('ours')}")
+    marked = any(HOST_BOUND_MARK in str(cell) for row in rows for cell in row)
+    return (markdown_table(headers, rows) + _closing(options["clock"], [s for _, s in runs])
+            + (f"\n{HOST_BOUND_MARK} host-bound: one side spent {HOST_BOUND_SHARE:.0%} or "
+               "more of each round enqueueing, so the ratio compares the host's speed at two "
+               "moments, not the kernels.\n" if marked else ""))
+
+
+def history(repo: Path, *args: str) -> str:
+    """The `history` block: a row per run, ours / against per workload."""
+    files, options = _options(args, {"ours", "against", "clock", "where"})
+    runs = []
+    for name in files:
+        timings, source = read_timings(repo, name, where=_where(options.get("where", "")))
+        cells = {t.workload: ratio(t, ref)[0] for t in timings if t.who == options["ours"]
+                 if (ref := _reference(timings, t, options["against"]))}
+        if not cells:
+            raise ValueError(f"{name}: no {options['ours']} timed with {options['against']}")
+        runs.append((source, cells))
+    workloads = list(dict.fromkeys(w for _, cells in runs for w in cells))
+    rows = [[s.device, s.commit, s.recorded, *(f"{cells[w]:.3f}" if w in cells else "-"
+                                               for w in workloads)] for s, cells in runs]
+    return (markdown_table(["GPU", "commit", "recorded", *workloads], rows)
+            + f"\n\nEach cell: {options['ours']} / {options['against']}."
+            + _closing(options["clock"], [s for s, _ in runs]))

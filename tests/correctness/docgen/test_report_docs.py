@@ -11,7 +11,7 @@ import pytest
 
 from tools.docgen import doc_sources
 from tools.docgen.__main__ import default_docs, main
-from tools.docgen.claim_scan import scan, scan_docs
+from tools.docgen.claim_scan import scan
 from tools.docgen.doc_blocks import BlockError, render
 from tools.docgen.doc_sources import generators
 from tools.docgen.results_page import main as results_page_main
@@ -48,7 +48,8 @@ def test_committed_generated_blocks_are_what_the_report_writes_now(doc: Path) ->
 
 def test_committed_docs_type_no_performance_number_by_hand() -> None:
     # docs/profiling's summaries are written whole by systems.profiling; its README is prose.
-    findings = scan_docs([*COMMITTED_DOCS, REPO / "docs" / "profiling" / "README.md"])
+    findings = [finding for doc in [*COMMITTED_DOCS, REPO / "docs" / "profiling" / "README.md"]
+                for finding in scan(doc.read_text(), str(doc))]
     assert not findings, "performance numbers outside generated blocks (generate them, or " \
         "allow a non-claim in tools.docgen.claim_scan.ALLOWED with its reason):\n" + \
         "\n".join(map(str, findings))
@@ -307,6 +308,17 @@ def test_gate_blocks_quote_the_printed_gate_tables(tmp_path: Path) -> None:
     (tmp_path / "other.txt").write_text("not a gate table\n")
     with pytest.raises(ValueError, match="other.txt: not a gate table"):
         generators(tmp_path)["gate-tallies"]("other.txt")
+
+
+@pytest.mark.parametrize("header", [
+    "- perf gate: vs base/line.json (commit abc1234) -",  # a perf session's
+    "- perf gate: run.json vs base/line.json (commit abc1234) -",  # `baseline judge`'s
+    "- perf gate: medians vs base/line.json -"])  # older perf sessions'
+def test_gate_tables_name_their_baseline_in_every_printed_form(tmp_path: Path,
+                                                                header: str) -> None:
+    (tmp_path / "run.txt").write_text(GATE_TABLE.replace(GATE_TABLE.splitlines()[0], header))
+    tallies = generators(tmp_path)["gate-tallies"]("run.txt")
+    assert "compared with `base/line.json` as it was then" in tallies
 
 
 def test_drift_block_is_the_drift_tools_summary(tmp_path: Path) -> None:
