@@ -7,12 +7,13 @@ import itertools
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from systems.common.formatting import markdown_table
 from systems.runs import keys
 from systems.runs.history import Result, load_run
+from tools.docgen.timings import Timed, case_timings, ratio
 
 # Attention: our kernel against PyTorch's best (SDPA backends, compiled flex_attention).
 OUR_ATTENTION = ("triton", "triton_compiled")
@@ -31,30 +32,20 @@ RIVAL_LABELS = {"sdpa_cudnn": "cuDNN (SDPA)", "sdpa_flash": "SDPA flash",
 
 
 @dataclass(frozen=True)
-class Side:
-    """One side of a claim: a name, its median in seconds and what that time measures."""
-
-    name: str
-    seconds: float
-    time_kind: str
-
-
-@dataclass(frozen=True)
 class Claim:
-    group: str
-    ours: Side
-    rival: Side
+    """Ours against a rival, both timed in one run of history `file`: each side's `workload`
+    is the claim's, its `what` the kind of time it measured."""
+
+    ours: Timed
+    rival: Timed
     file: str
     run: str
-    # Where the two were timed in rounds taken in turn: the median of the rounds' ratios.
-    paired_ratio: float | None = None
     recorded: str = ""  # when the run was recorded (ISO date and time)
 
     @property
     def ratio(self) -> float:
-        if self.paired_ratio is not None:
-            return self.paired_ratio
-        return self.ours.seconds / self.rival.seconds
+        """Of rounds taken in turn, the median of the rounds' ratios; else of medians."""
+        return ratio(self.ours, self.rival)[0]
 
 
 def _when(r: Result) -> tuple[str, str]:
@@ -84,11 +75,13 @@ def _pairs(results: Sequence[Result], kind: str, workload: Callable[[Result], tu
     return list(newest.values())
 
 
-def _claim(label: str, where: tuple, ours: Result, names: tuple[str, str],
-           seconds: tuple[float, float], kinds: tuple[str, str],
-           paired: float | None = None) -> Claim:
-    return Claim(label, Side(names[0], seconds[0], kinds[0]),
-                 Side(names[1], seconds[1], kinds[1]), where[0], where[1], paired, ours.datetime)
+def _claim(r: Result, ours: Timed, rival: Timed) -> Claim:
+    """A claim measured in `r`'s run."""
+    return Claim(ours, rival, *r.measured_in, r.datetime)
+
+
+def _side(workload: str, name: str, seconds: float, time_kind: str) -> Timed:
+    return Timed(workload, name, time_kind, (seconds * 1e3,))
 
 
 def _impl(r: Result) -> str:
@@ -109,43 +102,36 @@ def attention_claims(results: Sequence[Result]) -> list[Claim]:
                 r.get(keys.HEAD_DIM))
 
     claims = []
-    for group, ours, rival in _pairs(results, "attention", workload, _impl,
-                                     OUR_ATTENTION, RIVAL_ATTENTION):
-        label, names = _attention_label(ours), (_impl(ours), _impl(rival))
-        claims.append(_claim(label, group, ours, names, (ours.median, rival.median),
-                             (ours.time_kind, rival.time_kind)))
+    for _, ours, rival in _pairs(results, "attention", workload, _impl,
+                                 OUR_ATTENTION, RIVAL_ATTENTION):
+        sides = [_side(_attention_label(ours), _impl(r), r.median, r.time_kind)
+                 for r in (ours, rival)]
+        claims.append(_claim(ours, *sides))
         device = [r.get(keys.DO_BENCH_MEDIAN_MS) for r in (ours, rival)]
         if all(isinstance(ms, int | float) for ms in device):
-            claims.append(_claim(label, group, ours, names, (device[0] / 1e3, device[1] / 1e3),
-                                 (keys.DO_BENCH_TIME,) * 2))
+            claims.append(_claim(ours, *(replace(side, what=keys.DO_BENCH_TIME, ms=(ms,))
+                                         for side, ms in zip(sides, device, strict=True))))
     return claims
 
 
 def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
     """Of each case's newest run that took device-time rounds in turn: ours / each rival."""
-    def took_turns(r: Result) -> bool:
-        rounds = r.get(keys.INTERLEAVED_DEVICE_MS)
-        return r.kind == "attention" and isinstance(rounds, dict) and _impl(r) in rounds
-
     claims = []
-    for r in newest(filter(took_turns, results), lambda r: (
-            r.name, r.get(keys.BATCH_HEADS), r.get(keys.SEQ_LEN), r.get(keys.HEAD_DIM))).values():
-        rounds = {str(name): [float(ms) for ms in per_round]
-                  for name, per_round in r.get(keys.INTERLEAVED_DEVICE_MS).items()}
-        ours = rounds[_impl(r)]
-        for rival in (rival for rival in RIVAL_ATTENTION if rival in rounds):
-            per_round = [o / t for o, t in zip(ours, rounds[rival], strict=True)]
-            claims.append(_claim(
-                _attention_label(r), r.measured_in, r, (_impl(r), rival),
-                (statistics.median(ours) / 1e3, statistics.median(rounds[rival]) / 1e3),
-                (keys.IN_TURN_TIME,) * 2, statistics.median(per_round)))
+    for r in newest((r for r in results if r.kind == "attention" and case_timings(r, "in_turn")),
+                    lambda r: (r.name, r.get(keys.BATCH_HEADS), r.get(keys.SEQ_LEN),
+                               r.get(keys.HEAD_DIM))).values():
+        # The rounds as timings reads them: the case's own implementation is "ours".
+        sides = {t.who: replace(t, workload=_attention_label(r), what=keys.IN_TURN_TIME)
+                 for t in case_timings(r, "in_turn")}
+        claims += [_claim(r, replace(sides["ours"], who=_impl(r)), sides[rival])
+                   for rival in RIVAL_ATTENTION if rival in sides]
     return claims
 
 
 def recipe_claims(results: Sequence[Result]) -> list[Claim]:
     """Per model size and context: our recipe / the PyTorch-only baseline's train step."""
-    return [_claim(f"train step {g[2]}, ctx {g[3]}", g, ours, (OUR_RECIPE, RIVAL_RECIPE),
-                   (ours.median, rival.median), (ours.time_kind, rival.time_kind))
+    return [_claim(ours, *(_side(f"train step {g[2]}, ctx {g[3]}", name, r.median, r.time_kind)
+                           for name, r in ((OUR_RECIPE, ours), (RIVAL_RECIPE, rival))))
             for g, ours, rival in _pairs(
                 results, "recipe", lambda r: (str(r.get(keys.SIZE)), r.get(keys.SEQ_LEN),
                                               str(r.get(keys.MODE))),
@@ -173,10 +159,11 @@ def ddp_claims(results: Sequence[Result],
                 r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)), r.get("batch_per_rank"),
                 r.get(keys.SEQ_LEN), str(r.get(keys.BACKEND))), ddp_name, ours, [rival_name]):
             world, model, batch, context, backend = group[2:]
-            claims.append(_claim(
-                f"DDP {model}, {world} ranks ({backend}), batch {batch}/rank, ctx {context}",
-                group, our, (ddp_name(our), rival_name),
-                (our.get(keys.STEP_S), rival.get(keys.STEP_S)), (keys.RANK_EVENT_TIME,) * 2))
+            label = f"DDP {model}, {world} ranks ({backend}), batch {batch}/rank, ctx {context}"
+            claims.append(_claim(our, *(_side(label, name, r.get(keys.STEP_S),
+                                              keys.RANK_EVENT_TIME)
+                                        for name, r in ((ddp_name(our), our),
+                                                        (rival_name, rival)))))
     return claims
 
 
@@ -189,7 +176,7 @@ def all_claims(results: Sequence[Result]) -> list[Claim]:
 def topic(claim: Claim) -> str:
     """What a claim compares, without its workload: attention, train step or DDP."""
     return {"attention": "attention", "train": "train step", "DDP": "data parallel"}.get(
-        claim.group.split()[0], claim.group)
+        claim.ours.workload.split()[0], claim.ours.workload)
 
 
 def ratio_text(claims: Sequence[Claim]) -> str:
@@ -203,10 +190,10 @@ def summary_table(claims: Sequence[Claim]) -> str:
     """One row per topic, ours, rival and kind of time: where ours wins, and the ratios."""
     groups: dict[tuple[str, str, str, str], list[Claim]] = {}
     for c in claims:
-        kinds = (c.ours.time_kind if c.ours.time_kind == c.rival.time_kind
-                 else f"ours: {c.ours.time_kind}; rival: {c.rival.time_kind}")
-        groups.setdefault((topic(c), c.ours.name, c.rival.name, kinds), []).append(c)
-    rows = [[*key, members[0].group if len(members) == 1 else f"{len(members)} workloads",
+        kinds = (c.ours.what if c.ours.what == c.rival.what
+                 else f"ours: {c.ours.what}; rival: {c.rival.what}")
+        groups.setdefault((topic(c), c.ours.who, c.rival.who, kinds), []).append(c)
+    rows = [[*key, members[0].ours.workload if len(members) == 1 else f"{len(members)} workloads",
              sum(c.ratio < 1 for c in members), ratio_text(members),
              max(members, key=lambda c: (c.recorded, c.file)).file]
             for key, members in sorted(groups.items())]
@@ -223,21 +210,21 @@ def headline(repo: Path, history_name: str, ours: str, *rivals: str) -> str:
     run = load_run(repo / history_name, (repo / history_name).parent)
     claims = [*all_claims(run.results),
               *(c for rival in rivals for c in ddp_claims(run.results, {ours.split()[0]: rival}))]
-    by_rival = {rival: list({(c.group, c.ours.time_kind): c for c in claims
-                             if c.ours.name == ours and c.rival.name == rival}.values())
+    by_rival = {rival: list({(c.ours.workload, c.ours.what): c for c in claims
+                             if c.ours.who == ours and c.rival.who == rival}.values())
                 for rival in rivals}
     if missing := [rival for rival, found in by_rival.items() if not found]:
         raise ValueError(f"{history_name}: no claim of {ours} against {', '.join(missing)}")
-    kinds = Counter(c.ours.time_kind for found in by_rival.values() for c in found)
+    kinds = Counter(c.ours.what for found in by_rival.values() for c in found)
     kind = next((k for k, _ in kinds.most_common() if all(
-        any(c.ours.time_kind == k for c in found) for found in by_rival.values())), None)
+        any(c.ours.what == k for c in found) for found in by_rival.values())), None)
     if kind is None:
         raise ValueError(f"{history_name}: no kind of time common to {ours}'s rivals")
-    chosen = {rival: [c for c in found if c.ours.time_kind == kind]
+    chosen = {rival: [c for c in found if c.ours.what == kind]
               for rival, found in by_rival.items()}
     first, workloads = next(iter(chosen.values()))[0], max(map(len, chosen.values()))
     parts = ", / ".join(f"{RIVAL_LABELS.get(rival, rival)} {ratio_text(found)}"
                         for rival, found in chosen.items())
     return (f"- **{topic(first).capitalize()}** on {run.device}, {kind}: ours ({ours}) / "
-            f"{parts} ({first.group if workloads == 1 else f'{workloads} workloads'}; below 1 "
-            f"ours takes less time; `{history_name}`, {run.datetime[:10]}).\n")
+            f"{parts} ({first.ours.workload if workloads == 1 else f'{workloads} workloads'}; "
+            f"below 1 ours takes less time; `{history_name}`, {run.datetime[:10]}).\n")

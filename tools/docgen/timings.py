@@ -153,7 +153,7 @@ def _case_name(r: Result) -> tuple[str, str]:
             str(r.get(keys.IMPLEMENTATION)))
 
 
-def _case_timings(r: Result, time: str) -> list[Timed]:
+def case_timings(r: Result, time: str) -> list[Timed]:
     """`in_turn`, `eager_in_turn`: the case's rivals and it as "ours", its variant the
     implementation; `median` and `do_bench`: the case alone."""
     workload, impl = _case_name(r)
@@ -187,7 +187,7 @@ def read_timings(repo: Path, name: str, time: str = "",
     run, modes = load_run(repo / name, repo), (time or "in_turn").split(",")
     timings = [replace(t, what=t.what or (mode if len(modes) > 1 else ""))
                for r in run.results if r.kind in ("attention", "recipe")
-               and _case_matches(r, where or {}) for mode in modes for t in _case_timings(r, mode)]
+               and _case_matches(r, where or {}) for mode in modes for t in case_timings(r, mode)]
     commit = str((data.get("commit_info") or {}).get("id") or "not recorded")
     return timings, Source(name, run.device, commit[:7], run.datetime[:10], "")
 

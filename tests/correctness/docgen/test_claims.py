@@ -34,10 +34,10 @@ def test_attention_claims_are_ratios_of_medians_within_one_file() -> None:
                _attention("sdpa_flash", 4e-3, "G/0001_a.json"),
                _attention("sdpa_cudnn", 1e-3, "G/0002_b.json")]  # no triton in that file
     (claim,) = all_claims(results)
-    assert (claim.ours.name, claim.rival.name, claim.file) == ("triton", "sdpa_flash",
+    assert (claim.ours.who, claim.rival.who, claim.file) == ("triton", "sdpa_flash",
                                                                 "G/0001_a.json")
     assert claim.ratio == pytest.approx(0.5)
-    assert claim.ours.time_kind == keys.EAGER_TIME
+    assert claim.ours.what == keys.EAGER_TIME
     row = summary_table([claim]).splitlines()[2]
     assert "| eager end-to-end (host included) |" in row and "| 0.50 | G/0001_a.json |" in row
 
@@ -59,7 +59,7 @@ def test_device_time_claims_come_from_replay_and_do_bench() -> None:
     board = [_attention(i, 5e-3, "G/0022.json", test="test_attention_leaderboard",
                         do_bench_median_ms=ms)
              for i, ms in (("triton", 4.0), ("sdpa_flash", 8.0))]
-    kinds = {(c.file, c.ours.time_kind): c.ratio for c in all_claims(replay + board)}
+    kinds = {(c.file, c.ours.what): c.ratio for c in all_claims(replay + board)}
     assert kinds == {("G/0023.json", keys.REPLAY_TIME): pytest.approx(0.5),
                      ("G/0022.json", keys.EAGER_TIME): pytest.approx(1.0),
                      ("G/0022.json", keys.DO_BENCH_TIME): pytest.approx(0.5)}
@@ -76,14 +76,14 @@ def test_rounds_taken_in_turn_claim_the_median_of_the_rounds_ratios() -> None:
                          "triton_gluon_bwd": [9.0], "sdpa_cudnn": [7.0]})
     new = _attention("triton_gluon_bwd", 7e-3, "G/0002_b.json", shape=(16, 1, 16384, 128),
                      when="2026-02-01", interleaved_device_ms=rounds)
-    claims = {c.rival.name: c for c in all_claims([old, new])}
+    claims = {c.rival.who: c for c in all_claims([old, new])}
     assert set(claims) == {"sdpa_cudnn", "sdpa_flash"}
     cudnn, flash = claims["sdpa_cudnn"], claims["sdpa_flash"]
     assert cudnn.ratio == pytest.approx(1.0) and flash.ratio == pytest.approx(0.7)
-    assert cudnn.file == "G/0002_b.json" and cudnn.ours.time_kind == keys.IN_TURN_TIME
-    assert cudnn.ours.seconds == pytest.approx(7.2e-3)
-    assert cudnn.rival.seconds == pytest.approx(7.0e-3)
-    assert cudnn.ours.time_kind == "device time (do_bench rounds taken in turn)"
+    assert cudnn.file == "G/0002_b.json" and cudnn.ours.what == keys.IN_TURN_TIME
+    assert cudnn.ours.median == pytest.approx(7.2)  # ms
+    assert cudnn.rival.median == pytest.approx(7.0)
+    assert cudnn.ours.what == "device time (do_bench rounds taken in turn)"
     assert cudnn.file == "G/0002_b.json" and f"{cudnn.ratio:.2f}" == "1.00"
 
 
@@ -101,7 +101,7 @@ def test_recipe_and_ddp_claims_name_both_time_kinds() -> None:
     results = [recipe("optimized", 0.1, True), recipe("pytorch_baseline", 0.125, False),
                recipe("eager", 0.3, False), ddp("torch_ddp", 0.4), ddp("naive", 0.42),
                ddp("none", 0.38), ddp("fsdp", 0.3), ddp("torch_fsdp2", 0.6)]
-    claims = {(c.ours.name, c.rival.name): c for c in all_claims(results)}
+    claims = {(c.ours.who, c.rival.who): c for c in all_claims(results)}
     assert set(claims) == {("optimized", "pytorch_baseline"), ("naive", "torch_ddp"),
                            ("fsdp", "torch_fsdp2")}
     recipe_claim = claims["optimized", "pytorch_baseline"]
@@ -109,7 +109,7 @@ def test_recipe_and_ddp_claims_name_both_time_kinds() -> None:
     assert (f"ours: {keys.REPLAY_TIME}; rival: {keys.EAGER_TIME}"
             in summary_table([recipe_claim]))
     assert claims["naive", "torch_ddp"].ratio == pytest.approx(1.05)
-    assert claims["fsdp", "torch_fsdp2"].ours.time_kind == keys.RANK_EVENT_TIME
+    assert claims["fsdp", "torch_fsdp2"].ours.what == keys.RANK_EVENT_TIME
 
 
 def test_recipe_tables_never_pair_across_runs() -> None:
