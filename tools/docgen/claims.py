@@ -57,31 +57,41 @@ def newest(results: Iterable[Result], key: Callable[[Result], tuple]) -> dict[tu
     return {key(r): r for r in sorted(results, key=_when)}
 
 
-def _pairs(results: Sequence[Result], kind: str, workload: Callable[[Result], tuple],
-           name: Callable[[Result], str], ours: Sequence[str],
-           rivals: Sequence[str]) -> list[tuple[tuple, Result, Result]]:
-    """(file, run, *workload), ours, rival: per workload and pair, of the newest run of both."""
+# A side's time in ms and what it measured, or None where not so timed.
+def _median(r: Result) -> tuple[float, str] | None:
+    return r.median * 1e3, r.time_kind
+
+
+def _do_bench(r: Result) -> tuple[float, str] | None:
+    ms = r.get(keys.DO_BENCH_MEDIAN_MS)
+    return (ms, keys.DO_BENCH_TIME) if isinstance(ms, int | float) else None
+
+
+def _paired(results: Sequence[Result], kind: str, workload: Callable[[Result], tuple],
+            name: Callable[[Result], str], ours: Sequence[str], rivals: Sequence[str],
+            label: Callable[[Result], str],
+            time: Callable[[Result], tuple[float, str] | None] = _median) -> list[Claim]:
+    """Ours / each rival per workload (`label` names it from ours), of the
+    newest run that timed both, as `time` times each side."""
     groups: dict[tuple, dict[str, Result]] = {}
     for r in results:
         if r.kind == kind:
             groups.setdefault((*r.measured_in, *workload(r)), {})[name(r)] = r
-    newest: dict[tuple, tuple[tuple, Result, Result]] = {}
+    newest: dict[tuple, tuple[Result, Result]] = {}
     for (group, found), (our, rival) in itertools.product(groups.items(),
                                                           itertools.product(ours, rivals)):
         key = (group[2:], our, rival)
         if our in found and rival in found and our != rival and (
-                key not in newest or _when(found[our]) > _when(newest[key][1])):
-            newest[key] = (group, found[our], found[rival])
-    return list(newest.values())
-
-
-def _claim(r: Result, ours: Timed, rival: Timed) -> Claim:
-    """A claim measured in `r`'s run."""
-    return Claim(ours, rival, *r.measured_in, r.datetime)
-
-
-def _side(workload: str, name: str, seconds: float, time_kind: str) -> Timed:
-    return Timed(workload, name, time_kind, (seconds * 1e3,))
+                key not in newest or _when(found[our]) > _when(newest[key][0])):
+            newest[key] = found[our], found[rival]
+    claims = []
+    for our, rival in newest.values():
+        timed = [time(r) for r in (our, rival)]
+        if None not in timed:
+            sides = [Timed(label(our), name(r), time_kind, (ms,))
+                     for r, (ms, time_kind) in zip((our, rival), timed, strict=True)]
+            claims.append(Claim(*sides, *our.measured_in, our.datetime))
+    return claims
 
 
 def _impl(r: Result) -> str:
@@ -101,17 +111,9 @@ def attention_claims(results: Sequence[Result]) -> list[Claim]:
                 bool(r.get(keys.CAUSAL)), r.get(keys.BATCH_HEADS), r.get(keys.SEQ_LEN),
                 r.get(keys.HEAD_DIM))
 
-    claims = []
-    for _, ours, rival in _pairs(results, "attention", workload, _impl,
-                                 OUR_ATTENTION, RIVAL_ATTENTION):
-        sides = [_side(_attention_label(ours), _impl(r), r.median, r.time_kind)
-                 for r in (ours, rival)]
-        claims.append(_claim(ours, *sides))
-        device = [r.get(keys.DO_BENCH_MEDIAN_MS) for r in (ours, rival)]
-        if all(isinstance(ms, int | float) for ms in device):
-            claims.append(_claim(ours, *(replace(side, what=keys.DO_BENCH_TIME, ms=(ms,))
-                                         for side, ms in zip(sides, device, strict=True))))
-    return claims
+    return [claim for time in (_median, _do_bench) for claim in _paired(
+        results, "attention", workload, _impl, OUR_ATTENTION, RIVAL_ATTENTION,
+        _attention_label, time)]
 
 
 def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
@@ -123,19 +125,17 @@ def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
         # The rounds as timings reads them: the case's own implementation is "ours".
         sides = {t.who: replace(t, workload=_attention_label(r), what=keys.IN_TURN_TIME)
                  for t in case_timings(r, "in_turn")}
-        claims += [_claim(r, replace(sides["ours"], who=_impl(r)), sides[rival])
-                   for rival in RIVAL_ATTENTION if rival in sides]
+        claims += [Claim(replace(sides["ours"], who=_impl(r)), sides[rival], *r.measured_in,
+                         r.datetime) for rival in RIVAL_ATTENTION if rival in sides]
     return claims
 
 
 def recipe_claims(results: Sequence[Result]) -> list[Claim]:
     """Per model size and context: our recipe / the PyTorch-only baseline's train step."""
-    return [_claim(ours, *(_side(f"train step {g[2]}, ctx {g[3]}", name, r.median, r.time_kind)
-                           for name, r in ((OUR_RECIPE, ours), (RIVAL_RECIPE, rival))))
-            for g, ours, rival in _pairs(
-                results, "recipe", lambda r: (str(r.get(keys.SIZE)), r.get(keys.SEQ_LEN),
-                                              str(r.get(keys.MODE))),
-                lambda r: str(r.get(keys.RECIPE)), [OUR_RECIPE], [RIVAL_RECIPE])]
+    return _paired(results, "recipe", lambda r: (str(r.get(keys.SIZE)), r.get(keys.SEQ_LEN),
+                                                 str(r.get(keys.MODE))),
+                   lambda r: str(r.get(keys.RECIPE)), [OUR_RECIPE], [RIVAL_RECIPE],
+                   lambda r: f"train step {r.get(keys.SIZE)}, ctx {r.get(keys.SEQ_LEN)}")
 
 
 def ddp_name(r: Result, ranks: bool = False) -> str:
@@ -151,20 +151,16 @@ def ddp_name(r: Result, ranks: bool = False) -> str:
 def ddp_claims(results: Sequence[Result],
                rivals: Mapping[str, str] = RIVAL_DDP) -> list[Claim]:
     """Each of our variants' slowest-rank median step / its rival's, per world size and workload."""
-    claims = []
     with_steps = [r for r in results if isinstance(r.get(keys.STEP_S), int | float)]
-    for variant, rival_name in rivals.items():
-        ours = sorted({ddp_name(r) for r in with_steps if r.get(keys.VARIANT) == variant})
-        for group, our, rival in _pairs(with_steps, "ddp", lambda r: (
-                r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)), r.get("batch_per_rank"),
-                r.get(keys.SEQ_LEN), str(r.get(keys.BACKEND))), ddp_name, ours, [rival_name]):
-            world, model, batch, context, backend = group[2:]
-            label = f"DDP {model}, {world} ranks ({backend}), batch {batch}/rank, ctx {context}"
-            claims.append(_claim(our, *(_side(label, name, r.get(keys.STEP_S),
-                                              keys.RANK_EVENT_TIME)
-                                        for name, r in ((ddp_name(our), our),
-                                                        (rival_name, rival)))))
-    return claims
+    return [claim for variant, rival in rivals.items() for claim in _paired(
+        with_steps, "ddp", lambda r: (r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)),
+                                      r.get("batch_per_rank"), r.get(keys.SEQ_LEN),
+                                      str(r.get(keys.BACKEND))), ddp_name,
+        sorted({ddp_name(r) for r in with_steps if r.get(keys.VARIANT) == variant}), [rival],
+        lambda r: f"DDP {r.get(keys.SIZE)}, {r.get(keys.WORLD_SIZE)} ranks "
+                  f"({r.get(keys.BACKEND)}), batch {r.get('batch_per_rank')}/rank, "
+                  f"ctx {r.get(keys.SEQ_LEN)}",
+        lambda r: (r.get(keys.STEP_S) * 1e3, keys.RANK_EVENT_TIME))]
 
 
 def all_claims(results: Sequence[Result]) -> list[Claim]:
