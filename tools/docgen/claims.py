@@ -70,9 +70,10 @@ def _do_bench(r: Result) -> tuple[float, str] | None:
 def _paired(results: Sequence[Result], kind: str, workload: Callable[[Result], tuple],
             name: Callable[[Result], str], ours: Sequence[str], rivals: Sequence[str],
             label: Callable[[Result], str],
-            time: Callable[[Result], tuple[float, str] | None] = _median) -> list[Claim]:
+            times: Sequence[Callable[[Result], tuple[float, str] | None]] = (_median,)
+            ) -> list[Claim]:
     """Ours / each rival per workload (`label` names it from ours), of the
-    newest run that timed both, as `time` times each side."""
+    newest run that timed both, as each of `times` times the sides."""
     groups: dict[tuple, dict[str, Result]] = {}
     for r in results:
         if r.kind == kind:
@@ -85,7 +86,7 @@ def _paired(results: Sequence[Result], kind: str, workload: Callable[[Result], t
                 key not in newest or _when(found[our]) > _when(newest[key][0])):
             newest[key] = found[our], found[rival]
     claims = []
-    for our, rival in newest.values():
+    for (our, rival), time in itertools.product(newest.values(), times):
         timed = [time(r) for r in (our, rival)]
         if None not in timed:
             sides = [Timed(label(our), name(r), time_kind, (ms,))
@@ -111,9 +112,8 @@ def attention_claims(results: Sequence[Result]) -> list[Claim]:
                 bool(r.get(keys.CAUSAL)), r.get(keys.BATCH_HEADS), r.get(keys.SEQ_LEN),
                 r.get(keys.HEAD_DIM))
 
-    return [claim for time in (_median, _do_bench) for claim in _paired(
-        results, "attention", workload, _impl, OUR_ATTENTION, RIVAL_ATTENTION,
-        _attention_label, time)]
+    return _paired(results, "attention", workload, _impl, OUR_ATTENTION, RIVAL_ATTENTION,
+                   _attention_label, (_median, _do_bench))
 
 
 def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
@@ -160,7 +160,7 @@ def ddp_claims(results: Sequence[Result],
         lambda r: f"DDP {r.get(keys.SIZE)}, {r.get(keys.WORLD_SIZE)} ranks "
                   f"({r.get(keys.BACKEND)}), batch {r.get('batch_per_rank')}/rank, "
                   f"ctx {r.get(keys.SEQ_LEN)}",
-        lambda r: (r.get(keys.STEP_S) * 1e3, keys.RANK_EVENT_TIME))]
+        [lambda r: (r.get(keys.STEP_S) * 1e3, keys.RANK_EVENT_TIME)])]
 
 
 def all_claims(results: Sequence[Result]) -> list[Claim]:
