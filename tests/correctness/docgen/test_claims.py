@@ -35,7 +35,7 @@ def test_attention_claims_are_ratios_of_medians_within_one_file() -> None:
                _attention("sdpa_cudnn", 1e-3, "G/0002_b.json")]  # no triton in that file
     (claim,) = all_claims(results)
     assert (claim.ours.who, claim.rival.who, claim.file) == ("triton", "sdpa_flash",
-                                                                "G/0001_a.json")
+                                                              "G/0001_a.json")
     assert claim.ratio == pytest.approx(0.5)
     assert claim.ours.what == keys.EAGER_TIME
     row = summary_table([claim]).splitlines()[2]
