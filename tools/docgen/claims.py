@@ -151,16 +151,21 @@ def ddp_name(r: Result, ranks: bool = False) -> str:
 def ddp_claims(results: Sequence[Result],
                rivals: Mapping[str, str] = RIVAL_DDP) -> list[Claim]:
     """Each of our variants' slowest-rank median step / its rival's, per world size and workload."""
+    def workload(r: Result) -> tuple:
+        return (r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)), r.get("batch_per_rank"),
+                r.get(keys.SEQ_LEN), str(r.get(keys.BACKEND)))
+
+    def label(r: Result) -> str:
+        return (f"DDP {r.get(keys.SIZE)}, {r.get(keys.WORLD_SIZE)} ranks ({r.get(keys.BACKEND)}), "
+                f"batch {r.get('batch_per_rank')}/rank, ctx {r.get(keys.SEQ_LEN)}")
+
     with_steps = [r for r in results if isinstance(r.get(keys.STEP_S), int | float)]
-    return [claim for variant, rival in rivals.items() for claim in _paired(
-        with_steps, "ddp", lambda r: (r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)),
-                                      r.get("batch_per_rank"), r.get(keys.SEQ_LEN),
-                                      str(r.get(keys.BACKEND))), ddp_name,
-        sorted({ddp_name(r) for r in with_steps if r.get(keys.VARIANT) == variant}), [rival],
-        lambda r: f"DDP {r.get(keys.SIZE)}, {r.get(keys.WORLD_SIZE)} ranks "
-                  f"({r.get(keys.BACKEND)}), batch {r.get('batch_per_rank')}/rank, "
-                  f"ctx {r.get(keys.SEQ_LEN)}",
-        [lambda r: (r.get(keys.STEP_S) * 1e3, keys.RANK_EVENT_TIME)])]
+    claims = []
+    for variant, rival in rivals.items():
+        ours = sorted({ddp_name(r) for r in with_steps if r.get(keys.VARIANT) == variant})
+        claims += _paired(with_steps, "ddp", workload, ddp_name, ours, [rival], label,
+                          [lambda r: (r.get(keys.STEP_S) * 1e3, keys.RANK_EVENT_TIME)])
+    return claims
 
 
 def all_claims(results: Sequence[Result]) -> list[Claim]:
