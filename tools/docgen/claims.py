@@ -78,15 +78,15 @@ def _paired(results: Sequence[Result], kind: str, workload: Callable[[Result], t
     for r in results:
         if r.kind == kind:
             groups.setdefault((*r.measured_in, *workload(r)), {})[name(r)] = r
-    newest: dict[tuple, tuple[Result, Result]] = {}
+    latest_pairs: dict[tuple, tuple[Result, Result]] = {}
     for (group, found), (our, rival) in itertools.product(groups.items(),
                                                           itertools.product(ours, rivals)):
         key = (group[2:], our, rival)
         if our in found and rival in found and our != rival and (
-                key not in newest or _when(found[our]) > _when(newest[key][0])):
-            newest[key] = found[our], found[rival]
+                key not in latest_pairs or _when(found[our]) > _when(latest_pairs[key][0])):
+            latest_pairs[key] = found[our], found[rival]
     claims = []
-    for (our, rival), time in itertools.product(newest.values(), times):
+    for (our, rival), time in itertools.product(latest_pairs.values(), times):
         timed = [time(r) for r in (our, rival)]
         if None not in timed:
             sides = [Timed(label(our), name(r), time_kind, (ms,))
