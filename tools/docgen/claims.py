@@ -78,21 +78,17 @@ def _paired(results: Sequence[Result], kind: str, workload: Callable[[Result], t
     for r in results:
         if r.kind == kind:
             groups.setdefault((*r.measured_in, *workload(r)), {})[name(r)] = r
-    latest_pairs: dict[tuple, tuple[Result, Result]] = {}
-    for (group, found), (our, rival) in itertools.product(groups.items(),
-                                                          itertools.product(ours, rivals)):
+    latest: dict[tuple, tuple[Result, Result]] = {}
+    for (group, found), our, rival in itertools.product(groups.items(), ours, rivals):
         key = (group[2:], our, rival)
-        if our in found and rival in found and our != rival and (
-                key not in latest_pairs or _when(found[our]) > _when(latest_pairs[key][0])):
-            latest_pairs[key] = found[our], found[rival]
-    claims = []
-    for (our, rival), time in itertools.product(latest_pairs.values(), times):
-        timed = [time(r) for r in (our, rival)]
-        if None not in timed:
-            sides = [Timed(label(our), name(r), time_kind, (ms,))
-                     for r, (ms, time_kind) in zip((our, rival), timed, strict=True)]
-            claims.append(Claim(*sides, *our.measured_in, our.datetime))
-    return claims
+        if {our, rival} <= found.keys() and our != rival and (
+                key not in latest or _when(found[our]) > _when(latest[key][0])):
+            latest[key] = found[our], found[rival]
+    return [Claim(*(Timed(label(our), name(r), time_kind, (ms,))
+                    for r, (ms, time_kind) in zip((our, rival), timed, strict=True)),
+                  *our.measured_in, our.datetime)
+            for (our, rival), time in itertools.product(latest.values(), times)
+            if None not in (timed := [time(r) for r in (our, rival)])]
 
 
 def _impl(r: Result) -> str:
@@ -211,17 +207,16 @@ def headline(repo: Path, history_name: str, ours: str, *rivals: str) -> str:
     run = load_run(repo / history_name, (repo / history_name).parent)
     claims = [*all_claims(run.results),
               *(c for rival in rivals for c in ddp_claims(run.results, {ours.split()[0]: rival}))]
-    by_rival = {rival: list({(c.ours.workload, c.ours.what): c for c in claims
-                             if c.ours.who == ours and c.rival.who == rival}.values())
-                for rival in rivals}
+    by_rival = {rival: {(c.ours.workload, c.ours.what): c for c in claims
+                        if (c.ours.who, c.rival.who) == (ours, rival)} for rival in rivals}
     if missing := [rival for rival, found in by_rival.items() if not found]:
         raise ValueError(f"{history_name}: no claim of {ours} against {', '.join(missing)}")
-    kinds = Counter(c.ours.what for found in by_rival.values() for c in found)
-    kind = next((k for k, _ in kinds.most_common() if all(
-        any(c.ours.what == k for c in found) for found in by_rival.values())), None)
+    kinds = Counter(what for found in by_rival.values() for _, what in found)
+    kind = next((k for k, _ in kinds.most_common()
+                 if all(any(what == k for _, what in found) for found in by_rival.values())), None)
     if kind is None:
         raise ValueError(f"{history_name}: no kind of time common to {ours}'s rivals")
-    chosen = {rival: [c for c in found if c.ours.what == kind]
+    chosen = {rival: [c for (_, what), c in found.items() if what == kind]
               for rival, found in by_rival.items()}
     first, workloads = next(iter(chosen.values()))[0], max(map(len, chosen.values()))
     parts = ", / ".join(f"{RIVAL_LABELS.get(rival, rival)} {ratio_text(found)}"
