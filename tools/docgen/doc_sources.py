@@ -41,12 +41,8 @@ def breakdown_side_by_side(repo: Path, *files: str) -> str:
         raise ValueError("name at least one breakdown file")
     records = [read_source(repo, name, "breakdown record") for name in files]
     by_file = [{row["category"]: row for row in record["rows"]} for record in records]
-
-    def cell(rows: dict, category: str, key: str) -> str:
-        value = rows.get(category, {}).get(key)
-        return "-" if value is None else f"{value:.1f}"
-
-    rows = [[c, *(cell(rows, c, "ms") for rows in by_file), cell(by_file[0], c, "floor_ms")]
+    rows = [[c, *(fmt(rows.get(c, {}).get("ms"), ".1f") for rows in by_file),
+             fmt(by_file[0][c].get("floor_ms"), ".1f")]
             for c in (row["category"] for row in records[0]["rows"])]
     rows.append(["step (unprofiled)", *(f"{r['unprofiled_wall_ms']:.1f}" for r in records), "-"])
     headers = ["category", *(f"{record['recipe']} ms ({Path(name).stem})"
@@ -151,32 +147,28 @@ RIVALS = {"bucketed": "torch_ddp", "fsdp": "torch_fsdp2"}
 
 
 def _busbw_table(runs: dict[int, dict]) -> str:
-    measured = [w for w in WORLD_SIZES if runs.get(w, {}).get("allreduce")]
-    if not measured:
-        return ""
     by_world = {w: {row["size_bytes"]: row["busbw_gbps"] for row in runs[w]["allreduce"]}
-                for w in measured}
-    peaks = {w: max(by_world[w].values()) for w in measured}
-    rows = [[f"{size / 2**20:g}", *(cell for w in measured for cell in (
-        ("-", "-") if size not in by_world[w]
-        else (f"{by_world[w][size]:.1f}", f"{by_world[w][size] / peaks[w]:.0%}")))]
-        for size in sorted({size for rows in by_world.values() for size in rows})]
-    headers = ["MiB", *(h for w in measured for h in (f"busbw {w} GPUs GB/s", "of peak"))]
-    peak_text = ", ".join(f"{peaks[w]:.1f} GB/s at {w} GPUs" for w in measured)
+                for w in WORLD_SIZES if runs.get(w, {}).get("allreduce")}
+    peaks = {w: max(sizes.values()) for w, sizes in by_world.items()}
+    rows = [[f"{size / 2**20:g}", *(cell for w, sizes in by_world.items() for cell in (
+        (f"{sizes[size]:.1f}", f"{sizes[size] / peaks[w]:.0%}") if size in sizes
+        else ("-", "-")))] for size in sorted({s for sizes in by_world.values() for s in sizes})]
+    headers = ["MiB", *(h for w in by_world for h in (f"busbw {w} GPUs GB/s", "of peak"))]
+    peak_text = ", ".join(f"{peak:.1f} GB/s at {w} GPUs" for w, peak in peaks.items())
     return (markdown_table(headers, rows) + "\n\nPeak: the largest bus bandwidth measured at "
             f"that world size ({peak_text}); busbw = size / time x 2 (N - 1) / N, float32, "
-            "median over iterations of the slowest rank.\n")
+            "median over iterations of the slowest rank.\n") if rows else ""
 
 
 def _scaling_table(runs: dict[int, dict]) -> str:
     rows = []
     for name in dict.fromkeys(n for w in sorted(runs) for n in runs[w]["summary"]):
-        of = {w: runs[w]["summary"].get(name, {}) if w in runs else {} for w in WORLD_SIZES}
+        of = {w: runs.get(w, {"summary": {}})["summary"].get(name, {}) for w in WORLD_SIZES}
         tokens = {w: of[w].get("tokens_per_s") for w in WORLD_SIZES}
         rows.append([name, *(fmt(of[w].get("step_s"), ".1f", 1e3) for w in WORLD_SIZES),
                      *(fmt(tokens[w], ".0f") for w in WORLD_SIZES),
                      *(fmt(None if None in (tokens[1], tokens[w]) else tokens[w]
-                             / (w * tokens[1]), ".2f") for w in WORLD_SIZES[1:])])
+                           / (w * tokens[1]), ".2f") for w in WORLD_SIZES[1:])])
     headers = ["variant", *(f"ms {w} GPU{'s' if w > 1 else ''}" for w in WORLD_SIZES),
                *(f"tokens/s {w}" for w in WORLD_SIZES),
                *(f"efficiency {w}" for w in WORLD_SIZES[1:])]
@@ -185,7 +177,7 @@ def _scaling_table(runs: dict[int, dict]) -> str:
             "(N x the same variant's tokens/s at 1 GPU).\n")
 
 
-def _ratios(run: dict, name: str, against: str) -> str:
+def _ratios(run: dict, name: str, against: str | None) -> str:
     pairs = [(r[name]["step_s"], r[against]["step_s"]) for r in run["rounds"]
              if "step_s" in r.get(name, {}) and "step_s" in r.get(against, {})]
     return " / ".join(f"{a / b:.3f}" for a, b in pairs) or "-"
@@ -200,21 +192,18 @@ def _spread(run: dict, name: str) -> str:
 
 def _in_turn_table(runs: dict[int, dict]) -> str:
     worlds = [w for w in WORLD_SIZES[1:] if w in runs]
-    if not worlds:
-        return ""
-    rows = []
-    for name in dict.fromkeys(n for w in worlds for n in runs[w]["summary"]):
-        rival = next((r for prefix, r in RIVALS.items() if name.startswith(prefix)), None)
-        rows.append([name, *(cell for w in worlds for cell in (
-            "-" if name == "none" else _ratios(runs[w], name, "none"),
-            _ratios(runs[w], name, rival) if rival else "-", _spread(runs[w], name)))])
+    rows = [[name, *(cell for w in worlds for cell in (
+        "-" if name == "none" else _ratios(runs[w], name, "none"),
+        _ratios(runs[w], name, next((r for p, r in RIVALS.items() if name.startswith(p)), None)),
+        _spread(runs[w], name)))]
+        for name in dict.fromkeys(n for w in worlds for n in runs[w]["summary"])]
     headers = ["variant", *(h for w in worlds
                             for h in (f"vs none, {w} GPUs", f"vs torch rival, {w} GPUs",
                                       f"spread, {w} GPUs"))]
     return (markdown_table(headers, rows) + "\n\nEach ratio: one ratio of medians per round "
             "(both from that round); the rival of bucketed is torch DDP, of fsdp torch FSDP2. "
             "Spread: the largest of the rounds' slowest timed step over their fastest, minus "
-            "one: how steady the variant's steps were within a round.\n")
+            "one: how steady the variant's steps were within a round.\n") if rows else ""
 
 
 def dp_scaling(repo: Path, folder: str) -> str:
