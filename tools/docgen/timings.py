@@ -65,13 +65,9 @@ class Source:
 
 
 def _workload(row: dict) -> str:
-    shape = row.get("shape")
-    if isinstance(shape, str):
-        return shape
-    if isinstance(shape, list):
-        return "x".join(map(str, shape))
-    first = row.get("batch", row.get("matrices"))
-    return "x".join(str(v) for v in (first, row.get("seq"), row.get("head_dim")) if v is not None)
+    shape = row.get("shape") or [v for v in (row.get("batch", row.get("matrices")),
+                                             row.get("seq"), row.get("head_dim")) if v is not None]
+    return shape if isinstance(shape, str) else "x".join(map(str, shape))
 
 
 def _config(row: dict) -> dict:
@@ -118,9 +114,8 @@ def _study(data: object, name: str, time: str, where: dict[str, str]
         k not in (fields := {**row, **_config(row)}) or str(fields[k]) == v
         for k, v in where.items())]
     timings = [replace(t, config=_config(row)) for row in rows for t in _row_timings(row, time)]
-    versions = "".join(f", {label} {data[k]}" for label, k in (("torch", "torch"),
-                                                               ("Triton", "triton"))
-                       if data.get(k))
+    versions = "".join(f", {label} {data[label.lower()]}" for label in ("torch", "Triton")
+                       if data.get(label.lower()))
     differed = tuple(dict.fromkeys(_workload(row) for row in rows
                                    if row.get("wrong") or row.get("identical") is False))
     return timings, Source(name, str(data.get("device")), str(data.get("commit", "not "
@@ -129,14 +124,9 @@ def _study(data: object, name: str, time: str, where: dict[str, str]
 
 def _case_matches(r: Result, where: dict[str, str]) -> bool:
     """`where`'s `test` is the test's name, other keys extra_info, a value a|b or >n."""
-    for k, wanted in where.items():
-        value = r.name.split("[")[0] if k == "test" else r.get(k)
-        if wanted.startswith(">"):
-            if not isinstance(value, int | float) or value <= float(wanted[1:]):
-                return False
-        elif str(value) not in wanted.split("|"):
-            return False
-    return True
+    values = {k: r.name.split("[")[0] if k == "test" else r.get(k) for k in where}
+    return all(isinstance(values[k], int | float) and values[k] > float(w[1:])
+               if w.startswith(">") else str(values[k]) in w.split("|") for k, w in where.items())
 
 
 def _case_name(r: Result) -> tuple[str, str]:
