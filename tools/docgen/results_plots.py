@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
+from functools import partial
 from itertools import groupby
 from pathlib import Path
 
@@ -109,9 +110,9 @@ def _two_series(rows: list[Result]) -> int:
     return int(any(n >= 2 for n in series.values()))
 
 
-def _attention_panels(results: Sequence[Result], time_kind: str, keep: Callable[[Result], bool],
-                      value: Callable[[Result], float], ylabel: str, title: str, path: Path,
-                      log_y: bool = False) -> Path | None:
+def _attention_panels(results: Sequence[Result], path: Path, *, time_kind: str,
+                      keep: Callable[[Result], bool], value: Callable[[Result], float],
+                      ylabel: str, title: str, log_y: bool = False) -> Path | None:
     """A panel per head dim, a line per implementation against sequence length (forward +
     backward cases of `time_kind` that `keep` keeps), of one run."""
     from matplotlib import colormaps
@@ -144,19 +145,15 @@ def _attention_panels(results: Sequence[Result], time_kind: str, keep: Callable[
     return _save(fig, path)
 
 
-def attention_device(results: Sequence[Result], path: Path) -> Path | None:
-    return _attention_panels(results, keys.REPLAY_TIME, lambda r: bool(r.get(_FLOPS)),
-                             lambda r: r.get(_FLOPS) / r.median / 1e12,
-                             "achieved TFLOP/s (FLOPs / median)",
-                             "Attention forward + backward, device time (CUDA-graph replay)",
-                             path)
-
-
-def attention_eager(results: Sequence[Result], path: Path) -> Path | None:
-    return _attention_panels(results, keys.EAGER_TIME, lambda r: r.name.startswith(
-        "test_attention[") and r.get(keys.BATCH_HEADS) == 1, lambda r: r.median * 1e3,
-                             "median ms (log scale)", "Attention forward + backward at batch "
-                             "1, eager end-to-end (host included)", path, log_y=True)
+attention_device = partial(
+    _attention_panels, time_kind=keys.REPLAY_TIME, keep=lambda r: bool(r.get(_FLOPS)),
+    value=lambda r: r.get(_FLOPS) / r.median / 1e12, ylabel="achieved TFLOP/s (FLOPs / median)",
+    title="Attention forward + backward, device time (CUDA-graph replay)")
+attention_eager = partial(
+    _attention_panels, time_kind=keys.EAGER_TIME, value=lambda r: r.median * 1e3,
+    keep=lambda r: r.name.startswith("test_attention[") and r.get(keys.BATCH_HEADS) == 1,
+    ylabel="median ms (log scale)", log_y=True,
+    title="Attention forward + backward at batch 1, eager end-to-end (host included)")
 
 
 def _recipe_panels(rows: Sequence[Result]) -> dict[str, dict[str, Result]]:
@@ -177,8 +174,7 @@ def train_step_recipes(results: Sequence[Result], path: Path) -> Path | None:
         return None
     by_panel = _recipe_panels(rows)
     panels = sorted(by_panel, key=lambda k: (size_order(k.split(",")[0]), k))
-    cols = min(2, len(panels))
-    grid_rows = -(-len(panels) // cols)
+    cols, grid_rows = min(2, len(panels)), -(-len(panels) // 2)
     fig, axes = _figure(grid_rows, cols, (max(9.0, 6.5 * cols), 2.8 * grid_rows + 0.9))
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
@@ -228,7 +224,7 @@ def ddp_variants(results: Sequence[Result], path: Path) -> Path | None:
         return None
 
     def step_ms(r: Result) -> float:
-        return (r.get(keys.STEP_S) if r.get(keys.STEP_S) is not None else r.mean) * 1e3
+        return (r.get(keys.STEP_S) or r.mean) * 1e3
 
     # The bucket sweep is one line per world size with the plain optimizer; every other
     # configuration (other variants, sharded optimizers) is a bar of its own.
