@@ -76,13 +76,10 @@ def _gib(value: float) -> str:
 
 
 def config_memory_table() -> str:
-    rows = []
-    for name, c in MODEL_CONFIGS.items():
-        if name != "tiny":
-            fp32, bf16 = (acc.step_memory(c, BATCH, CONTEXT, p) for p in ("fp32", "bf16"))
-            rows.append([name, fmt(c.num_parameters(), ".0f", 1e-6),
-                         *map(_gib, (fp32.parameters, fp32.gradients, fp32.optimizer_state,
-                                     fp32.activations, bf16.activations, fp32.peak, bf16.peak))])
+    rows = [[name, fmt(c.num_parameters(), ".0f", 1e-6), *map(_gib, (
+        fp32.parameters, fp32.gradients, fp32.optimizer_state, fp32.activations, bf16.activations,
+        fp32.peak, bf16.peak))] for name, c in MODEL_CONFIGS.items() if name != "tiny"
+        for fp32, bf16 in [[acc.step_memory(c, BATCH, CONTEXT, p) for p in ("fp32", "bf16")]]]
     return markdown_table(
         ["size", "params (M)", "params GiB", "grads GiB", "AdamW GiB", "activations fp32 GiB",
          "activations bf16 GiB", "peak fp32 GiB", "peak bf16 GiB"], rows)
@@ -92,12 +89,12 @@ def checkpointing_table() -> str:
     rows = []
     for name in ("xl", "2.7b"):
         c = MODEL_CONFIGS[name]
-        layer = acc.layer_activation_bytes(c, BATCH, CONTEXT)
-        boundary = acc.residual_stream_bytes(c, BATCH, CONTEXT)
-        sqrt_n = max(1, round(math.sqrt(c.num_layers)))
-        best = best_checkpoint_segment(layer, boundary, c.num_layers)
+        layer, boundary = (size(c, BATCH, CONTEXT) for size in (acc.layer_activation_bytes,
+                                                                acc.residual_stream_bytes))
         rows.append([name, c.num_layers, _gib(layer * c.num_layers), *(
-            cell for segment in (sqrt_n, best) for cell in (segment, _gib(
+            cell for segment in (max(1, round(math.sqrt(c.num_layers))),
+                                 best_checkpoint_segment(layer, boundary, c.num_layers))
+            for cell in (segment, _gib(
                 checkpointed_activation_bytes(layer, boundary, c.num_layers, segment))))])
     return markdown_table(["size", "layers", "block activations GiB", "sqrt(L) segment",
                            "checkpointed GiB", "best segment", "best checkpointed GiB"], rows)
