@@ -6,9 +6,10 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from systems.common.formatting import markdown_table
 from systems.runs import keys
@@ -67,30 +68,6 @@ def _do_bench(r: Result) -> tuple[float, str] | None:
     return (ms, keys.DO_BENCH_TIME) if isinstance(ms, int | float) else None
 
 
-def _paired(results: Sequence[Result], kind: str, workload: Callable[[Result], tuple],
-            name: Callable[[Result], str], ours: Sequence[str], rivals: Sequence[str],
-            label: Callable[[Result], str],
-            times: Sequence[Callable[[Result], tuple[float, str] | None]] = (_median,)
-            ) -> list[Claim]:
-    """Ours / each rival per workload (`label` names it from ours), of the
-    newest run that timed both, as each of `times` times the sides."""
-    groups: dict[tuple, dict[str, Result]] = {}
-    for r in results:
-        if r.kind == kind:
-            groups.setdefault((*r.measured_in, *workload(r)), {})[name(r)] = r
-    latest: dict[tuple, tuple[Result, Result]] = {}
-    for (group, found), our, rival in itertools.product(groups.items(), ours, rivals):
-        key = (group[2:], our, rival)
-        if {our, rival} <= found.keys() and our != rival and (
-                key not in latest or _when(found[our]) > _when(latest[key][0])):
-            latest[key] = found[our], found[rival]
-    return [Claim(*(Timed(label(our), name(r), time_kind, (ms,))
-                    for r, (ms, time_kind) in zip((our, rival), timed, strict=True)),
-                  *our.measured_in, our.datetime)
-            for (our, rival), time in itertools.product(latest.values(), times)
-            if None not in (timed := [time(r) for r in (our, rival)])]
-
-
 def _impl(r: Result) -> str:
     return str(r.get(keys.IMPLEMENTATION))
 
@@ -100,16 +77,63 @@ def _attention_label(r: Result) -> str:
             f" {r.get(keys.DTYPE)}{' causal' if r.get(keys.CAUSAL) else ''}, {r.get(keys.PASS)}")
 
 
-def attention_claims(results: Sequence[Result]) -> list[Claim]:
-    """Ours / each rival per workload, and of do_bench's medians where both recorded them."""
-    def workload(r: Result) -> tuple:
-        # (batch, heads, seq, d) and (batch x heads, seq, d) are the same problem.
-        return (r.name.split("[")[0], str(r.get(keys.PASS)), str(r.get(keys.DTYPE)),
-                bool(r.get(keys.CAUSAL)), r.get(keys.BATCH_HEADS), r.get(keys.SEQ_LEN),
-                r.get(keys.HEAD_DIM))
+def ddp_name(r: Result, ranks: bool = False) -> str:
+    """A DDP case's variant, with its world size (`ranks`), bucket and optimizer if set."""
+    name = f"{r.get(keys.VARIANT)}{f', {r.get(keys.WORLD_SIZE)} ranks' if ranks else ''}"
+    if r.get(keys.BUCKET_SIZE_MB) is not None:
+        name += f"{',' if ranks else ''} {r.get(keys.BUCKET_SIZE_MB)} MB"
+    if r.get(keys.OPTIMIZER) not in (None, "adamw"):
+        name += f", {r.get(keys.OPTIMIZER)}"
+    return name
 
-    return _paired(results, "attention", workload, _impl, OUR_ATTENTION, RIVAL_ATTENTION,
-                   _attention_label, (_median, _do_bench))
+
+class Pairing(NamedTuple):
+    """Which cases of `kind` are one workload, who ran each, the claims' label (from ours) and
+    each way the sides were timed."""
+
+    kind: str
+    workload: Callable[[Result], tuple]
+    name: Callable[[Result], str]
+    label: Callable[[Result], str]
+    times: tuple[Callable[[Result], tuple[float, str] | None], ...] = (_median,)
+
+
+# (batch, heads, seq, d) and (batch x heads, seq, d) are the same attention problem.
+ATTENTION = Pairing("attention", lambda r: (
+    r.name.split("[")[0], str(r.get(keys.PASS)), str(r.get(keys.DTYPE)), bool(r.get(keys.CAUSAL)),
+    r.get(keys.BATCH_HEADS), r.get(keys.SEQ_LEN), r.get(keys.HEAD_DIM)),
+    _impl, _attention_label, (_median, _do_bench))
+RECIPE = Pairing("recipe", lambda r: (str(r.get(keys.SIZE)), r.get(keys.SEQ_LEN),
+                                      str(r.get(keys.MODE))), lambda r: str(r.get(keys.RECIPE)),
+                 lambda r: f"train step {r.get(keys.SIZE)}, ctx {r.get(keys.SEQ_LEN)}")
+DDP = Pairing("ddp", lambda r: (r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)),
+                                r.get("batch_per_rank"), r.get(keys.SEQ_LEN),
+                                str(r.get(keys.BACKEND))), ddp_name,
+              lambda r: (f"DDP {r.get(keys.SIZE)}, {r.get(keys.WORLD_SIZE)} ranks "
+                         f"({r.get(keys.BACKEND)}), batch {r.get('batch_per_rank')}/rank, ctx "
+                         f"{r.get(keys.SEQ_LEN)}"),
+              (lambda r: (r.get(keys.STEP_S) * 1e3, keys.RANK_EVENT_TIME),))
+
+
+def _paired(results: Sequence[Result], how: Pairing, ours: Sequence[str],
+            rivals: Sequence[str]) -> list[Claim]:
+    """Ours / each rival per workload, of the newest run that timed both, as each of
+    `how.times` times the sides."""
+    groups: dict[tuple, dict[str, Result]] = {}
+    for r in results:
+        if r.kind == how.kind:
+            groups.setdefault((*r.measured_in, *how.workload(r)), {})[how.name(r)] = r
+    latest: dict[tuple, tuple[Result, Result]] = {}
+    for (group, found), our, rival in itertools.product(groups.items(), ours, rivals):
+        key = (group[2:], our, rival)
+        if {our, rival} <= found.keys() and our != rival and (
+                key not in latest or _when(found[our]) > _when(latest[key][0])):
+            latest[key] = found[our], found[rival]
+    return [Claim(*(Timed(how.label(our), how.name(r), time_kind, (ms,))
+                    for r, (ms, time_kind) in zip((our, rival), timed, strict=True)),
+                  *our.measured_in, our.datetime)
+            for (our, rival), time in itertools.product(latest.values(), how.times)
+            if None not in (timed := [time(r) for r in (our, rival)])]
 
 
 def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
@@ -126,48 +150,15 @@ def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
     return claims
 
 
-def recipe_claims(results: Sequence[Result]) -> list[Claim]:
-    """Per model size and context: our recipe / the PyTorch-only baseline's train step."""
-    return _paired(results, "recipe", lambda r: (str(r.get(keys.SIZE)), r.get(keys.SEQ_LEN),
-                                                 str(r.get(keys.MODE))),
-                   lambda r: str(r.get(keys.RECIPE)), [OUR_RECIPE], [RIVAL_RECIPE],
-                   lambda r: f"train step {r.get(keys.SIZE)}, ctx {r.get(keys.SEQ_LEN)}")
-
-
-def ddp_name(r: Result, ranks: bool = False) -> str:
-    """A DDP case's variant, with its world size (`ranks`), bucket and optimizer if set."""
-    name = f"{r.get(keys.VARIANT)}{f', {r.get(keys.WORLD_SIZE)} ranks' if ranks else ''}"
-    if r.get(keys.BUCKET_SIZE_MB) is not None:
-        name += f"{',' if ranks else ''} {r.get(keys.BUCKET_SIZE_MB)} MB"
-    if r.get(keys.OPTIMIZER) not in (None, "adamw"):
-        name += f", {r.get(keys.OPTIMIZER)}"
-    return name
-
-
-def ddp_claims(results: Sequence[Result],
-               rivals: Mapping[str, str] = RIVAL_DDP) -> list[Claim]:
-    """Each of our variants' slowest-rank median step / its rival's, per world size and workload."""
-    def workload(r: Result) -> tuple:
-        return (r.get(keys.WORLD_SIZE), str(r.get(keys.SIZE)), r.get("batch_per_rank"),
-                r.get(keys.SEQ_LEN), str(r.get(keys.BACKEND)))
-
-    def label(r: Result) -> str:
-        return (f"DDP {r.get(keys.SIZE)}, {r.get(keys.WORLD_SIZE)} ranks ({r.get(keys.BACKEND)}), "
-                f"batch {r.get('batch_per_rank')}/rank, ctx {r.get(keys.SEQ_LEN)}")
-
-    with_steps = [r for r in results if isinstance(r.get(keys.STEP_S), int | float)]
-    claims = []
-    for variant, rival in rivals.items():
-        ours = sorted({ddp_name(r) for r in with_steps if r.get(keys.VARIANT) == variant})
-        claims += _paired(with_steps, "ddp", workload, ddp_name, ours, [rival], label,
-                          [lambda r: (r.get(keys.STEP_S) * 1e3, keys.RANK_EVENT_TIME)])
-    return claims
-
-
-def all_claims(results: Sequence[Result]) -> list[Claim]:
-    """Every claim over `results` (all runs of one GPU: each pair from its newest run)."""
-    return [*attention_claims(results), *in_turn_claims(results), *recipe_claims(results),
-            *ddp_claims(results)]
+def all_claims(results: Sequence[Result],
+               ddp_rivals: Iterable[tuple[str, str]] = RIVAL_DDP.items()) -> list[Claim]:
+    """Every claim over `results` (all runs of one GPU: each pair from its newest run); a
+    data-parallel variant's against each of its `ddp_rivals`, by slowest-rank median step."""
+    steps = [r for r in results if isinstance(r.get(keys.STEP_S), int | float)]
+    return [*_paired(results, ATTENTION, OUR_ATTENTION, RIVAL_ATTENTION), *in_turn_claims(results),
+            *_paired(results, RECIPE, [OUR_RECIPE], [RIVAL_RECIPE]),
+            *(c for variant, rival in ddp_rivals for c in _paired(steps, DDP, sorted(
+                {ddp_name(r) for r in steps if r.get(keys.VARIANT) == variant}), [rival]))]
 
 
 def topic(claim: Claim) -> str:
@@ -205,8 +196,8 @@ def headline(repo: Path, history_name: str, ours: str, *rivals: str) -> str:
     if not (repo / history_name).is_file():
         raise ValueError(f"{history_name}: no such history file")
     run = load_run(repo / history_name, (repo / history_name).parent)
-    claims = [*all_claims(run.results),
-              *(c for rival in rivals for c in ddp_claims(run.results, {ours.split()[0]: rival}))]
+    claims = all_claims(run.results, [*RIVAL_DDP.items(),
+                                      *((ours.split()[0], rival) for rival in rivals)])
     by_rival = {rival: {(c.ours.workload, c.ours.what): c for c in claims
                         if (c.ours.who, c.rival.who) == (ours, rival)} for rival in rivals}
     if missing := [rival for rival, found in by_rival.items() if not found]:
