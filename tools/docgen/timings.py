@@ -245,19 +245,17 @@ def _labelled(timings: list[Timed], fields: list[str] | None = None) -> list[Tim
     return out
 
 
-def _long(timings: list[Timed], against: str, steps: bool) -> tuple[list[str], list[list]]:
+def _long(timings: list[Timed], against: str) -> tuple[list[str], list[list]]:
     """A row per implementation and workload."""
-    rounds = any(t.extremes for t in timings)
-    rows = [[t.workload, t.who, *([t.what] if steps else []), f"{t.median:.3f}",
-             *([f"{t.extremes[0]:.1f}–{t.extremes[1]:.1f}" if t.extremes else "-"]
-               if rounds else []),
-             "1" if t.who == against and not t.stored
-             else _ratio_cell(t, _reference(timings, t, against))] for t in timings]
-    return ["workload", "implementation", *(["variant"] if steps else []), "ms",
-            *(["fastest–slowest round ms"] if rounds else []), f"/ {against}"], rows
+    return ["workload", "implementation", "variant", "ms", "fastest–slowest round ms",
+            f"/ {against}"], [
+        [t.workload, t.who, t.what, f"{t.median:.3f}",
+         f"{t.extremes[0]:.1f}–{t.extremes[1]:.1f}" if t.extremes else "-",
+         "1" if t.who == against and not t.stored
+         else _ratio_cell(t, _reference(timings, t, against))] for t in timings]
 
 
-def _wide(timings: list[Timed], against: str, steps: bool, ours: str = "",
+def _wide(timings: list[Timed], against: str, ours: str = "",
           rate: bool = False) -> tuple[list[str], list[list]]:
     """A row per workload and variant: the time of `ours` over each other's, or each other's
     over `against`'s; with `rate`, the FLOP rate beside the bf16 matmul ceiling."""
@@ -276,17 +274,13 @@ def _wide(timings: list[Timed], against: str, steps: bool, ours: str = "",
             continue  # nothing compared here: no claim to show
         tflops = (found[base].flops / found[base].median / 1e9
                   if base in found and found[base].flops else None)
-        rows.append([workload, *([what] if steps else []),
-                     f"{found[base].median:.3f}" if base in found else "-", *cells,
-                     *(([f"{tflops:.0f}", f"{tflops / DEFAULT_MATMUL_TFLOPS:.1%}"] if tflops
-                        else ["-", "-"]) if rate else [])])
-    headers = ["workload", *(["variant"] if steps else []), f"{base} ms",
-               *((f"{ours} / {n}" if ours else f"{n} / {against}") for n in others),
-               *([f"{base} TFLOP/s", f"of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s"] if rate else [])]
-    if rows:  # a column compared nowhere says nothing
-        keep = [i for i in range(len(headers)) if any(row[i] != "-" for row in rows)]
-        headers, rows = [headers[i] for i in keep], [[row[i] for i in keep] for row in rows]
-    return headers, rows
+        rows.append([workload, what, f"{found[base].median:.3f}" if base in found else "-",
+                     *cells, *(([f"{tflops:.0f}", f"{tflops / DEFAULT_MATMUL_TFLOPS:.1%}"]
+                                if tflops else ["-", "-"]) if rate else [])])
+    return ["workload", "variant", f"{base} ms",
+            *((f"{ours} / {n}" if ours else f"{n} / {against}") for n in others),
+            *([f"{base} TFLOP/s", f"of {DEFAULT_MATMUL_TFLOPS:.0f} TFLOP/s"] if rate else [])
+            ], rows
 
 
 def _closing(clock: str, sources: list[Source]) -> str:
@@ -316,11 +310,13 @@ def ratios(repo: Path, *args: str) -> str:
             timings = _fastest(timings, against, fields)
         shown += [replace(t, workload=f"{t.workload} ({run})") if seen[t.workload] > 1 else t
                   for t in _labelled(timings, fields)]
-    steps = any(t.what for t in shown)
-    headers, rows = (_wide(shown, against, steps, options.get("ours", ""), "rate" in options)
-                     if options.get("layout") == "wide" else _long(shown, against, steps))
+    headers, rows = (_wide(shown, against, options.get("ours", ""), "rate" in options)
+                     if options.get("layout") == "wide" else _long(shown, against))
     if not rows:
         raise ValueError(f"{', '.join(files)}: no row has {options.get('ours')}")
+    # A column nothing filled (no variants, no rounds, compared nowhere) says nothing.
+    keep = [i for i in range(len(headers)) if any(row[i] not in ("-", "") for row in rows)]
+    headers, rows = [headers[i] for i in keep], [[row[i] for i in keep] for row in rows]
     marked = any(HOST_BOUND_MARK in str(cell) for row in rows for cell in row)
     return (markdown_table(headers, rows) + _closing(options["clock"], [s for _, s in runs])
             + (f"\n{HOST_BOUND_MARK} host-bound: one side spent {HOST_BOUND_SHARE:.0%} or "
