@@ -182,18 +182,22 @@ def read_timings(repo: Path, name: str, time: str = "",
     return timings, Source(name, run.device, commit[:7], run.datetime[:10], "")
 
 
-def _options(args: tuple[str, ...], allowed: set[str]) -> tuple[list[str], dict[str, str]]:
+def _read_block(repo: Path, args: tuple[str, ...], allowed: set[str]
+                ) -> tuple[list[str], dict[str, str], list[tuple[list[Timed], Source]]]:
+    """A block's files, its options and each file's timings (an error where none match)."""
     files = [a for a in args if "=" not in a]
     options = dict(a.split("=", 1) for a in args if "=" in a)
     if unknown := set(options) - allowed:
         raise ValueError(f"unknown option(s) {sorted(unknown)}; known: {sorted(allowed)}")
     if not files or "clock" not in options:
         raise ValueError("needs at least one run file and clock=... (what its times measure)")
-    return files, options
-
-
-def _where(text: str) -> dict[str, str]:
-    return dict(pair.split(":", 1) for pair in text.split(",")) if text else {}
+    where = options.get("where", "")
+    runs = [read_timings(repo, name, options.get("time", ""),
+                         dict(pair.split(":", 1) for pair in where.split(",")) if where else {})
+            for name in files]
+    if empty := [name for name, (timings, _) in zip(files, runs, strict=True) if not timings]:
+        raise ValueError(f"{empty[0]}: nothing timed matches {where!r}")
+    return files, options, runs
 
 
 def ratio(t: Timed, reference: Timed) -> tuple[float, float, float]:
@@ -292,17 +296,14 @@ def _closing(clock: str, sources: list[Source]) -> str:
 
 def ratios(repo: Path, *args: str) -> str:
     """The `ratios` block: each implementation's median and its ratio, per workload."""
-    files, options = _options(args, {"against", "ours", "clock", "time", "where", "fastest",
-                                     "layout", "rate"})
-    against, where = options.get("against", ""), options.get("where", "")
-    runs = [read_timings(repo, name, options.get("time", ""), _where(where)) for name in files]
+    files, options, runs = _read_block(repo, args, {"against", "ours", "clock", "time", "where",
+                                                    "fastest", "layout", "rate"})
+    against = options.get("against", "")
     # A workload in several runs is told apart by each run's commit (or file, if shared).
     seen = Counter(w for timings, _ in runs for w in {t.workload for t in timings})
     commits = Counter(source.commit for _, source in runs)
     shown = []
     for name, (timings, source) in zip(files, runs, strict=True):
-        if not timings:
-            raise ValueError(f"{name}: nothing timed matches {where!r}")
         run = source.commit if commits[source.commit] == 1 else Path(name).stem
         fields = None
         if "fastest" in options:
@@ -326,18 +327,15 @@ def ratios(repo: Path, *args: str) -> str:
 
 def history(repo: Path, *args: str) -> str:
     """The `history` block: a row per run, ours / against per workload."""
-    files, options = _options(args, {"ours", "against", "clock", "where"})
-    runs = []
-    for name in files:
-        timings, source = read_timings(repo, name, where=_where(options.get("where", "")))
-        cells = {t.workload: ratio(t, ref)[0] for t in timings if t.who == options["ours"]
-                 if (ref := _reference(timings, t, options["against"]))}
-        if not cells:
-            raise ValueError(f"{name}: no {options['ours']} timed with {options['against']}")
-        runs.append((source, cells))
-    workloads = list(dict.fromkeys(w for _, cells in runs for w in cells))
+    files, options, runs = _read_block(repo, args, {"ours", "against", "clock", "where"})
+    by_run = [{t.workload: ratio(t, ref)[0] for t in timings if t.who == options["ours"]
+               if (ref := _reference(timings, t, options["against"]))} for timings, _ in runs]
+    if empty := [name for name, cells in zip(files, by_run, strict=True) if not cells]:
+        raise ValueError(f"{empty[0]}: no {options['ours']} timed with {options['against']}")
+    workloads = list(dict.fromkeys(w for cells in by_run for w in cells))
     rows = [[s.device, s.commit, s.recorded, *(f"{cells[w]:.3f}" if w in cells else "-"
-                                               for w in workloads)] for s, cells in runs]
+                                               for w in workloads)]
+            for (_, s), cells in zip(runs, by_run, strict=True)]
     return (markdown_table(["GPU", "commit", "recorded", *workloads], rows)
             + f"\n\nEach cell: {options['ours']} / {options['against']}."
-            + _closing(options["clock"], [s for s, _ in runs]))
+            + _closing(options["clock"], [s for _, s in runs]))
