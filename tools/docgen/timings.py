@@ -124,9 +124,14 @@ def _study(data: object, name: str, time: str, where: dict[str, str]
 
 def _case_matches(r: Result, where: dict[str, str]) -> bool:
     """`where`'s `test` is the test's name, other keys extra_info, a value a|b or >n."""
-    values = {k: r.name.split("[")[0] if k == "test" else r.get(k) for k in where}
-    return all(isinstance(values[k], int | float) and values[k] > float(w[1:])
-               if w.startswith(">") else str(values[k]) in w.split("|") for k, w in where.items())
+    for k, wanted in where.items():
+        value = r.name.split("[")[0] if k == "test" else r.get(k)
+        if wanted.startswith(">"):
+            if not isinstance(value, int | float) or value <= float(wanted[1:]):
+                return False
+        elif str(value) not in wanted.split("|"):
+            return False
+    return True
 
 
 def _case_name(r: Result) -> tuple[str, str]:
