@@ -174,7 +174,7 @@ def run_attention_case(case: AttentionCase, device: torch.device, synced_benchma
     )
     if _records_device_time(case, device) and not synced_benchmark.benchmark.disabled:
         synced_benchmark.record_device_time(workload.step, **DO_BENCH_SPANS_MS)
-        if _is_ours(case.impl):
+        if _is_ours(case.impl) and _many_matrices(case):
             record_device_time_in_turn(synced_benchmark, case.impl, workload.step,
                                        _rival_steps(case, device))
     if _interleaves(case, device) and not synced_benchmark.benchmark.disabled:
@@ -184,9 +184,14 @@ def run_attention_case(case: AttentionCase, device: torch.device, synced_benchma
 
 
 def _records_device_time(case: AttentionCase, device: torch.device) -> bool:
-    # Problems of many matrices (16 x 16384) are where the kernels are compared: eager
-    # rounds there still move with clocks and allocator state, do_bench's median less.
-    return device.type == "cuda" and case.shape[0] * case.shape[1] > 1
+    # Problems of many matrices (16 x 16384) are where the kernels are compared, and calls
+    # of several milliseconds (one 65536-token matrix) heat the GPU: eager rounds there
+    # move with clocks and allocator state between runs, do_bench's median less.
+    return device.type == "cuda" and (_many_matrices(case) or case.shape[-2] >= 65536)
+
+
+def _many_matrices(case: AttentionCase) -> bool:
+    return case.shape[0] * case.shape[1] > 1
 
 
 def _interleaves(case: AttentionCase, device: torch.device) -> bool:

@@ -88,6 +88,14 @@ class TimingStats:
         return statistics.median(self.times)
 
     @property
+    def iqr(self) -> float:
+        """Interquartile range of the times (0 for a single one)."""
+        if len(self.times) < 2:
+            return 0.0
+        q1, _, q3 = statistics.quantiles(self.times, n=4)
+        return q3 - q1
+
+    @property
     def min(self) -> float:
         return min(self.times)
 

@@ -17,6 +17,8 @@ distributed cases depend on it.
                                                               saved as a study to combine)
     python -m systems.runs.baseline suite                   (what `make baseline` runs here)
     python -m systems.runs.baseline judge RUN.json ...      (saved runs through the gate)
+    python -m systems.runs.baseline judge-held-out K A1,A2 B1,B2 C1,C2
+        (run K of these runs, each its parts, through the gate against the others pooled)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +38,7 @@ from typing import BinaryIO
 
 from systems.common.hardware import gpu_count, slugify
 from systems.runs import keys
-from systems.runs.combine import combine_read_runs, reserve_run_path
+from systems.runs.combine import combine_read_runs, combine_runs, reserve_run_path
 from systems.runs.gate import Timing, compare, gate_table, host_speed_line, regressions
 from systems.runs.history import read_run
 from systems.runs.validate import check_same_gpu, gpu_model
@@ -269,10 +272,11 @@ def add_repeat(baseline: dict, repeat: dict) -> dict:
 
 def _pooled_do_bench(pooled: dict, repeat: dict) -> dict:
     """A case's extra_info with the repeat's do_bench reading pooled in: each run's median
-    kept, the median of those as the case's, the mean of the runs' means. Where either side
-    lacks a reading, the pooled case has none: a reading of only some runs is not the
-    pooled case's."""
-    names = (keys.DO_BENCH_MEDIAN_MS, keys.DO_BENCH_MEAN_MS, keys.DO_BENCH_RUN_MEDIANS_MS)
+    kept, the median of those as the case's, the mean of the runs' means, the larger IQR
+    (the noisier run's). Where either side lacks a reading, the pooled case has none: a
+    reading of only some runs is not the pooled case's."""
+    names = (keys.DO_BENCH_MEDIAN_MS, keys.DO_BENCH_MEAN_MS, keys.DO_BENCH_RUN_MEDIANS_MS,
+             keys.DO_BENCH_IQR_MS)
     info = {name: value for name, value in pooled.items() if name not in names}
     if keys.DO_BENCH_MEDIAN_MS not in pooled or keys.DO_BENCH_MEDIAN_MS not in repeat:
         return info
@@ -282,6 +286,8 @@ def _pooled_do_bench(pooled: dict, repeat: dict) -> dict:
     runs_before = len(medians) - 1
     mean = (pooled[keys.DO_BENCH_MEAN_MS] * runs_before + repeat[keys.DO_BENCH_MEAN_MS]) / (
         runs_before + 1)
+    if keys.DO_BENCH_IQR_MS in pooled and keys.DO_BENCH_IQR_MS in repeat:
+        info[keys.DO_BENCH_IQR_MS] = max(pooled[keys.DO_BENCH_IQR_MS], repeat[keys.DO_BENCH_IQR_MS])
     return {**info, keys.DO_BENCH_RUN_MEDIANS_MS: medians,
             keys.DO_BENCH_MEDIAN_MS: statistics.median(medians), keys.DO_BENCH_MEAN_MS: mean}
 
@@ -388,6 +394,24 @@ def judge_runs(runs: list[Path], against: Path | None, benchmarks_root: Path) ->
     return 1 if failed else 0
 
 
+def judge_held_out(held_out: int, runs: list[list[Path]]) -> int:
+    """Run `held_out` (1-based) of `runs` (each the part files of one complete quick run)
+    through the gate against the other runs pooled into a baseline, as a new run is judged
+    against a recorded one: an unchanged run that raises an alarm there is a false alarm.
+    `judge_runs`'s exit codes."""
+    if not 1 <= held_out <= len(runs) or len(runs) < 2:
+        raise ValueError(f"hold out one of at least two runs, not run {held_out} of {len(runs)}")
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        others = [parts for index, parts in enumerate(runs, 1) if index != held_out]
+        baseline = combine_into_baseline(others[0], root)
+        for parts in others[1:]:
+            combine_into_baseline(parts, root, repeat=True)
+        current = root / f"held_out_run{held_out}.json"
+        current.write_text(json.dumps(combine_runs(runs[held_out - 1])))
+        return judge_runs([current], baseline, root)
+
+
 def _judged(path: Path, against: Path | None,
             benchmarks_root: Path) -> tuple[Path, dict, list[tuple[Path, dict]]]:
     """(run's path, run, [(baseline's path, baseline)]): `against`, else the baselines that
@@ -430,12 +454,23 @@ def main(argv: list[str] | None = None) -> int:
     judge.add_argument("--against", type=Path, default=None,
                        help="the run to compare with (default: the runs' GPU's baseline)")
     judge.add_argument("--root", type=Path, default=Path(".benchmarks"))
+    held_out = commands.add_parser(
+        "judge-held-out", help="one complete run through the gate against the others pooled")
+    held_out.add_argument("held_out", type=int, help="which run to hold out (1-based)")
+    held_out.add_argument("runs", nargs="+", type=lambda text: [Path(p) for p in text.split(",")],
+                          help="each run's part files, comma-separated")
     args = parser.parse_args(argv)
     if args.command == "suite":
         print(baseline_suite(gpu_count()))
         return 0
     if args.command == "judge":
         return judge_runs(args.runs, args.against, args.root)
+    if args.command == "judge-held-out":
+        try:
+            return judge_held_out(args.held_out, args.runs)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     if args.command == "part":
         return run_part(args.name, args.pytest_args)
     try:

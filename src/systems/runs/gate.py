@@ -1,13 +1,16 @@
 """A noise-aware regression gate: compare medians, with a threshold per case and clock.
 
-A case may carry two clocks: its rounds (wall time, or a CUDA-graph replay's device time)
-and the device clock (`keys.DEVICE_KERNEL_S`: the device's busy time in profiled rounds,
-which host speed cannot move). Each clock present in both runs gets its threshold as
-below; the case is judged on the gated clock with the smallest threshold (its most stable
-one), and the table names it. Host-bound cases also get a host check: the host's time per
-call relative to the host speed probe of the same run (`systems.common.host_speed`),
-against the baseline's runs, with a threshold from its spread and drift (`host_check`):
-a slower Python path shows there, and a slower host alone does not.
+A case may carry three clocks: its rounds (wall time, or a CUDA-graph replay's device
+time), the device clock (`keys.DEVICE_KERNEL_S`: the device's busy time in profiled rounds,
+which host speed cannot move) and, in cases of many matrices, do_bench's device time of
+each call (`keys.DO_BENCH_MEDIAN_MS`, with the L2 cache flushed and the GPU kept busy, so
+a clock or thermal state that moves the eager rounds between runs moves it less). Each
+clock present in both runs gets its threshold as below; the case is judged on the gated
+clock with the smallest threshold (its most stable one), and the table names it.
+Host-bound cases also get a host check: the host's time per call relative to the host
+speed probe of the same run (`systems.common.host_speed`), against the baseline's runs,
+with a threshold from its spread and drift (`host_check`): a slower Python path shows there,
+and a slower host alone does not.
 
 Each clock's threshold is the largest of three measured noises, and never below `FLOOR` (the
 run-to-run drift of medians that even a tight case shows on these shared hosts):
@@ -52,6 +55,8 @@ HOST_FLOOR = 0.15  # the probe tracks host-bound steps loosely (docs/benchmarkin
 ROUNDS_WALL = "wall"
 ROUNDS_REPLAY = "graph replay"
 DEVICE_BUSY = "device busy"
+DO_BENCH = "do_bench"
+DEVICE_CLOCKS = (DEVICE_BUSY, DO_BENCH)  # judged with DEVICE_FLOOR
 
 
 class Verdict(Enum):
@@ -96,6 +101,15 @@ class Clock:
         return cls(statistics.median(values), q3 - q1, tuple(float(m) for m in run_medians))
 
 
+def _do_bench_clock(info: Mapping[str, object]) -> Clock | None:
+    """do_bench's reading in seconds, where a run recorded its median and IQR."""
+    median, iqr = info.get(keys.DO_BENCH_MEDIAN_MS), info.get(keys.DO_BENCH_IQR_MS)
+    if not isinstance(median, int | float) or not isinstance(iqr, int | float):
+        return None
+    return Clock(median / 1e3, iqr / 1e3,
+                 tuple(m / 1e3 for m in _floats(info, keys.DO_BENCH_RUN_MEDIANS_MS)))
+
+
 def _floats(info: Mapping[str, object], key: str) -> tuple[float, ...]:
     values = info.get(key)
     return tuple(float(v) for v in values) if isinstance(values, list) else ()
@@ -112,6 +126,7 @@ class Timing:
     host_enqueue: float | None = None  # median host time until step() returned, if recorded
     on_cpu: bool = False  # the work itself ran on the host's CPU (extra_info["device"])
     device_busy: Clock | None = None  # the device clock, where recorded
+    do_bench: Clock | None = None  # do_bench's per-call device time, where recorded
     host_rounds: Clock | None = None  # host time until step() returned, per round
     host_probe_ms: tuple[float, ...] = ()  # the run's host speed probe, one per run
 
@@ -146,6 +161,7 @@ class Timing:
                    device_busy=Clock.of_rounds(
                        _floats(extra_info, keys.DEVICE_KERNEL_S),
                        _floats(extra_info, keys.DEVICE_KERNEL_RUN_MEDIANS)),
+                   do_bench=_do_bench_clock(extra_info),
                    host_rounds=Clock.of_rounds(
                        _floats(extra_info, keys.HOST_ENQUEUE_ROUNDS_S),
                        _floats(extra_info, keys.HOST_ENQUEUE_RUN_MEDIANS)),
@@ -258,8 +274,10 @@ def _clocks(baseline: Timing, current: Timing) -> list[tuple[str, Clock, Clock, 
     """(name, baseline reading, current reading, excluded) of each clock both runs have."""
     clocks = [(baseline.rounds_clock, baseline.rounds, current.rounds,
                baseline.rounds_excluded or current.rounds_excluded)]
-    if baseline.device_busy is not None and current.device_busy is not None:
-        clocks.append((DEVICE_BUSY, baseline.device_busy, current.device_busy, False))
+    for name, field_name in ((DEVICE_BUSY, "device_busy"), (DO_BENCH, "do_bench")):
+        base, cur = getattr(baseline, field_name), getattr(current, field_name)
+        if base is not None and cur is not None:
+            clocks.append((name, base, cur, False))
     return clocks
 
 
@@ -272,7 +290,7 @@ def judge(name: str, baseline: Timing | None, current: Timing | None) -> CaseRes
         return CaseResult(name, baseline, None, Verdict.NOT_RUN)
     judged = []
     for clock, base, cur, excluded in _clocks(baseline, current):
-        limit = threshold(base, cur, DEVICE_FLOOR if clock == DEVICE_BUSY else FLOOR)
+        limit = threshold(base, cur, DEVICE_FLOOR if clock in DEVICE_CLOCKS else FLOOR)
         judged.append((excluded or limit > CEILING, limit, clock, cur.median / base.median - 1))
     not_gated, limit, clock, change = min(judged)  # a gated clock first, then the steadiest
     host = host_check(baseline, current)
@@ -302,7 +320,7 @@ def regressions(results: list[CaseResult]) -> list[CaseResult]:
 def _ms(timing: Timing | None, clock: str | None) -> str:
     if timing is None:
         return "-"
-    reading = timing.device_busy if clock == DEVICE_BUSY else timing
+    reading = {DEVICE_BUSY: timing.device_busy, DO_BENCH: timing.do_bench}.get(clock, timing)
     return "-" if reading is None else f"{reading.median * 1e3:.3f}"
 
 
@@ -316,7 +334,7 @@ def describe(result: CaseResult) -> str:
     """The verdict, and for a case not gated on any clock, why."""
     if result.verdict is not Verdict.TOO_NOISY:
         return result.verdict.value
-    if result.clock == DEVICE_BUSY:
+    if result.clock in DEVICE_CLOCKS:
         return f"not gated (too noisy on every clock: threshold {_pct(result.threshold)})"
     if result.short_wall_round:
         return f"not gated (wall time under {WALL_MIN_S * 1e3:g} ms: host-bound)"

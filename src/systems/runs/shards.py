@@ -39,7 +39,6 @@ SHARD_LIMIT_S = 8 * 60  # a shard that runs longer is stopped and recorded as ti
 INCOMPLETE = 3  # exit code: shards are left for the next run of the same command
 MEASURED_CODE = ("src", "tests", "conftest.py", "pyproject.toml")
 BASELINE_RUNS = 3  # complete runs pooled into the baseline (as `make baseline` pools)
-RERUNS = 1  # unchanged runs gated against the new baseline: none may raise an alarm
 # The injected run: 8% more GPU work in these test functions' rounds...
 INJECTED_DEVICE_WORK = ("test_training_recipe:0.08,test_attention_table:0.08,"
                         "test_attention_leaderboard:0.08,test_attention_device_time:0.08")
@@ -75,13 +74,13 @@ def _pytest(*args: str) -> Callable[[], list[str]]:
 # GPU-marked tests by where their time goes; `tests/correctness/runs/test_shards.py` checks
 # that these select every GPU-marked test once.
 GPU_TEST_SHARDS: dict[str, tuple[tuple[str, ...], float]] = {
-    "attention_gluon": (("tests/correctness/attention/test_flash_attention_gluon.py",), 5),
-    "attention_replay": (("tests/correctness/attention/test_attention_replay.py",), 3),
+    "attention_gluon": (("tests/correctness/attention/test_flash_attention_gluon.py",), 2.5),
+    "attention_replay": (("tests/correctness/attention/test_attention_replay.py",), 1),
     "attention_triton": (("tests/correctness/attention",
                           "--ignore=tests/correctness/attention/test_flash_attention_gluon.py",
-                          "--ignore=tests/correctness/attention/test_attention_replay.py"), 3),
+                          "--ignore=tests/correctness/attention/test_attention_replay.py"), 1.5),
     "training_and_harness": (("tests/correctness", "tests/distributed",
-                              "--ignore=tests/correctness/attention"), 3),
+                              "--ignore=tests/correctness/attention"), 3.5),
 }
 GPU_TEST_ARGS = ("-m", "gpu", "-n", "4", "--timeout=600", "-q", "-rfEs", "--durations=10")
 
@@ -93,7 +92,7 @@ def gpu_test_shards() -> list[Shard]:
 
 # Expected H100 minutes of each part of the quick profile: the first run compiles every
 # model (Inductor's cache then holds them), later runs mostly measure.
-PART_MINUTES = {"attention": (3.5, 2), "training": (4, 2)}
+PART_MINUTES = {"attention": (3, 2.5), "training": (5.5, 2)}
 
 
 def newest_study(storage: Path, name: str) -> list[str]:
@@ -104,9 +103,15 @@ def newest_study(storage: Path, name: str) -> list[str]:
 
 
 def gpu_baseline_shards(storage: Path) -> list[Shard]:
-    """Every part of `BASELINE_RUNS` runs (a study each), each
-    run's parts combined into the baseline (the first) or pooled into it (the others); then
-    `RERUNS` gated re-runs and one injected run, each part saved as a study too."""
+    """Every part of `BASELINE_RUNS` runs (a study each), each run's parts combined into the
+    baseline (the first) or pooled into it (the others); then each run judged against the
+    others pooled (on the CPU), and one gated run with slowdowns injected, each part saved
+    as a study too."""
+
+    def parts_of(run: int) -> Callable[[], list[str]]:
+        return lambda: [path for part in BASELINE_PARTS_1GPU
+                        for path in newest_study(storage, f"baseline_run{run}_{part}")]
+
     shards: list[Shard] = []
     for run in range(1, BASELINE_RUNS + 1):
         names = []
@@ -117,10 +122,7 @@ def gpu_baseline_shards(storage: Path) -> list[Shard]:
                                 PART_MINUTES[part][0 if run == 1 else 1]))
             names.append(name)
 
-        def parts(run: int = run) -> list[str]:
-            return [path for part in BASELINE_PARTS_1GPU
-                    for path in newest_study(storage, f"baseline_run{run}_{part}")]
-
+        parts = parts_of(run)
         repeat = ("--repeat",) if run > 1 else ()
         needs = (*names, *((f"combine_run{run - 1}",) if run > 1 else ()))
         shards.append(Shard(f"combine_run{run}",
@@ -128,18 +130,22 @@ def gpu_baseline_shards(storage: Path) -> list[Shard]:
                                 sys.executable, "-m", "systems.runs.baseline", "combine",
                                 *repeat, *parts()],
                             0.1, needs=needs))
+    runs = [parts_of(run) for run in range(1, BASELINE_RUNS + 1)]
+    # Each unchanged run against the others pooled: BASELINE_RUNS re-runs for no GPU time.
+    for run in range(1, BASELINE_RUNS + 1):
+        shards.append(Shard(f"held_out_run{run}",
+                            lambda run=run: [sys.executable, "-m", "systems.runs.baseline",
+                                             "judge-held-out", str(run),
+                                             *(",".join(parts()) for parts in runs)],
+                            0.1, needs=(f"combine_run{BASELINE_RUNS}",)))
     gated = ("--perf-profile=quick", "--benchmark-compare", "--perf-gate", *PERF_ARGS)
-    # The injected run first: of the demonstrations, it is the one a rerun cannot stand for.
-    demos = ["injected", *(f"rerun{index}" for index in range(1, RERUNS + 1))]
-    for demo in demos:
-        injected = demo == "injected"
-        env = ({"SYSTEMS_PERF_INJECT_DEVICE_WORK": INJECTED_DEVICE_WORK,
-                "SYSTEMS_PERF_INJECT_SLOWDOWN": INJECTED_HOST_TIME} if injected else {})
-        for part, args in BASELINE_PARTS_1GPU.items():
-            shards.append(Shard(f"{demo}_{part}",
-                                _pytest(*args, *gated, f"--perf-study=gate_{demo}_{part}"),
-                                PART_MINUTES[part][1], expect=1 if injected else 0, env=env,
-                                needs=(f"combine_run{BASELINE_RUNS}",)))
+    env = {"SYSTEMS_PERF_INJECT_DEVICE_WORK": INJECTED_DEVICE_WORK,
+           "SYSTEMS_PERF_INJECT_SLOWDOWN": INJECTED_HOST_TIME}
+    for part, args in BASELINE_PARTS_1GPU.items():
+        shards.append(Shard(f"injected_{part}",
+                            _pytest(*args, *gated, f"--perf-study=gate_injected_{part}"),
+                            PART_MINUTES[part][1], expect=1, env=env,
+                            needs=(f"combine_run{BASELINE_RUNS}",)))
     return shards
 
 

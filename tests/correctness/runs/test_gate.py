@@ -179,6 +179,7 @@ def test_repeats_pool_do_bench_readings_only_where_every_run_has_one() -> None:
     pooled = add_repeat(run((7.0, 7.3)), run((7.6, 7.9)))
     pooled = add_repeat(pooled, run((7.2, 7.2)))
     (info,) = (bench["extra_info"] for bench in pooled["benchmarks"])
+    assert keys.DO_BENCH_IQR_MS not in info  # none of the runs recorded one
     assert info[keys.DO_BENCH_RUN_MEDIANS_MS] == [7.0, 7.6, 7.2]
     assert info[keys.DO_BENCH_MEDIAN_MS] == 7.2  # the median run's, not the first run's
     assert info[keys.DO_BENCH_MEAN_MS] == pytest.approx((7.3 + 7.9 + 7.2) / 3)
@@ -451,3 +452,89 @@ def test_repeats_pool_the_device_clock_and_keep_each_runs_median() -> None:
     # A clock of only some runs is not the pooled case's.
     (bench,) = add_repeat(run([0.010]), run(None))["benchmarks"]
     assert keys.DEVICE_KERNEL_S not in bench["extra_info"]
+
+
+def _do_bench_case(busy_run_medians: list[float], do_bench_run_medians: list[float],
+                   do_bench_iqr_ms: float = 0.05) -> Timing:
+    """A pooled case of many matrices: its device clock's rounds at each run's level (the
+    GPU's clock state moved between runs), and do_bench's reading of each run."""
+    busy = [level * (1 + 0.002 * i) for level in busy_run_medians for i in range(5)]
+    return Timing.from_saved(
+        {"median": statistics.median(busy), "iqr": 0.0},
+        {keys.TIMING: "wall", keys.HOST_ENQUEUE_S: 0.0006, keys.TORCH_DEVICE: "cuda:0",
+         keys.DEVICE_KERNEL_S: busy, keys.DEVICE_KERNEL_RUN_MEDIANS: busy_run_medians,
+         keys.RUN_MEDIANS: busy_run_medians,
+         keys.DO_BENCH_MEDIAN_MS: statistics.median(do_bench_run_medians) * 1e3,
+         keys.DO_BENCH_RUN_MEDIANS_MS: [m * 1e3 for m in do_bench_run_medians],
+         keys.DO_BENCH_IQR_MS: do_bench_iqr_ms})
+
+
+def test_a_case_whose_eager_clocks_drift_between_runs_is_gated_on_do_bench() -> None:
+    """The device clock of eager rounds moved 12% between three unchanged runs (the GPU's
+    clock state), do_bench's 1%: do_bench gates the case at the device floor, and 8% more
+    GPU work in each call is caught there."""
+    base = _do_bench_case([0.00610, 0.00663, 0.00682], [0.00651, 0.00651, 0.00657])
+    same = _do_bench_case([0.00640], [0.00654])
+    result = judge("x", base, same)
+    assert (result.verdict, result.clock) == (Verdict.OK, "do_bench")
+    assert result.threshold == pytest.approx(0.05)
+    slower = judge("x", base, _do_bench_case([0.00640], [0.00654 * 1.08]))
+    assert (slower.verdict, slower.clock) == (Verdict.SLOWER, "do_bench")
+    assert "do_bench" in gate_table([slower]) and "6.540" in gate_table([result])
+    # A reading without its IQR (saved before runs recorded one) is not a clock.
+    without_iqr = Timing.from_saved({"median": 0.0064, "iqr": 0.0},
+                                    {keys.DO_BENCH_MEDIAN_MS: 6.54})
+    assert without_iqr.do_bench is None
+    # Without do_bench, the drifting device clock alone cannot gate the case.
+    no_do_bench = judge("x", Timing(base.median, base.iqr, base.run_medians, kind="wall",
+                                    host_enqueue=0.0006, device_busy=base.device_busy),
+                        same)
+    assert no_do_bench.verdict is Verdict.TOO_NOISY
+
+
+def test_repeats_keep_the_noisier_runs_do_bench_iqr() -> None:
+    def run(iqr: float | None) -> dict:
+        info = {keys.DO_BENCH_MEDIAN_MS: 7.0, keys.DO_BENCH_MEAN_MS: 7.0}
+        if iqr is not None:
+            info[keys.DO_BENCH_IQR_MS] = iqr
+        return {"commit_info": {"id": "a"}, "machine_info": {"device_name": "GPU",
+                                                             "gpu_count": 1},
+                "benchmarks": [{"name": "c", "fullname": "t.py::c", "extra_info": info,
+                                "stats": {"data": [1.0], "median": 1.0, "iterations": 1}}]}
+
+    (bench,) = add_repeat(add_repeat(run(0.1), run(0.3)), run(0.2))["benchmarks"]
+    assert bench["extra_info"][keys.DO_BENCH_IQR_MS] == 0.3
+    (bench,) = add_repeat(run(0.1), run(None))["benchmarks"]
+    assert keys.DO_BENCH_IQR_MS not in bench["extra_info"]
+
+
+def test_each_run_is_judged_against_the_others_pooled(tmp_path, capsys) -> None:
+    """Three unchanged runs, each of two parts: holding out any one raises no alarm; a run
+    10% slower held out against the other two is caught."""
+    def part(run: int, case: str, seconds: float) -> str:
+        data = [seconds * (1 + 0.003 * i) for i in range(7)]
+        q1, _, q3 = statistics.quantiles(data, n=4)
+        saved = {"machine_info": {"device_name": "GPU", "gpu_count": 1},
+                 "commit_info": {"id": "abc"}, "datetime": "2026-01-01T00:00:00",
+                 "benchmarks": [{"name": case, "fullname": f"t.py::{case}",
+                                 "extra_info": {keys.TIMING: "device"}, "params": {},
+                                 "stats": {"median": statistics.median(data), "iqr": q3 - q1,
+                                           "mean": statistics.fmean(data), "rounds": 7,
+                                           "data": data, "iterations": 1}}]}
+        path = tmp_path / f"run{run}_{case}.json"
+        path.write_text(json.dumps(saved))
+        return str(path)
+
+    def runs(scale: list[float]) -> list[str]:
+        return [f"{part(run, 'a', 0.010 * k)},{part(run, 'b', 0.020 * k)}"
+                for run, k in enumerate(scale, 1)]
+
+    unchanged = runs([1.0, 1.01, 0.995])
+    for held_out in (1, 2, 3):
+        assert baseline_main(["judge-held-out", str(held_out), *unchanged]) == 0
+        table = capsys.readouterr().out
+        assert f"held_out_run{held_out}.json" in table and "2 ok" in table
+    assert baseline_main(["judge-held-out", "3", *runs([1.0, 1.01, 1.10])]) == 1
+    assert "SLOWER" in capsys.readouterr().out
+    assert baseline_main(["judge-held-out", "4", *unchanged]) == 2
+    assert "hold out one of at least two runs" in capsys.readouterr().err

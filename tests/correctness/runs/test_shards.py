@@ -185,7 +185,7 @@ def test_each_baseline_runs_parts_are_combined_from_the_newest_studies(tmp_path)
     assert len(names) == len(set(names))
     parts = list(shards.BASELINE_PARTS_1GPU)
     assert names[:len(parts) + 1] == [*(f"run1_{p}" for p in parts), "combine_run1"]
-    assert names.count("combine_run3") == 1 and names[-1] == f"rerun{shards.RERUNS}_{parts[-1]}"
+    assert names.count("combine_run3") == 1 and names[-1] == f"injected_{parts[-1]}"
     studies = tmp_path / "studies"
     studies.mkdir()
     for number, part in enumerate(parts, 1):
@@ -200,7 +200,26 @@ def test_each_baseline_runs_parts_are_combined_from_the_newest_studies(tmp_path)
     assert "--repeat" in repeat.argv() and "combine_run1" in repeat.needs
     injected = [shard for shard in suite if shard.name.startswith("injected_")]
     assert all(shard.expect == 1 and shard.env for shard in injected)
-    reruns = [shard for shard in suite if shard.name.startswith("rerun")]
-    assert len(reruns) == shards.RERUNS * len(parts)
-    assert all(shard.expect == 0 and not shard.env and "--perf-gate" in shard.argv()
-               for shard in reruns)
+    assert all("--perf-gate" in shard.argv() for shard in injected)
+
+
+def test_each_run_is_judged_against_the_others_pooled(tmp_path):
+    suite = gpu_baseline_shards(tmp_path)
+    held_out = [shard for shard in suite if shard.name.startswith("held_out_run")]
+    assert [shard.name for shard in held_out] == [
+        f"held_out_run{run}" for run in range(1, shards.BASELINE_RUNS + 1)]
+    names = [shard.name for shard in suite]
+    assert names.index("held_out_run1") > names.index(f"combine_run{shards.BASELINE_RUNS}")
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    parts = list(shards.BASELINE_PARTS_1GPU)
+    files = {(run, part): studies / f"{10 * run + index:04d}_baseline_run{run}_{part}.json"
+             for run in range(1, shards.BASELINE_RUNS + 1) for index, part in enumerate(parts)}
+    for path in files.values():
+        path.write_text("{}")
+    argv = held_out[1].argv()
+    assert argv[1:5] == ["-m", "systems.runs.baseline", "judge-held-out", "2"]
+    assert argv[5:] == [",".join(str(files[run, part]) for part in parts)
+                        for run in range(1, shards.BASELINE_RUNS + 1)]
+    assert all(shard.expect == 0 and not shard.env and shard.needs == (
+        f"combine_run{shards.BASELINE_RUNS}",) for shard in held_out)
