@@ -2,7 +2,7 @@
 
 A case may carry three clocks: its rounds (wall time, or a CUDA-graph replay's device
 time), the device clock (`keys.DEVICE_KERNEL_S`: the device's busy time in profiled rounds,
-which host speed cannot move) and, in cases of many matrices, do_bench's device time of
+which host speed cannot move) and, in long attention cases, do_bench's device time of
 each call (`keys.DO_BENCH_MEDIAN_MS`, with the L2 cache flushed and the GPU kept busy, so
 a clock or thermal state that moves the eager rounds between runs moves it less). Each
 clock present in both runs gets its threshold as below; the case is judged on the gated
@@ -167,6 +167,10 @@ class Timing:
                        _floats(extra_info, keys.HOST_ENQUEUE_RUN_MEDIANS)),
                    host_probe_ms=tuple(host_probe_ms))
 
+    def device_clock(self, name: str) -> Clock | None:
+        """The reading of one of `DEVICE_CLOCKS`, where recorded."""
+        return {DEVICE_BUSY: self.device_busy, DO_BENCH: self.do_bench}[name]
+
     @property
     def rounds_clock(self) -> str:
         return ROUNDS_REPLAY if self.kind == DEVICE else ROUNDS_WALL
@@ -274,8 +278,8 @@ def _clocks(baseline: Timing, current: Timing) -> list[tuple[str, Clock, Clock, 
     """(name, baseline reading, current reading, excluded) of each clock both runs have."""
     clocks = [(baseline.rounds_clock, baseline.rounds, current.rounds,
                baseline.rounds_excluded or current.rounds_excluded)]
-    for name, field_name in ((DEVICE_BUSY, "device_busy"), (DO_BENCH, "do_bench")):
-        base, cur = getattr(baseline, field_name), getattr(current, field_name)
+    for name in DEVICE_CLOCKS:
+        base, cur = baseline.device_clock(name), current.device_clock(name)
         if base is not None and cur is not None:
             clocks.append((name, base, cur, False))
     return clocks
@@ -320,7 +324,7 @@ def regressions(results: list[CaseResult]) -> list[CaseResult]:
 def _ms(timing: Timing | None, clock: str | None) -> str:
     if timing is None:
         return "-"
-    reading = {DEVICE_BUSY: timing.device_busy, DO_BENCH: timing.do_bench}.get(clock, timing)
+    reading = timing.device_clock(clock) if clock in DEVICE_CLOCKS else timing
     return "-" if reading is None else f"{reading.median * 1e3:.3f}"
 
 

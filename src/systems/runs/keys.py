@@ -80,9 +80,10 @@ WARMUP_ROUNDS = "warmup_rounds"
 # The warm-up study times end-to-end steps too; it is told apart by its test's name.
 WARMUP_STUDY_TEST = "test_warmup_study"
 
-# Cases of many matrices also record triton.testing.do_bench's median, mean and IQR of its
-# calls (device time), ms; a pooled baseline keeps each run's median too and the largest
-# run's IQR (systems.runs.baseline). The gate judges it as a device clock.
+# Long attention cases (many matrices, 65536 tokens) also record triton.testing.do_bench's
+# median, mean and IQR of its calls (device time), ms; a pooled baseline keeps each run's
+# median too and the largest run's IQR (systems.runs.baseline). The gate judges it as a
+# device clock.
 DO_BENCH_MEDIAN_MS = "do_bench_median_ms"
 DO_BENCH_MEAN_MS = "do_bench_mean_ms"
 DO_BENCH_IQR_MS = "do_bench_iqr_ms"
