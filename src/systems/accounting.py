@@ -8,6 +8,8 @@ hooks. docs/accounting.md tabulates them for our model sizes.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass, replace
 
 from systems.model import ModelConfig
@@ -185,6 +187,68 @@ def checkpoint_blocks_for_budget(
         if replace(memory, activations=saved).peak <= budget_bytes:
             return blocks
     return config.num_layers
+
+
+def checkpointed_activation_bytes(layer_bytes: int, boundary_bytes: int, num_layers: int,
+                                  segment: int) -> int:
+    """Peak saved activations keeping every `segment`-th block input, recomputing one segment."""
+    if not 1 <= segment <= num_layers:
+        raise ValueError(f"segment must lie in [1, {num_layers}], got {segment}")
+    return math.ceil(num_layers / segment) * boundary_bytes + segment * layer_bytes
+
+
+def best_checkpoint_segment(layer_bytes: int, boundary_bytes: int, num_layers: int) -> int:
+    """The segment length for which `checkpointed_activation_bytes` is least."""
+    return min(range(1, num_layers + 1), key=lambda s: checkpointed_activation_bytes(
+        layer_bytes, boundary_bytes, num_layers, s))
+
+
+# ------------------------------------------------------------ sharding and communication
+# Bytes a rank sends per step in ring collectives, in all-gathers of the parameters: DDP
+# all-reduces the gradients (two), a sharded optimizer then broadcasts the parameters
+# (three), ZeRO-1 reduce-scatters the gradients and all-gathers the parameters (two).
+GATHERS = {"ddp": 2, "sharded_optimizer": 3, "zero1": 2}
+
+
+@dataclass(frozen=True)
+class FFNStack:
+    """A stack of two-matmul FFN blocks (d_model -> d_ff -> d_model, no biases)."""
+
+    d_model: int = 16384
+    d_ff: int = 53248
+    num_blocks: int = 126
+
+    @property
+    def parameters(self) -> int:
+        return self.num_blocks * 2 * self.d_model * self.d_ff
+
+    def state_bytes(self) -> int:
+        """fp32 master weights, gradients and the two AdamW moments."""
+        return self.parameters * FP32 * (2 + ADAMW_STATES)
+
+    def activation_bytes(self, tokens: int) -> int:
+        """bf16 tensors saved for backward: each block's input and its hidden activation."""
+        return tokens * self.num_blocks * (self.d_model + self.d_ff) * BF16
+
+    def fsdp_bytes_per_device(self, tokens: int, devices: int) -> int:
+        """State and half the activations sharded over `devices`; the other half replicated."""
+        half = self.activation_bytes(tokens) / 2
+        return math.ceil(self.state_bytes() / devices + half / devices + half)
+
+    def min_fsdp_devices(self, tokens: int, device_bytes: int) -> int | None:
+        """None where the replicated half of the activations alone fills a device."""
+        if self.activation_bytes(tokens) / 2 >= device_bytes:
+            return None
+        return next(n for n in itertools.count(1)
+                    if self.fsdp_bytes_per_device(tokens, n) <= device_bytes)
+
+
+def data_parallel_bytes_per_step(param_bytes: float, world_size: int, scheme: str) -> float:
+    """Bytes one rank sends per step under `scheme` (a key of `GATHERS`)."""
+    if world_size < 1 or scheme not in GATHERS:
+        raise ValueError(f"need world_size >= 1 and a scheme of {sorted(GATHERS)}, got "
+                         f"{world_size} and {scheme!r}")
+    return GATHERS[scheme] * param_bytes * (world_size - 1) / world_size
 
 
 # ------------------------------------------------------------------------------- FLOP counts

@@ -1,21 +1,17 @@
-"""Run-to-run drift of case medians across saved runs (the data behind the gate's floor):
-per case, the |change| of its median between consecutive distinct measurements.
-
-    python -m tools.docgen.drift .benchmarks/NVIDIA_H100_80GB_HBM3/studies/*.json
-"""
+"""The `drift` block: run-to-run drift of case medians across saved runs (the data behind
+the gate's floor), per case the |change| of its median between consecutive distinct
+measurements."""
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from systems.common.formatting import markdown_table
 from systems.runs import keys
 from systems.runs.gate import CEILING, SPREAD_FACTOR, Timing, Verdict, judge
-from systems.runs.history import MalformedRunError, read_run
+from systems.runs.history import read_run
 
 
 @dataclass(frozen=True)
@@ -46,9 +42,9 @@ def drifts(runs: list[dict], match: str = "") -> list[Drift]:
             for name, stats in seen.items() for a, b in itertools.pairwise(stats)]
 
 
-def summary(runs: list[dict], match: str = "", min_ms: float = 1.0) -> tuple[str, list[Drift]]:
+def summary(runs: list[dict], match: str = "", min_ms: float = 1.0) -> str:
     """The |change| quantiles of all pairs, of those of cases >= `min_ms` and of those the gate
-    judges (spread small enough), and the judged pairs."""
+    judges (spread small enough)."""
     pairs = drifts(runs, match)
     long_enough = [p for p in pairs if min(p.first.median, p.second.median) * 1e3 >= min_ms]
     gated = [p for p in long_enough if SPREAD_FACTOR * p.spread <= CEILING]
@@ -63,7 +59,7 @@ def summary(runs: list[dict], match: str = "", min_ms: float = 1.0) -> tuple[str
                in (Verdict.SLOWER, Verdict.FASTER)]
     return (markdown_table(["pairs", "count", "cases", "abs change p50", "p90", "p95", "max"],
                            rows) + f"\n\nThe gate's thresholds would flag {len(flagged)} of the "
-            "last row's pairs.\n", gated)
+            "last row's pairs.\n")
 
 
 def drift_block(repo: Path, pattern: str, match: str = "") -> str:
@@ -71,32 +67,7 @@ def drift_block(repo: Path, pattern: str, match: str = "") -> str:
     paths = sorted(repo.glob(pattern))
     if not paths:
         raise ValueError(f"no history files match {pattern}")
-    return (summary([read_run(p) for p in paths], match)[0] + "\nTime: pytest-benchmark round "
+    return (summary([read_run(p) for p in paths], match) + "\nTime: pytest-benchmark round "
             "medians of each case, consecutive distinct measurements"
             f"{f' of cases containing `{match}`' if match else ''}. From the "
             f"{len(paths)} files `{pattern}`.\n")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.docgen.drift",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="saved run JSON files, oldest first")
-    parser.add_argument("--match", default="", help="only case names containing this text")
-    parser.add_argument("--min-ms", type=float, default=1.0,
-                        help="judged pairs: both medians at least this long")
-    args = parser.parse_args(argv)
-    try:
-        table, gated = summary([read_run(path) for path in args.runs], args.match, args.min_ms)
-    except MalformedRunError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(table + "\nThe judged pairs that drifted most:")
-    for pair in sorted(gated, key=lambda p: p.change, reverse=True)[:10]:
-        print(f"  {pair.change:6.1%}  ratio {pair.change / pair.spread:4.1f}  spread "
-              f"{pair.spread:5.1%}  {pair.first.median * 1e3:9.3f} -> "
-              f"{pair.second.median * 1e3:9.3f} ms  {pair.name}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from systems.common.cli_help import HelpFormatter
 from systems.common.formatting import fmt, markdown_table
 from systems.common.hardware import slugify
 from systems.runs import keys
@@ -156,34 +154,10 @@ def write_results_page(root: Path, out: Path, img: Path | None = None,
     runs = [r for r in load_runs(root) if include_cpu or not r.device.lower().startswith("cpu")]
     if not any(run.results for run in runs):
         raise ValueError(f"no usable saved runs under {root}"
-                         f"{'' if include_cpu else ' (CPU runs need --include-cpu)'}: "
+                         f"{'' if include_cpu else ' (CPU runs are left out)'}: "
                          "nothing to report, no page written")
     img = img or out.parent / "img"
     for folder in (out.parent, img):  # before the plots are drawn, not after
         check_writable_folder(folder)
     out.write_text(results_page(runs, out.parent, img))
     return f"wrote {out} ({len(runs)} runs)"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.docgen.results_page",
-                                     description="write the results page and its plots",
-                                     formatter_class=HelpFormatter)
-    parser.add_argument("--root", type=Path, default=Path(".benchmarks"),
-                        help="histories, searched at any depth")
-    parser.add_argument("--out", type=Path, default=Path("docs/RESULTS.md"), help="the page")
-    parser.add_argument("--img", type=Path, default=None, help="default: <out's folder>/img")
-    parser.add_argument("--include-cpu", action="store_true",
-                        help="also report CPU runs (smoke numbers, skipped by default)")
-    args = parser.parse_args(argv)
-    try:
-        print(write_results_page(args.root, args.out, args.img, args.include_cpu),
-              file=sys.stderr)
-    except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

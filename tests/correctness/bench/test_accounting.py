@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -95,3 +97,43 @@ def test_attention_flops_count_the_matmuls_torch_counts() -> None:
         assert acc.attention_flops(3, 24, 40, 16, False, mode) == factor * forward
     with pytest.raises(ValueError, match="unknown mode"):
         acc.attention_flops(3, 24, 40, 16, False, "train_step")
+
+
+def test_best_checkpoint_segment_is_near_sqrt_layers_and_beats_no_checkpointing() -> None:
+    layers = 64
+    # When a block's activations equal its input's size, the optimum is sqrt(L).
+    assert acc.best_checkpoint_segment(1000, 1000, layers) == math.isqrt(layers)
+    config = MODEL_CONFIGS["2.7b"]
+    layer = acc.layer_activation_bytes(config, 4, 512)
+    boundary = acc.residual_stream_bytes(config, 4, 512)
+    best = acc.best_checkpoint_segment(layer, boundary, config.num_layers)
+    cost = acc.checkpointed_activation_bytes(layer, boundary, config.num_layers, best)
+    assert cost < layer * config.num_layers
+    assert all(cost <= acc.checkpointed_activation_bytes(layer, boundary, config.num_layers, s)
+               for s in range(1, config.num_layers + 1))
+    with pytest.raises(ValueError):
+        acc.checkpointed_activation_bytes(layer, boundary, config.num_layers, 0)
+
+
+def test_xxl_ffn_memory_and_fsdp_sizing() -> None:
+    model = acc.FFNStack()
+    assert model.parameters == 126 * 2 * 16384 * 53248
+    assert model.state_bytes() == 16 * model.parameters  # fp32 weights, grads, two moments
+    tokens, limit = 1024, 95 * 10**9
+    devices = model.min_fsdp_devices(tokens, limit)
+    assert model.fsdp_bytes_per_device(tokens, devices) <= limit
+    assert model.fsdp_bytes_per_device(tokens, devices - 1) > limit
+    # Activations replicated on every device can exceed a device no matter the sharding.
+    assert model.min_fsdp_devices(10**6, limit) is None
+
+
+def test_data_parallel_communication_volumes() -> None:
+    size, ranks = 1e9, 4
+    ddp = acc.data_parallel_bytes_per_step(size, ranks, "ddp")
+    assert ddp == pytest.approx(2 * size * 3 / 4)
+    assert acc.data_parallel_bytes_per_step(size, ranks, "zero1") == pytest.approx(ddp)
+    assert acc.data_parallel_bytes_per_step(size, ranks, "sharded_optimizer") == \
+        pytest.approx(1.5 * ddp)
+    assert acc.data_parallel_bytes_per_step(size, 1, "ddp") == 0
+    with pytest.raises(ValueError):
+        acc.data_parallel_bytes_per_step(size, ranks, "zero3")

@@ -14,7 +14,7 @@ from tools.docgen.__main__ import default_docs, main
 from tools.docgen.claim_scan import scan
 from tools.docgen.doc_blocks import BlockError, render
 from tools.docgen.doc_sources import generators
-from tools.docgen.results_page import main as results_page_main
+from tools.docgen.results_page import write_results_page
 
 REPO = Path(__file__).resolve().parents[3]
 COMMITTED_DOCS = default_docs(REPO)
@@ -212,7 +212,7 @@ def test_the_doc_generator_rewrites_the_docs_blocks(tmp_path: Path) -> None:
     note.write_text(DOC.format(history=history))
     (tmp_path / "README.md").write_text("No blocks here.\n")
     page = docs / "RESULTS.md"
-    assert results_page_main(["--root", str(tmp_path / "hist"), "--out", str(page)]) == 0
+    write_results_page(tmp_path / "hist", page)
     assert main(["--repo", str(tmp_path)]) == 0
     assert "| 2.000 | 0.500 |" in note.read_text()
     assert (tmp_path / "README.md").read_text() == "No blocks here.\n"

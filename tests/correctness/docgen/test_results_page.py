@@ -8,7 +8,7 @@ from smoke_runs import save_smoke_runs
 
 from systems.runs import keys
 from systems.runs.history import Result, latest_results, load_runs
-from tools.docgen.results_page import ddp_table, main, recipes_table
+from tools.docgen.results_page import ddp_table, recipes_table, write_results_page
 from tools.docgen.results_plots import allreduce_bandwidth, ddp_variants
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -16,7 +16,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_results_command_writes_page_and_plots(smoke_runs, tmp_path) -> None:
     out = tmp_path / "docs" / "RESULTS.md"
-    assert main(["--root", str(smoke_runs), "--out", str(out), "--include-cpu"]) == 0
+    assert "wrote" in write_results_page(smoke_runs, out, include_cpu=True)
     page = out.read_text()
     assert "Model step time by size" in page
     assert "systems report latest --gpu" in page  # every case's newest result is there
@@ -25,7 +25,8 @@ def test_results_command_writes_page_and_plots(smoke_runs, tmp_path) -> None:
               if line.startswith("![")]
     assert images and all((out.parent / i).read_bytes()[:8] == PNG for i in images)
     # CPU runs are left out unless asked for: with nothing else, there is nothing to report.
-    assert main(["--root", str(smoke_runs), "--out", str(out)]) == 2
+    with pytest.raises(ValueError, match="CPU runs are left out"):
+        write_results_page(smoke_runs, out)
 
 
 # -------------------------------------------- other suites' results, as synthetic fixtures
@@ -85,19 +86,9 @@ def test_results_page_skips_a_malformed_history_with_one_warning(
         storage_with_a_bad_run, tmp_path, capsys) -> None:
     storage, bad = storage_with_a_bad_run
     out = tmp_path / "docs" / "RESULTS.md"
-    assert main(["--root", str(storage), "--out", str(out), "--include-cpu"]) == 0
+    write_results_page(storage, out, include_cpu=True)
     err = capsys.readouterr().err
     assert err.count(str(bad)) == 1 and "skipping" in err
     page = out.read_text()
     runs = sum(1 for p in storage.rglob("*.json") if p != bad)
     assert f"{runs} saved runs" in page and bad.name not in page
-
-
-@pytest.mark.parametrize("shown", [
-    "--root ROOT histories, searched at any depth (default: .benchmarks)",
-    "the page (default: docs/RESULTS.md)",
-])
-def test_results_help_shows_defaults(shown: str, capsys) -> None:
-    with pytest.raises(SystemExit):
-        main(["--help"])
-    assert shown in " ".join(capsys.readouterr().out.split())

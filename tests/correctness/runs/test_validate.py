@@ -15,7 +15,7 @@ from systems.runs.baseline import json_destination_path, study_path
 from systems.runs.baseline import main as baseline_main
 from systems.runs.history import MalformedRunError, load_runs, read_run
 from systems.runs.validate import run_problems
-from tools.docgen.results_page import main as results_page_main
+from tools.docgen.results_page import write_results_page
 
 
 def a_run(median: float = 0.010, *, gpu: str = "GPU A", name: str = "c",
@@ -109,22 +109,21 @@ def test_reports_skip_a_bad_file_with_one_warning(tmp_path, capsys) -> None:
     assert len(warnings) == 1 and "0002_bad.json" in warnings[0]
 
 
-def test_results_page_with_no_runs_fails_and_writes_nothing(tmp_path, capsys) -> None:
+def test_results_page_with_no_runs_fails_and_writes_nothing(tmp_path) -> None:
     out = tmp_path / "docs" / "RESULTS.md"
     for root in (tmp_path / "absent", tmp_path / "empty"):
-        assert results_page_main(["--root", str(root), "--out", str(out)]) == 2
-        assert "no usable saved runs" in capsys.readouterr().err
+        with pytest.raises(ValueError, match="no usable saved runs"):
+            write_results_page(root, out)
     assert not out.exists() and not out.parent.exists()
 
 
-def test_results_page_checks_its_destination_before_any_work(tmp_path, capsys) -> None:
+def test_results_page_checks_its_destination_before_any_work(tmp_path) -> None:
     root = tmp_path / "histories"
     write(root / "GPU_A" / "0001_good.json", a_run())
     blocker = tmp_path / "a_file"
     blocker.write_text("in the way")
-    assert results_page_main(["--root", str(root), "--out",
-                        str(blocker / "RESULTS.md")]) == 2
-    assert f"cannot write in {blocker}" in capsys.readouterr().err
+    with pytest.raises(OSError, match=f"cannot write in {blocker}"):
+        write_results_page(root, blocker / "RESULTS.md")
 
 
 def test_study_numbers_are_reserved_so_concurrent_sessions_never_share_one(tmp_path) -> None:
