@@ -126,20 +126,6 @@ def gate_cases(repo: Path, file: str, match: str) -> str:
                                  "verdict"], rows)
 
 
-def gate_noise(repo: Path, *files: str) -> str:
-    """Of unchanged re-runs, per test and side of 1 ms: the largest |change| of a case."""
-    tables = [_read_gate_table(repo, f) for f in files]
-    worst: dict[tuple[str, str], tuple[float, str]] = {}
-    for r in (r for table in tables for r in table.rows):
-        key = (r["test"].split("[")[0], "< 1 ms" if float(r["base"]) < 1 else ">= 1 ms")
-        change = float(r["change"].rstrip("%"))
-        if abs(change) > abs(worst.get(key, (0.0, ""))[0]):
-            worst[key] = (change, r["test"])
-    return _gate_block(tables, ["test", "baseline median", "largest change", "case"], [
-        [test, size, f"{change:+.1f}%", case]
-        for (test, size), (change, case) in sorted(worst.items())])
-
-
 # The `dp-scaling` block, from studies/dp_scaling/study.py's `<folder>/world{1,2,4}.json`.
 WORLD_SIZES = (1, 2, 4)
 # Each of our variants against the torch implementation it must beat.
@@ -238,7 +224,6 @@ def generators(repo: Path) -> dict[str, Generator]:
         "gate-constants": gate_constants,
         "gate-tallies": partial(gate_tallies, repo),
         "gate-cases": partial(gate_cases, repo),
-        "gate-noise": partial(gate_noise, repo),
         "drift": partial(drift.drift_block, repo),
         "breakdowns": partial(breakdown_side_by_side, repo),
         "headline": partial(claims.headline, repo),

@@ -1,12 +1,19 @@
-"""Hand-typed performance numbers in prose docs: a measured-looking number outside generated
-blocks and fenced code, unless `ALLOWED` says why it is no measurement."""
+"""No performance number is typed by hand in a prose doc: a measured-looking number outside
+generated blocks and fenced code fails, unless `ALLOWED` says why it is no measurement."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
+import pytest
+
+from tools.docgen.__main__ import default_docs
 from tools.docgen.doc_blocks import prose_lines
+
+REPO = Path(__file__).resolve().parents[3]
+COMMITTED_DOCS = default_docs(REPO)
 
 _NUMBER = r"(?<![\w.])\d+(?:[.,]\d+)?(?:[-–]\d+(?:\.\d+)?)?"
 _MEASURE = re.compile(
@@ -63,3 +70,41 @@ def scan(text: str, doc: str = "<doc>") -> list[Finding]:
     """Lines outside generated blocks and fenced code that look like a performance claim."""
     return [Finding(doc, number, line) for number, line in prose_lines(text, doc)
             if looks_like_a_claim(line)]
+
+
+def test_committed_docs_type_no_performance_number_by_hand() -> None:
+    # docs/profiling's summaries are written whole by systems.profiling; its README is prose.
+    findings = [finding for doc in [*COMMITTED_DOCS, REPO / "docs" / "profiling" / "README.md"]
+                for finding in scan(doc.read_text(), str(doc))]
+    assert not findings, "performance numbers outside generated blocks (generate them, or " \
+        "allow a non-claim in ALLOWED in this file with its reason):\n" + \
+        "\n".join(map(str, findings))
+
+
+@pytest.mark.parametrize("claim", [
+    "Ours takes 0.42 ms here.",
+    "the Triton kernels are 1.4x faster",
+    "a 12% regression",
+    "ours is faster by 0.3 at this length",
+    "240 us per call",
+    "700 TFLOP/s in bf16",
+    "up to 3.35 GB/s",
+])
+def test_the_scan_flags_a_hand_typed_performance_number(claim: str) -> None:
+    (finding,) = scan(f"# Doc\n\nSome prose.\n{claim}\n", "doc.md")
+    assert (finding.doc, finding.line) == ("doc.md", 4)
+
+
+def test_the_scan_skips_generated_blocks_code_and_allowed_non_claims() -> None:
+    text = ("<!-- generated: x -->\n| 0.42 ms | 1.4x |\n<!-- end generated -->\n"
+            "```bash\npytest --perf-profile quick  # 5% of the time\n```\n"
+            "On 2 x H200, within 3% of the no-communication step.\n"
+            "Tiles of 64 x 64, d = 128; ours is faster at d = 64.\n"
+            "The injected 15% slowdown must be caught.\n")
+    assert scan(text) == []
+
+
+def test_findings_count_lines_of_the_whole_doc() -> None:
+    text = "a\n<!-- generated: x -->\nb\nc\n<!-- end generated -->\nd 5 ms\n"
+    (finding,) = scan(text)
+    assert finding.line == 6
