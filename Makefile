@@ -64,16 +64,11 @@ test: $(STAMP)
 smoke: $(STAMP)
 	$(BIN)/pytest tests/perf --perf-profile=smoke --benchmark-disable --timeout=900
 
-# docs/RESULTS.md and docs/img/*.png from every committed history under .benchmarks/, then
-# the generated blocks of README.md and docs/*.md.
-report: $(STAMP)
+# Every generated doc: docs/RESULTS.md and docs/img/*.png from every committed history
+# under .benchmarks/, then the generated blocks of README.md, docs/ and the studies (a clean
+# tree stays clean when the committed docs are current). `make report` is the same.
+report docs: $(STAMP)
 	$(BIN)/python -m tools.docgen --results
-
-# Every generated doc: the results page and its plots, then the prose docs' blocks (a clean
-# tree stays clean when the committed docs are current).
-docs: $(STAMP)
-	$(BIN)/python -m tools.docgen --results
-	$(BIN)/python -m tools.docgen
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -15,11 +15,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 def default_docs(repo: Path) -> list[Path]:
     """README.md, docs/ (but the results page, generated whole) and the studies' docs."""
-    return [repo / "README.md",
-            *sorted(p for p in (repo / "docs").glob("*.md") if p.name != "RESULTS.md"),
-            *(path for pattern in ("docs/*/README.md", "studies/README.md",
-                                   "studies/*/README.md", "studies/*/runs/*.md")
-              for path in sorted(repo.glob(pattern)))]
+    patterns = ("docs/*.md", "docs/*/README.md", "studies/README.md", "studies/*/README.md",
+                "studies/*/runs/*.md")
+    return [repo / "README.md", *(path for pattern in patterns for path in sorted(repo.glob(
+        pattern)) if path != repo / "docs" / "RESULTS.md")]
 
 
 def main(argv: list[str]) -> int:

@@ -68,10 +68,6 @@ def _do_bench(r: Result) -> tuple[float, str] | None:
     return (ms, keys.DO_BENCH_TIME) if isinstance(ms, int | float) else None
 
 
-def _impl(r: Result) -> str:
-    return str(r.get(keys.IMPLEMENTATION))
-
-
 def _attention_label(r: Result) -> str:
     return (f"attention {r.get(keys.BATCH_HEADS)}x{r.get(keys.SEQ_LEN)}x{r.get(keys.HEAD_DIM)}"
             f" {r.get(keys.DTYPE)}{' causal' if r.get(keys.CAUSAL) else ''}, {r.get(keys.PASS)}")
@@ -102,7 +98,7 @@ class Pairing(NamedTuple):
 ATTENTION = Pairing("attention", lambda r: (
     r.name.split("[")[0], str(r.get(keys.PASS)), str(r.get(keys.DTYPE)), bool(r.get(keys.CAUSAL)),
     r.get(keys.BATCH_HEADS), r.get(keys.SEQ_LEN), r.get(keys.HEAD_DIM)),
-    _impl, _attention_label, (_median, _do_bench))
+    lambda r: str(r.get(keys.IMPLEMENTATION)), _attention_label, (_median, _do_bench))
 RECIPE = Pairing("recipe", lambda r: (str(r.get(keys.SIZE)), r.get(keys.SEQ_LEN),
                                       str(r.get(keys.MODE))), lambda r: str(r.get(keys.RECIPE)),
                  lambda r: f"train step {r.get(keys.SIZE)}, ctx {r.get(keys.SEQ_LEN)}")
@@ -145,8 +141,9 @@ def in_turn_claims(results: Sequence[Result]) -> list[Claim]:
         # The rounds as timings reads them: the case's own implementation is "ours".
         sides = {t.who: replace(t, workload=_attention_label(r), what=keys.IN_TURN_TIME)
                  for t in case_timings(r, "in_turn")}
-        claims += [Claim(replace(sides["ours"], who=_impl(r)), sides[rival], *r.measured_in,
-                         r.datetime) for rival in RIVAL_ATTENTION if rival in sides]
+        claims += [Claim(replace(sides["ours"], who=str(r.get(keys.IMPLEMENTATION))),
+                         sides[rival], *r.measured_in, r.datetime)
+                   for rival in RIVAL_ATTENTION if rival in sides]
     return claims
 
 

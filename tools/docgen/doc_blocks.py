@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,36 +41,31 @@ class Block:
 
 def split_blocks(text: str, doc: str = "<doc>") -> list[str | Block]:
     """The doc as plain text (markers and fenced code included) between generated blocks."""
-    parts: list[str | Block] = []
-    plain: list[str] = []
-    opened: tuple[int, str] | None = None
-    body: list[str] = []
+    parts: list[str | Block] = [""]
+    opened: tuple[int, str, list[str]] | None = None  # line, spec and body of the open block
     fenced = False  # markers inside fenced code are examples, not blocks
     for number, line in enumerate(text.splitlines(keepends=True), start=1):
         stripped = line.strip()
         if not opened and stripped.startswith("```"):
             fenced = not fenced
-        start = None if fenced else _OPEN.match(stripped)
-        if start and opened:
-            raise BlockError(doc, number,
-                             f"generated block opened inside the one at line {opened[0]}")
-        if start:
-            plain.append(line)
-            parts.append("".join(plain))
-            plain, opened, body = [], (number, start["spec"]), []
+        if not fenced and (start := _OPEN.match(stripped)):
+            if opened:
+                raise BlockError(doc, number,
+                                 f"generated block opened inside the one at line {opened[0]}")
+            parts[-1] += line
+            opened = (number, start["spec"], [])
         elif stripped == _CLOSE and not fenced:
             if not opened:
                 raise BlockError(doc, number, "end of a generated block that was never opened")
             name, *args = shlex.split(opened[1])
-            parts.append(Block(name, tuple(args), opened[0], "".join(body)))
-            plain, opened = [line], None
+            parts += [Block(name, tuple(args), opened[0], "".join(opened[2])), line]
+            opened = None
         elif opened:
-            body.append(line)
+            opened[2].append(line)
         else:
-            plain.append(line)
+            parts[-1] += line
     if opened:
         raise BlockError(doc, opened[0], f"generated block is never closed ({_CLOSE!r})")
-    parts.append("".join(plain))
     return parts
 
 
@@ -80,28 +75,13 @@ def render(text: str, generators: Mapping[str, Generator], doc: str = "<doc>") -
     for part in split_blocks(text, doc):
         if isinstance(part, str):
             out.append(part)
-            continue
-        if part.name not in generators:
+        elif part.name not in generators:
             raise BlockError(doc, part.line, f"no generator named {part.name!r} (known: "
-                        f"{', '.join(sorted(generators))})")
-        try:
-            body = generators[part.name](*part.args)
-        except (ValueError, FileNotFoundError, TypeError) as error:
-            raise BlockError(doc, part.line, f"{part.name}: {error}") from error
-        out.append(body.rstrip("\n") + "\n")
+                             f"{', '.join(sorted(generators))})")
+        else:
+            try:
+                body = generators[part.name](*part.args)
+            except (ValueError, FileNotFoundError, TypeError) as error:
+                raise BlockError(doc, part.line, f"{part.name}: {error}") from error
+            out.append(body.rstrip("\n") + "\n")
     return "".join(out)
-
-
-def prose_lines(text: str, doc: str = "<doc>") -> Iterable[tuple[int, str]]:
-    """(line number, line) of every line outside generated blocks, markers and fenced code."""
-    number, fenced = 0, False
-    for part in split_blocks(text, doc):
-        if isinstance(part, Block):
-            number += part.body.count("\n")  # the closing marker opens the next part
-            continue
-        for line in part.splitlines():
-            number += 1
-            if line.lstrip().startswith("```"):
-                fenced = not fenced
-            elif not fenced and not _OPEN.match(line.strip()) and line.strip() != _CLOSE:
-                yield number, line

@@ -67,7 +67,8 @@ def gate_constants() -> str:
             "enqueueing. (Constants of `systems.runs.gate`.)\n")
 
 
-_GATE_ROW = re.compile(r"^(?P<case>\S+::\S+)\s+(?:(?P<clock>wall|graph replay|device busy)\s+)?"
+_CLOCKS = "|".join(map(re.escape, (gate.ROUNDS_WALL, gate.ROUNDS_REPLAY, *gate.DEVICE_CLOCKS)))
+_GATE_ROW = re.compile(rf"^(?P<case>\S+::\S+)\s+(?:(?P<clock>{_CLOCKS})\s+)?"
                        r"(?P<base>[\d.]+)\s+(?P<cur>[\d.]+)\s+"
                        r"(?P<change>[+-][\d.]+%)\s+(?P<threshold>[\d.]+%)\s+(?P<verdict>.+)$")
 # "perf gate: vs BASELINE" in a perf session ("medians vs" in older ones), "perf gate: RUN vs
@@ -163,25 +164,21 @@ def _scaling_table(runs: dict[int, dict]) -> str:
             "(N x the same variant's tokens/s at 1 GPU).\n")
 
 
-def _ratios(run: dict, name: str, against: str | None) -> str:
-    pairs = [(r[name]["step_s"], r[against]["step_s"]) for r in run["rounds"]
-             if "step_s" in r.get(name, {}) and "step_s" in r.get(against, {})]
-    return " / ".join(f"{a / b:.3f}" for a, b in pairs) or "-"
-
-
-def _spread(run: dict, name: str) -> str:
-    """The least steady round's slowest / fastest step - 1: how far to trust its ratios."""
-    spreads = [max(steps) / min(steps) - 1 for r in run["rounds"]
-               if (steps := r.get(name, {}).get("steps_s"))]
-    return f"{max(spreads):.0%}" if spreads else "-"
-
-
 def _in_turn_table(runs: dict[int, dict]) -> str:
+    def ratios(run: dict, name: str, against: str | None) -> str:  # one per round
+        return " / ".join(f"{r[name]['step_s'] / r[against]['step_s']:.3f}" for r in run["rounds"]
+                          if "step_s" in r.get(name, {}) and "step_s" in r.get(against, {})) or "-"
+
+    def spread(run: dict, name: str) -> str:  # of the least steady round: how far to trust
+        spreads = [max(steps) / min(steps) - 1 for r in run["rounds"]
+                   if (steps := r.get(name, {}).get("steps_s"))]
+        return f"{max(spreads):.0%}" if spreads else "-"
+
     worlds = [w for w in WORLD_SIZES[1:] if w in runs]
     rows = [[name, *(cell for w in worlds for cell in (
-        "-" if name == "none" else _ratios(runs[w], name, "none"),
-        _ratios(runs[w], name, next((r for p, r in RIVALS.items() if name.startswith(p)), None)),
-        _spread(runs[w], name)))]
+        "-" if name == "none" else ratios(runs[w], name, "none"),
+        ratios(runs[w], name, next((r for p, r in RIVALS.items() if name.startswith(p)), None)),
+        spread(runs[w], name)))]
         for name in dict.fromkeys(n for w in worlds for n in runs[w]["summary"])]
     headers = ["variant", *(h for w in worlds
                             for h in (f"vs none, {w} GPUs", f"vs torch rival, {w} GPUs",

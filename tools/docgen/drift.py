@@ -24,10 +24,6 @@ class Drift:
     def change(self) -> float:
         return abs(self.second.median / self.first.median - 1)
 
-    @property
-    def spread(self) -> float:
-        return max(self.first.spread, self.second.spread)
-
 
 def drifts(runs: list[dict], match: str = "") -> list[Drift]:
     """Pairs of consecutive distinct measurements (identical stats: a copy) per case name; a
@@ -42,12 +38,17 @@ def drifts(runs: list[dict], match: str = "") -> list[Drift]:
             for name, stats in seen.items() for a, b in itertools.pairwise(stats)]
 
 
-def summary(runs: list[dict], match: str = "", min_ms: float = 1.0) -> str:
-    """The |change| quantiles of all pairs, of those of cases >= `min_ms` and of those the gate
-    judges (spread small enough)."""
-    pairs = drifts(runs, match)
+def drift_block(repo: Path, pattern: str, match: str = "", min_ms: float = 1.0) -> str:
+    """The `drift` block over the histories matching the glob `pattern`: the |change|
+    quantiles of all pairs, of those of cases >= `min_ms` and of those the gate judges
+    (spread small enough)."""
+    paths = sorted(repo.glob(pattern))
+    if not paths:
+        raise ValueError(f"no history files match {pattern}")
+    pairs = drifts([read_run(p) for p in paths], match)
     long_enough = [p for p in pairs if min(p.first.median, p.second.median) * 1e3 >= min_ms]
-    gated = [p for p in long_enough if SPREAD_FACTOR * p.spread <= CEILING]
+    gated = [p for p in long_enough
+             if SPREAD_FACTOR * max(p.first.spread, p.second.spread) <= CEILING]
     rows = []
     for label, group in (("all", pairs), (f">= {min_ms:g} ms", long_enough),
                          (f">= {min_ms:g} ms, spread <= {CEILING / SPREAD_FACTOR:.0%}", gated)):
@@ -59,15 +60,7 @@ def summary(runs: list[dict], match: str = "", min_ms: float = 1.0) -> str:
                in (Verdict.SLOWER, Verdict.FASTER)]
     return (markdown_table(["pairs", "count", "cases", "abs change p50", "p90", "p95", "max"],
                            rows) + f"\n\nThe gate's thresholds would flag {len(flagged)} of the "
-            "last row's pairs.\n")
-
-
-def drift_block(repo: Path, pattern: str, match: str = "") -> str:
-    """The `drift` block: `summary` over the histories matching the glob `pattern`."""
-    paths = sorted(repo.glob(pattern))
-    if not paths:
-        raise ValueError(f"no history files match {pattern}")
-    return (summary([read_run(p) for p in paths], match) + "\nTime: pytest-benchmark round "
-            "medians of each case, consecutive distinct measurements"
+            "last row's pairs.\n\nTime: pytest-benchmark round medians of each case, "
+            "consecutive distinct measurements"
             f"{f' of cases containing `{match}`' if match else ''}. From the "
             f"{len(paths)} files `{pattern}`.\n")

@@ -28,9 +28,9 @@ def provenance(results: Sequence[Result], by: str | None = None) -> str:
             if results else "")
 
 
-def recipes_table(results: Sequence[Result], baseline: str = "pytorch_baseline",
-                  contender: str = "optimized", plain: str = "eager") -> str:
+def recipes_table(results: Sequence[Result]) -> str:
     """Per size and context, the recipes of one run side by side: speedups and cold starts."""
+    contender, baseline, plain = claims.OUR_RECIPE, claims.RIVAL_RECIPE, "eager"
     by_workload: dict[tuple, dict[str, Result]] = {}
     for r in results:  # recipes are put side by side only when measured in one run
         if r.kind == "recipe":
@@ -148,15 +148,14 @@ def results_page(runs: Sequence[Run], out_dir: Path, img_dir: Path) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_results_page(root: Path, out: Path, img: Path | None = None,
-                       include_cpu: bool = False) -> str:
-    """Write the page and its plots (default: <out's folder>/img), or raise before writing."""
+def write_results_page(root: Path, out: Path, include_cpu: bool = False) -> str:
+    """Write the page and its plots (in <out's folder>/img), or raise before writing."""
     runs = [r for r in load_runs(root) if include_cpu or not r.device.lower().startswith("cpu")]
     if not any(run.results for run in runs):
         raise ValueError(f"no usable saved runs under {root}"
                          f"{'' if include_cpu else ' (CPU runs are left out)'}: "
                          "nothing to report, no page written")
-    img = img or out.parent / "img"
+    img = out.parent / "img"
     for folder in (out.parent, img):  # before the plots are drawn, not after
         check_writable_folder(folder)
     out.write_text(results_page(runs, out.parent, img))

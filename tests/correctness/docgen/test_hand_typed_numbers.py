@@ -4,13 +4,14 @@ generated blocks and fenced code fails, unless `ALLOWED` says why it is no measu
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tools.docgen.__main__ import default_docs
-from tools.docgen.doc_blocks import prose_lines
+from tools.docgen.doc_blocks import split_blocks
 
 REPO = Path(__file__).resolve().parents[3]
 COMMITTED_DOCS = default_docs(REPO)
@@ -64,6 +65,20 @@ def looks_like_a_claim(line: str) -> bool:
         line = pattern.sub(" ", line)
     return bool(_MEASURE.search(line)
                 or (_COMPARISON.search(line) and _COMPARED_NUMBER.search(line)))
+
+
+def prose_lines(text: str, doc: str = "<doc>") -> Iterator[tuple[int, str]]:
+    """(line number, line) of every line outside generated blocks, markers and fenced code."""
+    bodies_blank = "".join(part if isinstance(part, str) else "\n" * part.body.count("\n")
+                           for part in split_blocks(text, doc))
+    fenced = False
+    for number, line in enumerate(bodies_blank.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fenced = not fenced
+        elif not fenced and not stripped.startswith("<!-- generated:") \
+                and stripped != "<!-- end generated -->":
+            yield number, line
 
 
 def scan(text: str, doc: str = "<doc>") -> list[Finding]:

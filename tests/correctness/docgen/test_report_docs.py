@@ -250,18 +250,23 @@ case    baseline ms  current ms  change  threshold  verdict
 tests/perf/a.py::test_a[x]    1.000    1.200  +20.0%    6.0%  SLOWER
 tests/perf/a.py::test_a[y]    0.300    0.200  -33.3%   40.0%  not gated (too noisy: spread 20.0%)
 tests/perf/b.py::test_b[z]   10.000   10.100   +1.0%    6.0%  ok
-1 ok, 1 SLOWER, 1 not gated (too noisy)
+tests/perf/c.py::test_c[w]  do_bench   3.000    3.300  +10.0%    5.0%  SLOWER
+1 ok, 2 SLOWER, 1 not gated (too noisy)
 """
 
 
 def test_gate_blocks_quote_the_printed_gate_tables(tmp_path: Path) -> None:
     (tmp_path / "run.txt").write_text(GATE_TABLE)
     tallies = generators(tmp_path)["gate-tallies"]("run.txt")
-    assert "| `run.txt` | 1 ok, 1 SLOWER, 1 not gated (too noisy) | test_a[x]: 1.000 -> " \
-        "1.200 ms (+20.0%, threshold 6.0%, SLOWER) |" in tallies
+    assert "| `run.txt` | 1 ok, 2 SLOWER, 1 not gated (too noisy) | test_a[x]: 1.000 -> " \
+        "1.200 ms (+20.0%, threshold 6.0%, SLOWER); test_c[w]: 3.000 -> 3.300 ms (+10.0%, " \
+        "threshold 5.0%, SLOWER) |" in tallies
     assert "compared with `base/line.json` as it was then" in tallies
     cases = generators(tmp_path)["gate-cases"]("run.txt", "test_b")
     assert "| test_b[z] | 10.000 | 10.100 | +1.0% | 6.0% | ok |" in cases
+    # every clock the gate names is read, do_bench's too
+    assert "| test_c[w] | 3.000 | 3.300 | +10.0% | 5.0% | SLOWER |" in generators(tmp_path)[
+        "gate-cases"]("run.txt", "test_c")
     (tmp_path / "other.txt").write_text("not a gate table\n")
     with pytest.raises(ValueError, match="other.txt: not a gate table"):
         generators(tmp_path)["gate-tallies"]("other.txt")
