@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Every profiling and memory command of `systems.profiling`, on one CUDA GPU (about 4 min on
-# an H100), writing into OUTDIR at most six files:
-#   profile_summary.md      kernel summaries (small, 2.7b at ctx 512; forward / fwd+bwd / step)
+# an H100), writing into OUTDIR at most seven files:
+#   profile_summary_small.md, profile_summary_2.7b.md
+#                           kernel summaries at ctx 512 (forward / fwd+bwd / step)
 #   memory_summary.md       peak-memory table, activation arithmetic, largest allocations
 #   memory_timeline.png     the 2.7b ctx 512 fp32 train step's active-memory timeline
-#   profiling_docs.tar.gz   the two summaries, every timeline PNG and the HTML viewers that
+#   profiling_docs.tar.gz   the summaries, every timeline PNG and the HTML viewers that
 #                           fit: extract into docs/profiling/
 #   profiling_raw.tar.gz    gzipped Chrome traces and snapshot pickles, smallest first, while
 #                           they fit in 15 MB (for chrome://tracing, Perfetto, memory_viz)
@@ -58,13 +59,14 @@ step compute_2.7b "$PY" -m systems profile compute --size 2.7b --seq-len 512 \
 step memory "$PY" -m systems profile memory --size 2.7b --seq-len 128 256 512 \
     --precision fp32 bf16 --mode forward train_step --steps 2 --out "$DOCS"
 
-# One compute summary from the two runs (each keeps its own header line).
-cat "$DOCS/small/profile_summary.md" <(tail -n +4 "$DOCS/2.7b/profile_summary.md") \
-    > "$DOCS/profile_summary.md"
-mv "$DOCS"/small/trace_* "$DOCS"/2.7b/trace_* "$DOCS"/
-rm -r "$DOCS/small" "$DOCS/2.7b"
+# One compute summary per model size, each short enough to read.
+for size in small 2.7b; do
+    mv "$DOCS/$size/profile_summary.md" "$DOCS/profile_summary_$size.md"
+    mv "$DOCS/$size"/trace_* "$DOCS"/
+    rm -r "${DOCS:?}/$size"
+done
 
-cp "$DOCS/profile_summary.md" "$DOCS/memory_summary.md" "$OUT/"
+cp "$DOCS"/profile_summary_*.md "$DOCS/memory_summary.md" "$OUT/"
 cp "$DOCS/memory_2.7b_ctx512_train_step_fp32.png" "$OUT/memory_timeline.png" 2>/dev/null || true
 pack "$OUT/profiling_docs.tar.gz" 14 "$DOCS"/*.md "$DOCS"/*.png "$DOCS"/*.html
 pack "$OUT/profiling_raw.tar.gz" 15 "$DOCS"/trace_*.json.gz "$DOCS"/snapshot_*.pickle.gz
