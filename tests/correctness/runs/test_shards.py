@@ -4,6 +4,7 @@ next call, and a failing or overrunning shard is reported, not hidden."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,11 @@ def test_the_gpu_test_shards_select_every_gpu_marked_test_once():
     selected = [test for paths, _ in GPU_TEST_SHARDS.values() for test in _collected(*paths)]
     assert sorted(selected) == sorted(every)  # each once: a test in two shards shows twice
     assert "-m" in GPU_TEST_ARGS and "gpu" in GPU_TEST_ARGS
+
+
+def _defines(files: str, function: str) -> bool:
+    """Whether one of the space-separated test files defines `function`."""
+    return any(f"def {function}(" in (REPO / name).read_text() for name in files.split())
 
 
 def _fake_runner(outcomes: dict[str, int | None], ran: list[str], seconds: float = 30.0):
@@ -185,7 +191,8 @@ def test_each_baseline_runs_parts_are_combined_from_the_newest_studies(tmp_path)
     assert len(names) == len(set(names))
     parts = list(shards.BASELINE_PARTS_1GPU)
     assert names[:len(parts) + 1] == [*(f"run1_{p}" for p in parts), "combine_run1"]
-    assert names.count("combine_run3") == 1 and names[-1] == f"injected_{parts[-1]}"
+    assert names.count("combine_run3") == 1 and names[-len(shards.INJECTED_RUNS):] == list(
+        shards.INJECTED_RUNS)
     studies = tmp_path / "studies"
     studies.mkdir()
     for number, part in enumerate(parts, 1):
@@ -201,6 +208,13 @@ def test_each_baseline_runs_parts_are_combined_from_the_newest_studies(tmp_path)
     injected = [shard for shard in suite if shard.name.startswith("injected_")]
     assert all(shard.expect == 1 and shard.env for shard in injected)
     assert all("--perf-gate" in shard.argv() for shard in injected)
+    # each injected test function runs in its shard, and no function gets both slowdowns
+    for shard in injected:
+        device, host = (set(re.findall(r"(\w+):", shard.env[var])) for var in (
+            "SYSTEMS_PERF_INJECT_DEVICE_WORK", "SYSTEMS_PERF_INJECT_SLOWDOWN"))
+        assert device and host and not device & host
+        files = " ".join(a for a in shard.argv() if a.startswith("tests/perf/"))
+        assert all(_defines(files, name) for name in device | host), shard.name
 
 
 def test_each_run_is_judged_against_the_others_pooled(tmp_path):
