@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -373,10 +373,12 @@ def combine_into_baseline(parts: list[Path], benchmarks_root: Path, *,
     return target
 
 
-def judge_runs(runs: list[Path], against: Path | None, benchmarks_root: Path) -> int:
-    """Print the gate's table for each saved run: 0 when none regressed, 1 when one did
-    (a regression), 2 when an input is unusable (a file the validator refuses, runs of
-    another GPU model, or a run with no case in its baseline): then nothing is judged."""
+def judge_runs(runs: list[Path], against: Path | None, benchmarks_root: Path,
+               shown_from: Path | None = None) -> int:
+    """Print the gate's table for each saved run (its files named relative to `shown_from`
+    if set): 0 when none regressed, 1 when one did (a regression), 2 when an input is
+    unusable (a file the validator refuses, runs of another GPU model, or a run with no
+    case in its baseline): then nothing is judged."""
     try:
         judged = [_judged(path, against, benchmarks_root) for path in runs]
     except ValueError as error:  # MalformedRunError is one
@@ -386,6 +388,9 @@ def judge_runs(runs: list[Path], against: Path | None, benchmarks_root: Path) ->
     for path, run, baselines in judged:
         timings, sources = gate_baseline(baselines)
         results = compare(timings, run_timings(run))
+        if shown_from:
+            path = path.relative_to(shown_from)
+            sources = [replace(s, path=s.path.relative_to(shown_from)) for s in sources]
         print(f"- perf gate: {path} vs {describe_sources(sources)} -")
         for line in host_speed_lines(host_loop_ms(run), sources):
             print(line)
@@ -402,14 +407,15 @@ def judge_held_out(held_out: int, runs: list[list[Path]]) -> int:
     if not 1 <= held_out <= len(runs) or len(runs) < 2:
         raise ValueError(f"hold out one of at least two runs, not run {held_out} of {len(runs)}")
     with tempfile.TemporaryDirectory() as folder:
-        root = Path(folder)
-        others = [parts for index, parts in enumerate(runs, 1) if index != held_out]
-        baseline = combine_into_baseline(others[0], root)
-        for parts in others[1:]:
-            combine_into_baseline(parts, root, repeat=True)
-        current = root / f"held_out_run{held_out}.json"
+        pooled = [index for index in range(1, len(runs) + 1) if index != held_out]
+        # The gate table names the files relative to `folder`: what was judged against what.
+        root = Path(folder) / f"runs_{'_'.join(map(str, pooled))}_pooled"
+        baseline = combine_into_baseline(runs[pooled[0] - 1], root)
+        for index in pooled[1:]:
+            combine_into_baseline(runs[index - 1], root, repeat=True)
+        current = Path(folder) / f"held_out_run{held_out}.json"
         current.write_text(json.dumps(combine_runs(runs[held_out - 1])))
-        return judge_runs([current], baseline, root)
+        return judge_runs([current], baseline, root, shown_from=Path(folder))
 
 
 def _judged(path: Path, against: Path | None,

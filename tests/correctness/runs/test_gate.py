@@ -533,7 +533,10 @@ def test_each_run_is_judged_against_the_others_pooled(tmp_path, capsys) -> None:
     for held_out in (1, 2, 3):
         assert baseline_main(["judge-held-out", str(held_out), *unchanged]) == 0
         table = capsys.readouterr().out
-        assert f"held_out_run{held_out}.json" in table and "2 ok" in table
+        pooled = "_".join(str(run) for run in (1, 2, 3) if run != held_out)
+        # the table names what was judged against what, not a temporary folder
+        assert f"- perf gate: held_out_run{held_out}.json vs runs_{pooled}_pooled/" in table
+        assert "2 ok" in table
     assert baseline_main(["judge-held-out", "3", *runs([1.0, 1.01, 1.10])]) == 1
     assert "SLOWER" in capsys.readouterr().out
     assert baseline_main(["judge-held-out", "4", *unchanged]) == 2
