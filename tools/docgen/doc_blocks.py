@@ -12,8 +12,8 @@ from pathlib import Path
 
 Generator = Callable[..., str]
 
-_OPEN = re.compile(r"^<!-- generated: (?P<spec>.+?) -->$")
-_CLOSE = "<!-- end generated -->"
+OPEN_MARKER = re.compile(r"^<!-- generated: (?P<spec>.+?) -->$")
+CLOSE_MARKER = "<!-- end generated -->"
 
 
 def read_source(repo: Path, name: str, kind: str) -> object:
@@ -48,13 +48,13 @@ def split_blocks(text: str, doc: str = "<doc>") -> list[str | Block]:
         stripped = line.strip()
         if not opened and stripped.startswith("```"):
             fenced = not fenced
-        if not fenced and (start := _OPEN.match(stripped)):
+        if not fenced and (start := OPEN_MARKER.match(stripped)):
             if opened:
                 raise BlockError(doc, number,
                                  f"generated block opened inside the one at line {opened[0]}")
             parts[-1] += line
             opened = (number, start["spec"], [])
-        elif stripped == _CLOSE and not fenced:
+        elif stripped == CLOSE_MARKER and not fenced:
             if not opened:
                 raise BlockError(doc, number, "end of a generated block that was never opened")
             name, *args = shlex.split(opened[1])
@@ -65,7 +65,7 @@ def split_blocks(text: str, doc: str = "<doc>") -> list[str | Block]:
         else:
             parts[-1] += line
     if opened:
-        raise BlockError(doc, opened[0], f"generated block is never closed ({_CLOSE!r})")
+        raise BlockError(doc, opened[0], f"generated block is never closed ({CLOSE_MARKER!r})")
     return parts
 
 

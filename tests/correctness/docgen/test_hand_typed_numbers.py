@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tools.docgen.__main__ import default_docs
-from tools.docgen.doc_blocks import split_blocks
+from tools.docgen.doc_blocks import CLOSE_MARKER, OPEN_MARKER, split_blocks
 
 REPO = Path(__file__).resolve().parents[3]
 COMMITTED_DOCS = default_docs(REPO)
@@ -76,8 +76,7 @@ def prose_lines(text: str, doc: str = "<doc>") -> Iterator[tuple[int, str]]:
         stripped = line.strip()
         if stripped.startswith("```"):
             fenced = not fenced
-        elif not fenced and not stripped.startswith("<!-- generated:") \
-                and stripped != "<!-- end generated -->":
+        elif not fenced and not OPEN_MARKER.match(stripped) and stripped != CLOSE_MARKER:
             yield number, line
 
 
